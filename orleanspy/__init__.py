@@ -1,0 +1,1 @@
+"""orleanspy: virtual actors for Python with an adaptive reminder service."""

@@ -1,0 +1,49 @@
+"""Shared Redis plumbing for the Redis backends: clients from URLs, error translation.
+
+Each backend module imports ``redis`` itself only through this module, so a
+connection failure always surfaces as ``StorageUnavailableError`` and a script
+or protocol failure as ``StorageError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis.asyncio as aioredis
+from redis import exceptions as rexc
+
+from orleanspy.errors import StorageError, StorageUnavailableError
+
+__all__ = ["Redis", "connect", "key_prefix", "translate_errors"]
+
+Redis = aioredis.Redis
+
+
+def connect(url: str, *, max_connections: int = 64) -> aioredis.Redis:
+    """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``; credentials
+    in the URL are honoured). Responses are bytes; callers decode."""
+    return aioredis.Redis.from_url(
+        url,
+        max_connections=max_connections,
+        socket_connect_timeout=5,
+        socket_timeout=10,
+        health_check_interval=30,
+        retry_on_timeout=False,
+    )
+
+
+def key_prefix(service_id: str) -> str:
+    """``orleanspy:{service_id}:`` — the prefix of every key of one service."""
+    return f"orleanspy:{service_id}:"
+
+
+@contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Re-raise redis errors as the project's storage errors, naming ``what``."""
+    try:
+        yield
+    except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+        raise StorageUnavailableError(f"redis unavailable during {what}: {exc}") from exc
+    except rexc.RedisError as exc:
+        raise StorageError(f"redis error during {what}: {exc}") from exc

@@ -1,0 +1,73 @@
+"""Time as the runtime sees it.
+
+Everything that schedules by wall time (reminders, idle collection, grain
+timers, membership I-am-alive) reads an injected ``Clock``. ``SystemClock`` is the
+real one; ``orleanspy.testing.ManualClock`` jumps, so a monthly cron is tested
+in milliseconds. Call timeouts use the event loop's own clock, not this one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Clock", "SystemClock", "from_ms", "to_ms", "utcnow"]
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """A source of wall time that can also sleep by it."""
+
+    def now(self) -> datetime:
+        """The current time, timezone-aware UTC."""
+        ...
+
+    def now_ms(self) -> int:
+        """The current time in integer milliseconds since the epoch."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds`` of this clock's time (returns at once for ``<= 0``)."""
+        ...
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Sleep until ``now() >= when``; callers re-read ``now()`` on waking."""
+        ...
+
+
+class SystemClock:
+    """The real clock: ``time.time()`` for the date, the event loop for sleeping."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def now_ms(self) -> int:
+        return time.time_ns() // 1_000_000
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+    async def sleep_until(self, when: datetime) -> None:
+        await asyncio.sleep(max(0.0, (when - self.now()).total_seconds()))
+
+
+def utcnow() -> datetime:
+    """``datetime.now(UTC)``; for code that has no clock at hand (logs, ids)."""
+    return datetime.now(UTC)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def to_ms(when: datetime) -> int:
+    """A timezone-aware datetime as integer ms since the epoch (storage form)."""
+    if when.tzinfo is None:
+        raise ValueError("naive datetime: orleanspy timestamps are timezone-aware UTC")
+    return (when - _EPOCH) // timedelta(milliseconds=1)
+
+
+def from_ms(ms: int) -> datetime:
+    """Integer ms since the epoch as a timezone-aware UTC datetime."""
+    return _EPOCH + timedelta(milliseconds=ms)

@@ -1,0 +1,132 @@
+"""The orleanspy exception tree.
+
+::
+
+    OrleansPyError
+    ├── ConfigurationError (ValueError)        bad options, bad grain class definitions
+    ├── SerializationError (TypeError)         a value that cannot travel as msgpack
+    ├── GrainCallError                         a grain call did not produce a result
+    │   ├── GrainCallTimeoutError (TimeoutError)   no response within the response timeout
+    │   ├── RemoteGrainError                   the grain raised a type we do not rebuild
+    │   ├── UnknownGrainTypeError              no grain class registered under that name
+    │   ├── GrainMethodNotFoundError           not a public ``async def`` of the grain class
+    │   ├── ActivationError                    ``on_activate`` raised; nothing was activated
+    │   ├── SiloUnavailableError               the target silo cannot be reached
+    │   ├── MessageRejectedError               the receiver refused the message (malformed,
+    │   │                                      oversized, too many forwards, shutting down)
+    │   └── AuthenticationError                a connection without the right cluster secret
+    ├── StorageError                           a store misbehaved (bad data, script error)
+    │   └── StorageUnavailableError            the store cannot be reached right now
+    ├── MembershipError                        the membership protocol could not proceed
+    │   └── SiloDeclaredDeadError              this silo read itself Dead in the table
+    ├── ReminderError (ValueError)             an invalid reminder registration
+    └── ClosedError (RuntimeError)             a silo or client used after it was stopped
+
+Expected outcomes are values, not exceptions: a lost compare-and-swap returns
+``False`` or ``None``. ``asyncio.CancelledError`` is never wrapped.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActivationError",
+    "AuthenticationError",
+    "ClosedError",
+    "ConfigurationError",
+    "GrainCallError",
+    "GrainCallTimeoutError",
+    "GrainMethodNotFoundError",
+    "MembershipError",
+    "MessageRejectedError",
+    "OrleansPyError",
+    "ReminderError",
+    "RemoteGrainError",
+    "SerializationError",
+    "SiloDeclaredDeadError",
+    "SiloUnavailableError",
+    "StorageError",
+    "StorageUnavailableError",
+    "UnknownGrainTypeError",
+]
+
+
+class OrleansPyError(Exception):
+    """Base class of every exception orleanspy raises on its own account."""
+
+
+class ConfigurationError(OrleansPyError, ValueError):
+    """An option or a grain class definition is invalid; the message says how to fix it."""
+
+
+class SerializationError(OrleansPyError, TypeError):
+    """A value cannot be encoded for the wire, or bytes cannot be decoded."""
+
+
+class GrainCallError(OrleansPyError):
+    """A grain call failed for a reason other than the grain's own exception."""
+
+
+class GrainCallTimeoutError(GrainCallError, TimeoutError):
+    """No response arrived within the call's response timeout."""
+
+
+class RemoteGrainError(GrainCallError):
+    """The grain raised an exception whose type is not rebuilt on the caller's side.
+
+    ``remote_type`` is the fully qualified type name, ``remote_message`` its
+    ``str()`` and ``remote_traceback`` the formatted traceback, as text.
+    """
+
+    def __init__(self, remote_type: str, remote_message: str, remote_traceback: str = "") -> None:
+        super().__init__(f"{remote_type}: {remote_message}")
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+
+
+class UnknownGrainTypeError(GrainCallError):
+    """No grain class is registered under the requested type name."""
+
+
+class GrainMethodNotFoundError(GrainCallError):
+    """The method is not a public ``async def`` of the grain class."""
+
+
+class ActivationError(GrainCallError):
+    """The grain's ``on_activate`` raised; the activation was discarded."""
+
+
+class SiloUnavailableError(GrainCallError):
+    """The silo that should receive a message cannot be reached."""
+
+
+class MessageRejectedError(GrainCallError):
+    """The receiving silo refused the message; the reason is in the message text."""
+
+
+class AuthenticationError(GrainCallError):
+    """A connection was refused because it did not present the cluster secret."""
+
+
+class StorageError(OrleansPyError):
+    """A storage provider returned something it should not have."""
+
+
+class StorageUnavailableError(StorageError):
+    """A storage provider cannot be reached right now; the operation may be retried."""
+
+
+class MembershipError(OrleansPyError):
+    """The membership protocol could not make progress."""
+
+
+class SiloDeclaredDeadError(MembershipError):
+    """This silo found itself declared Dead in the membership table and stopped."""
+
+
+class ReminderError(OrleansPyError, ValueError):
+    """A reminder registration is invalid (schedule, name, zone, priority)."""
+
+
+class ClosedError(OrleansPyError, RuntimeError):
+    """The silo or client was used after it was stopped; it cannot be reopened."""

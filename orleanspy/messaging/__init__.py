@@ -1,0 +1,1 @@
+"""Messages and the transports that carry them between silos and clients."""

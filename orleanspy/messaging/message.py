@@ -1,0 +1,76 @@
+"""The message envelope, in pure Python (the wire form lives in ``grpc.py``)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+from orleanspy.identity import GrainId, SiloAddress
+
+__all__ = ["Message", "MessageKind", "ResponseStatus", "next_message_id"]
+
+
+class MessageKind(enum.IntEnum):
+    REQUEST = 0
+    RESPONSE = 1
+    ONE_WAY = 2
+
+
+class ResponseStatus(enum.IntEnum):
+    """For responses: ``OK`` carries the result; ``ERROR`` an error payload
+    ``{"type", "message", "traceback"}``; ``REJECTED`` a refusal by the runtime
+    (malformed, unknown grain or method, too many forwards, shutting down)."""
+
+    OK = 0
+    ERROR = 1
+    REJECTED = 2
+
+
+_ids = itertools.count(1)
+
+
+def next_message_id() -> int:
+    """A message id unique within this process."""
+    return next(_ids)
+
+
+@dataclass(slots=True)
+class Message:
+    """One request, response or one-way message.
+
+    ``correlation_id`` is, on a response, the ``id`` of the request it answers.
+    ``sender_silo`` is where a response must go; ``sender_client`` names the
+    gateway client behind it when the request came from a ``ClusterClient``.
+    ``expires_at_ms`` (epoch ms, 0 = never) lets a receiver drop work whose
+    caller has given up. ``headers["chain"]`` lists the grain ids of the call
+    chain (newline separated) for call-chain reentrancy.
+    """
+
+    id: int
+    kind: MessageKind
+    target_grain: GrainId | None = None
+    method: str = ""
+    body: bytes = b""
+    sender_silo: SiloAddress | None = None
+    sender_client: str | None = None
+    target_silo: SiloAddress | None = None
+    correlation_id: int = 0
+    expires_at_ms: int = 0
+    forward_count: int = 0
+    status: ResponseStatus = ResponseStatus.OK
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def response(self, status: ResponseStatus, body: bytes) -> Message:
+        """The response to this request, addressed back to its sender."""
+        return Message(
+            id=next_message_id(),
+            kind=MessageKind.RESPONSE,
+            target_grain=self.target_grain,
+            method=self.method,
+            body=body,
+            target_silo=self.sender_silo,
+            sender_client=self.sender_client,
+            correlation_id=self.id,
+            status=status,
+        )

@@ -1,0 +1,66 @@
+"""The transport contract: how messages move between silos (and to clients).
+
+A transport delivers ``Message`` objects to the ``MessageSink`` it was started
+with. It never interprets bodies. Sending is non-blocking: ``send`` enqueues
+and returns; a message that cannot be delivered (peer unreachable, connection
+lost with the message unsent, refused) is handed back through
+``MessageSink.undeliverable`` so the dispatcher can fail or re-route it.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from typing import Protocol, runtime_checkable
+
+from orleanspy.identity import SiloAddress
+from orleanspy.messaging.message import Message
+
+__all__ = ["MessageSink", "Transport"]
+
+
+class MessageSink(Protocol):
+    """What a transport delivers to: the silo's dispatcher."""
+
+    def receive(self, message: Message) -> None:
+        """A message arrived (from a silo, or from a gateway client)."""
+        ...
+
+    def undeliverable(self, message: Message, error: Exception) -> None:
+        """``message`` could not be delivered; ``error`` says why."""
+        ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Silo-to-silo messaging plus the gateway side of client connections."""
+
+    @property
+    def address(self) -> SiloAddress:
+        """This silo's address (known once ``start`` returned; port 0 is resolved)."""
+        ...
+
+    @property
+    def gateway_port(self) -> int | None:
+        """The port clients connect to, or ``None`` when there is no gateway."""
+        ...
+
+    async def start(self, stack: AsyncExitStack, sink: MessageSink) -> None:
+        """Listen and get ready to send; push shutdown onto ``stack``."""
+        ...
+
+    def send(self, target: SiloAddress, message: Message) -> None:
+        """Queue ``message`` for the silo ``target`` (connecting if needed)."""
+        ...
+
+    def send_to_client(self, client_id: str, message: Message) -> None:
+        """Queue ``message`` for a gateway client connected to this silo."""
+        ...
+
+    async def ping(self, target: SiloAddress, timeout: float) -> bool:
+        """Probe ``target``: ``True`` if it answered within ``timeout`` seconds."""
+        ...
+
+    def disconnect(self, target: SiloAddress) -> None:
+        """Drop connections to ``target`` (declared dead); queued messages are
+        handed back as undeliverable."""
+        ...

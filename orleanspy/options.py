@@ -1,0 +1,244 @@
+"""Options: frozen, validated dataclasses with ``timedelta`` durations.
+
+A bad value fails at construction with a ``ConfigurationError`` saying how to fix
+it. Defaults follow Orleans where Orleans has one (REFERENCE.md).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from orleanspy.errors import ConfigurationError
+
+__all__ = [
+    "MembershipOptions",
+    "MessagingOptions",
+    "ReminderOptions",
+    "SiloOptions",
+    "TlsOptions",
+]
+
+
+def _positive(owner: object, name: str) -> None:
+    value = getattr(owner, name)
+    if isinstance(value, timedelta):
+        if value <= timedelta(0):
+            raise ConfigurationError(f"{type(owner).__name__}.{name} must be > 0, got {value}")
+    elif value <= 0:
+        raise ConfigurationError(f"{type(owner).__name__}.{name} must be > 0, got {value!r}")
+
+
+def _durations(owner: object, *names: str) -> None:
+    for name in names:
+        if not isinstance(getattr(owner, name), timedelta):
+            raise ConfigurationError(
+                f"{type(owner).__name__}.{name} must be a datetime.timedelta, "
+                f"got {getattr(owner, name)!r}"
+            )
+        _positive(owner, name)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TlsOptions:
+    """TLS for silo-to-silo and client-to-gateway gRPC (PEM file paths).
+
+    ``ca_file`` verifies the peer; both sides present ``cert_file``/``key_file``.
+    """
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+    server_name: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file", "ca_file"):
+            path = getattr(self, name)
+            if not os.path.isfile(path):
+                raise ConfigurationError(f"TlsOptions.{name}: no such file {path!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MessagingOptions:
+    """Calls and the wire.
+
+    ``response_timeout``: how long a caller waits for a response (Orleans: 30 s).
+    ``max_message_size``: larger envelopes are refused with an error response.
+    ``max_forward_count``: how often a message may chase a moved activation.
+    ``cluster_secret``: when set, every silo-to-silo and client-to-gateway
+    connection must present it or is refused.
+    """
+
+    response_timeout: timedelta = timedelta(seconds=30)
+    max_message_size: int = 4 * 1024 * 1024
+    max_forward_count: int = 2
+    max_batch: int = 512
+    cluster_secret: str | None = None
+    tls: TlsOptions | None = None
+
+    def __post_init__(self) -> None:
+        _durations(self, "response_timeout")
+        _positive(self, "max_message_size")
+        _positive(self, "max_batch")
+        if self.max_forward_count < 0:
+            raise ConfigurationError("MessagingOptions.max_forward_count must be >= 0")
+        if self.cluster_secret is not None and not self.cluster_secret:
+            raise ConfigurationError("MessagingOptions.cluster_secret must be non-empty or None")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MembershipOptions:
+    """Failure detection, with Orleans' defaults (short values in tests).
+
+    Every ``probe_interval`` a silo probes up to ``num_probed_silos`` peers; a peer
+    that misses ``num_missed_probes_limit`` probes in a row (each waits
+    ``probe_timeout``) is suspected and voted on. ``num_votes_for_death_declaration``
+    fresh votes (younger than ``death_vote_expiration``) declare it Dead; the
+    votes needed are ``min(that, (active + 1) // 2)``.
+    """
+
+    probe_interval: timedelta = timedelta(seconds=5)
+    probe_timeout: timedelta = timedelta(seconds=5)
+    num_missed_probes_limit: int = 3
+    num_probed_silos: int = 10
+    num_votes_for_death_declaration: int = 2
+    death_vote_expiration: timedelta = timedelta(minutes=2)
+    i_am_alive_interval: timedelta = timedelta(seconds=30)
+    table_refresh_interval: timedelta = timedelta(seconds=60)
+    i_am_alive_staleness: timedelta = timedelta(minutes=10)
+    defunct_silo_expiration: timedelta = timedelta(days=7)
+    defunct_silo_cleanup_interval: timedelta = timedelta(hours=1)
+    shutdown_timeout: timedelta = timedelta(seconds=30)
+
+    def __post_init__(self) -> None:
+        _durations(
+            self,
+            "probe_interval",
+            "probe_timeout",
+            "death_vote_expiration",
+            "i_am_alive_interval",
+            "table_refresh_interval",
+            "i_am_alive_staleness",
+            "defunct_silo_expiration",
+            "defunct_silo_cleanup_interval",
+            "shutdown_timeout",
+        )
+        _positive(self, "num_missed_probes_limit")
+        _positive(self, "num_probed_silos")
+        _positive(self, "num_votes_for_death_declaration")
+
+
+def _default_permits() -> int:
+    return (os.cpu_count() or 1) * 4
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReminderOptions:
+    """The adaptive reminder service (DESIGN.md section 5).
+
+    ``look_ahead``: rows due within this window are loaded into the heap.
+    ``poll_interval``: the safety-net refill when no change notification came.
+    ``missed_tick_grace``: a tick reached later than this after its slot is missed
+    (``None`` means ``poll_interval``). ``look_ahead`` must be at least twice
+    ``poll_interval`` so a poll always sees rows before they fall due.
+    """
+
+    look_ahead: timedelta = timedelta(minutes=5)
+    poll_interval: timedelta = timedelta(seconds=30)
+    base_bucket_size: int = 1024
+    permits: int = field(default_factory=_default_permits)
+    missed_tick_grace: timedelta | None = None
+    repair_interval: timedelta = timedelta(minutes=1)
+    minimum_period: timedelta = timedelta(seconds=1)
+    enable_priority: bool = True
+    shards: int = 256
+    max_name_length: int = 256
+    persist_batch: int = 256
+    retry_initial: timedelta = timedelta(milliseconds=100)
+    retry_max: timedelta = timedelta(seconds=10)
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        _durations(
+            self,
+            "look_ahead",
+            "poll_interval",
+            "repair_interval",
+            "minimum_period",
+            "retry_initial",
+            "retry_max",
+        )
+        if self.missed_tick_grace is not None:
+            _durations(self, "missed_tick_grace")
+        for name in ("base_bucket_size", "permits", "max_name_length", "persist_batch"):
+            _positive(self, name)
+        if self.shards < 1 or self.shards > 65536 or self.shards & (self.shards - 1):
+            raise ConfigurationError("ReminderOptions.shards must be a power of two in 1..65536")
+        if self.look_ahead < 2 * self.poll_interval:
+            raise ConfigurationError(
+                "ReminderOptions.look_ahead must be >= 2 x poll_interval "
+                f"(got look_ahead={self.look_ahead}, poll_interval={self.poll_interval}); "
+                "raise look_ahead or lower poll_interval"
+            )
+
+    @property
+    def grace(self) -> timedelta:
+        """``missed_tick_grace``, defaulting to ``poll_interval``."""
+        return self.missed_tick_grace if self.missed_tick_grace is not None else self.poll_interval
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SiloOptions:
+    """Everything a silo needs; the embedded default is ``SiloOptions()``.
+
+    With ``redis_url`` unset the silo uses the in-memory membership table,
+    directory and reminder table and accepts no network traffic (one process).
+    With ``redis_url`` set it joins the cluster ``cluster_id`` over gRPC on
+    ``silo_port`` (``0`` picks a free port) and accepts clients on
+    ``gateway_port`` (``None``: no gateway).
+    """
+
+    cluster_id: str = "dev"
+    service_id: str = "default"
+    name: str | None = None
+    host: str = "127.0.0.1"
+    advertised_host: str | None = None
+    silo_port: int = 0
+    gateway_port: int | None = None
+    redis_url: str | None = None
+    collection_age: timedelta = timedelta(minutes=15)
+    collection_check_interval: timedelta = timedelta(minutes=1)
+    activation_timeout: timedelta = timedelta(seconds=30)
+    deactivation_timeout: timedelta = timedelta(seconds=30)
+    messaging: MessagingOptions = field(default_factory=MessagingOptions)
+    membership: MembershipOptions = field(default_factory=MembershipOptions)
+    reminders: ReminderOptions = field(default_factory=ReminderOptions)
+    grain_types: tuple[Any, ...] | None = None
+    use_uvloop: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("cluster_id", "service_id"):
+            value = getattr(self, name)
+            if not value or not isinstance(value, str) or any(c in value for c in "{}:|"):
+                raise ConfigurationError(
+                    f"SiloOptions.{name} must be a non-empty string without '{{', '}}', ':', '|'"
+                )
+        _durations(
+            self,
+            "collection_age",
+            "collection_check_interval",
+            "activation_timeout",
+            "deactivation_timeout",
+        )
+        for name in ("silo_port", "gateway_port"):
+            port = getattr(self, name)
+            if port is not None and not 0 <= port <= 65535:
+                raise ConfigurationError(f"SiloOptions.{name} must be in 0..65535, got {port}")
+        if self.redis_url is not None and not self.redis_url.startswith(
+            ("redis://", "rediss://", "unix://")
+        ):
+            raise ConfigurationError(
+                "SiloOptions.redis_url must start with redis://, rediss:// or unix://"
+            )

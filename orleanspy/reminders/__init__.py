@@ -1,0 +1,1 @@
+"""The adaptive reminder service: model, schedules, tables, service, management."""

@@ -1,0 +1,157 @@
+"""Reminder rows, priorities, missed-tick actions, tick status, change records."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from orleanspy.clock import from_ms, to_ms
+from orleanspy.identity import GrainId
+from orleanspy.serialization import register_type
+
+__all__ = [
+    "MissedReminder",
+    "MissedReminderAction",
+    "ReminderChange",
+    "ReminderEntry",
+    "ReminderPriority",
+    "TickStatus",
+]
+
+
+class ReminderPriority(enum.IntEnum):
+    """Named priorities; any int in -128..127 is accepted where a priority is asked."""
+
+    CRITICAL = 100
+    NORMAL = 0
+    BACKGROUND = -100
+
+
+class MissedReminderAction(enum.IntEnum):
+    """What to do with a tick reached later than ``missed_tick_grace`` after its slot.
+
+    ``FIRE_IMMEDIATELY``: deliver one coalesced catch-up tick now, then resume the grid.
+    ``SKIP``: move on to the next future slot (Orleans' only behaviour; the default).
+    ``NOTIFY``: skip, and publish a ``MissedReminder`` on ``orleanspy.reminders.missed``.
+    """
+
+    FIRE_IMMEDIATELY = 1
+    SKIP = 2
+    NOTIFY = 3
+
+
+@dataclass(frozen=True, slots=True)
+class ReminderEntry:
+    """One reminder row. ``(service_id, grain_id, name)`` identify it.
+
+    Exactly one of ``period`` (interval on the grid ``start_at + k * period``) and
+    ``cron`` (with zone ``tz``, default UTC) is set. ``next_due`` is always set
+    and is what the due index orders by. ``etag`` is ``None`` until stored.
+    """
+
+    service_id: str
+    grain_id: GrainId
+    name: str
+    start_at: datetime
+    next_due: datetime
+    period: timedelta | None = None
+    cron: str | None = None
+    tz: str | None = None
+    last_fire: datetime | None = None
+    priority: int = ReminderPriority.NORMAL
+    action: MissedReminderAction = MissedReminderAction.SKIP
+    etag: str | None = None
+
+    @property
+    def key(self) -> str:
+        """``grain_id.canonical|name``: the row's key inside its shard."""
+        return f"{self.grain_id.canonical}|{self.name}"
+
+    @property
+    def hash(self) -> int:
+        """The grain's uniform hash: decides the ring owner and the shard."""
+        return self.grain_id.uniform_hash()
+
+    def with_etag(self, etag: str | None) -> ReminderEntry:
+        return replace(self, etag=etag)
+
+    def to_record(self) -> dict[str, Any]:
+        """Storage form: plain msgpack types, times as integer ms since the epoch."""
+        return {
+            "s": self.service_id,
+            "g": self.grain_id.canonical,
+            "n": self.name,
+            "a": to_ms(self.start_at),
+            "d": to_ms(self.next_due),
+            "p": None if self.period is None else self.period // timedelta(milliseconds=1),
+            "c": self.cron,
+            "z": self.tz,
+            "l": None if self.last_fire is None else to_ms(self.last_fire),
+            "r": int(self.priority),
+            "x": int(self.action),
+            "e": self.etag,
+        }
+
+    @classmethod
+    def from_record(cls, rec: dict[str, Any]) -> ReminderEntry:
+        """Inverse of ``to_record``."""
+        return cls(
+            service_id=rec["s"],
+            grain_id=GrainId.parse(rec["g"]),
+            name=rec["n"],
+            start_at=from_ms(rec["a"]),
+            next_due=from_ms(rec["d"]),
+            period=None if rec["p"] is None else timedelta(milliseconds=rec["p"]),
+            cron=rec["c"],
+            tz=rec["z"],
+            last_fire=None if rec["l"] is None else from_ms(rec["l"]),
+            priority=rec["r"],
+            action=MissedReminderAction(rec["x"]),
+            etag=rec["e"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReminderChange:
+    """A write to the reminder table: ``next_due`` is ``None`` when the row was removed."""
+
+    grain_id: GrainId
+    name: str
+    next_due: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class TickStatus:
+    """What ``receive_reminder`` is told about a tick.
+
+    ``current_tick_time`` is the scheduled slot (Orleans gives the delivery start
+    time there; we give it as ``delivered_at``). ``missed_ticks`` counts the slots
+    that passed undelivered and are coalesced into this tick (FIRE_IMMEDIATELY).
+    """
+
+    first_tick_time: datetime
+    period: timedelta | None
+    cron: str | None
+    current_tick_time: datetime
+    delivered_at: datetime
+    missed_ticks: int = 0
+    priority: int = ReminderPriority.NORMAL
+
+
+@dataclass(frozen=True, slots=True)
+class MissedReminder:
+    """Published on ``orleanspy.reminders.missed`` for rows whose action is NOTIFY."""
+
+    service_id: str
+    grain_id: GrainId
+    name: str
+    scheduled: datetime
+    detected_at: datetime
+    missed_ticks: int
+    next_due: datetime
+
+
+register_type(TickStatus, name="orleanspy.TickStatus")
+register_type(MissedReminder, name="orleanspy.MissedReminder")

@@ -1,0 +1,104 @@
+"""The reminder table contract. Every backend implements ``ReminderTable``.
+
+Rows are identified by ``(grain_id, name)`` within the table's service id. A
+row's ring position is ``grain_id.uniform_hash()``. Range arguments are
+``RingRange`` values: hashes in ``(begin, end]``, wrapping when
+``begin >= end`` (so ``RingRange(0, 0)`` is the whole ring).
+
+Lost races are values, not exceptions: a CAS against a stale etag returns
+``None``/``False``. Exceptions mean the store is unreachable
+(``StorageUnavailableError``) or misbehaving (``StorageError``).
+
+Timestamps go in and come out as timezone-aware UTC datetimes, stored with
+millisecond precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from orleanspy.identity import GrainId
+from orleanspy.reminders.model import ReminderChange, ReminderEntry
+from orleanspy.ring import RingRange
+
+__all__ = ["ReminderTable"]
+
+
+@runtime_checkable
+class ReminderTable(Protocol):
+    """Durable reminder rows with a due index and a change feed."""
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Connect and prepare; push cleanup onto ``stack``. Called once before use."""
+        ...
+
+    async def upsert(self, entry: ReminderEntry) -> str:
+        """Insert or replace the row unconditionally (last writer wins).
+
+        The ``etag`` of ``entry`` is ignored. Returns the row's new etag, distinct
+        from every etag the row had before (parallel upserts of one key each get
+        their own). Publishes a change with the row's ``next_due``.
+        """
+        ...
+
+    async def read(self, grain_id: GrainId, name: str) -> ReminderEntry | None:
+        """The row with its current etag, or ``None``."""
+        ...
+
+    async def read_grain(self, grain_id: GrainId) -> list[ReminderEntry]:
+        """Every row of one grain, in name order."""
+        ...
+
+    async def read_range(self, r: RingRange) -> list[ReminderEntry]:
+        """Every row whose grain hash lies in ``r``. For tools and tests: it reads
+        the whole range, so the service never calls it on a hot path."""
+        ...
+
+    async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
+        """Rows in ``r`` with ``next_due <= before``, earliest ``next_due`` first,
+        at most ``limit``. Answered from the due index: the cost grows with the
+        rows returned (and those due in overlapping shards), never with the table.
+        Ties in ``next_due`` come back in a stable but unspecified order."""
+        ...
+
+    async def update_schedule(
+        self,
+        grain_id: GrainId,
+        name: str,
+        etag: str,
+        next_due: datetime,
+        last_fire: datetime | None,
+    ) -> str | None:
+        """Compare-and-swap ``next_due``/``last_fire`` on the row.
+
+        Returns the new etag, or ``None`` if the row is gone or its etag is not
+        ``etag`` (another writer moved it). Publishes a change on success.
+        """
+        ...
+
+    async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """Delete the row if it exists and its etag is ``etag``; ``True`` if deleted.
+
+        Publishes a change with ``next_due=None`` on success."""
+        ...
+
+    async def count(self) -> int:
+        """How many rows the table holds (O(shards), not a scan of rows)."""
+        ...
+
+    async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
+        """Rows across the whole ring with ``next_due <= before``, earliest first,
+        at most ``limit`` (uses the due index)."""
+        ...
+
+    def changes(self) -> AsyncIterator[ReminderChange]:
+        """An endless stream of changes made by any writer, from subscription on.
+
+        Best effort: a change may be lost while the store is unreachable (the
+        service's poll is the safety net). Each call returns a new subscription;
+        closing the iterator (``aclose``) ends it.
+        """
+        ...

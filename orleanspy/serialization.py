@@ -1,0 +1,212 @@
+"""The wire codec: msgpack plus a few extension types. The only msgpack importer.
+
+What travels: ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, lists,
+tuples (arrive as lists), dicts, and these extension types:
+
+====  =====================================================================
+code  type
+====  =====================================================================
+1     ``GrainId``
+2     a grain reference (anything with ``__orleanspy_grain_id__``); decoded
+      through the codec's ``reference_factory`` into a live proxy
+3     ``datetime`` (naive, fixed offset, or ``zoneinfo.ZoneInfo`` zone)
+4     ``timedelta``
+5     ``uuid.UUID``
+6     a dataclass registered with ``register_type`` (fields by name)
+====  =====================================================================
+
+Anything else raises ``SerializationError`` naming the type and how to make it
+travel. Pickle is never used: bytes from the network can only build the types
+above.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any, TypeVar
+from zoneinfo import ZoneInfo
+
+import msgpack
+
+from orleanspy.errors import SerializationError
+from orleanspy.identity import GrainId
+
+__all__ = ["Codec", "pack", "register_type", "registered_type", "unpack"]
+
+_T = TypeVar("_T")
+
+_EXT_GRAIN_ID = 1
+_EXT_GRAIN_REF = 2
+_EXT_DATETIME = 3
+_EXT_TIMEDELTA = 4
+_EXT_UUID = 5
+_EXT_DATACLASS = 6
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_NAIVE = datetime(1970, 1, 1)
+_US = timedelta(microseconds=1)
+
+_registry: dict[str, type[Any]] = {}
+_names: dict[type[Any], str] = {}
+
+
+def register_type(cls: type[_T] | None = None, *, name: str | None = None) -> Any:
+    """Let a dataclass travel in grain calls. Usable as ``@register_type`` or a call.
+
+    ``name`` (default ``module.QualName``) is what the wire carries; both sides must
+    register the class under the same name. Fields travel by name, so adding a
+    field with a default stays compatible.
+    """
+
+    def apply(c: type[_T]) -> type[_T]:
+        if not dataclasses.is_dataclass(c):
+            raise SerializationError(f"register_type needs a dataclass, got {c!r}")
+        key = name or f"{c.__module__}.{c.__qualname__}"
+        existing = _registry.get(key)
+        if existing is not None and existing is not c and existing.__qualname__ != c.__qualname__:
+            raise SerializationError(f"type name {key!r} is already registered for {existing!r}")
+        _registry[key] = c
+        _names[c] = key
+        return c
+
+    return apply(cls) if cls is not None else apply
+
+
+def registered_type(name: str) -> type[Any] | None:
+    """The class registered under ``name``, if any."""
+    return _registry.get(name)
+
+
+def _encode_datetime(value: datetime) -> bytes:
+    tz = value.tzinfo
+    if tz is None:
+        return msgpack.packb([0, (value - _EPOCH_NAIVE) // _US])
+    micros = (value - _EPOCH) // _US
+    if isinstance(tz, ZoneInfo):
+        return msgpack.packb([2, micros, tz.key])
+    offset = value.utcoffset() or timedelta(0)
+    return msgpack.packb([1, micros, offset // _US])
+
+
+def _decode_datetime(data: bytes) -> datetime:
+    parts = msgpack.unpackb(data)
+    kind = parts[0]
+    if kind == 0:
+        return _EPOCH_NAIVE + parts[1] * _US
+    utc = _EPOCH + parts[1] * _US
+    if kind == 2:
+        return utc.astimezone(ZoneInfo(parts[2]))
+    offset = parts[2] * _US
+    return utc.astimezone(UTC if not offset else timezone(offset))
+
+
+class Codec:
+    """Encodes and decodes values; one per silo or client.
+
+    ``reference_factory(grain_id, interface)`` turns a decoded grain reference into
+    a proxy bound to the receiving side's runtime; without one, references
+    decode to their ``GrainId``.
+    """
+
+    __slots__ = ("_reference_factory",)
+
+    def __init__(self, reference_factory: Callable[[GrainId, str | None], Any] | None = None):
+        self._reference_factory = reference_factory
+
+    def encode(self, value: Any) -> bytes:
+        """``value`` as bytes, or ``SerializationError`` naming what cannot travel."""
+        try:
+            return msgpack.packb(value, default=_default, use_bin_type=True, datetime=False)
+        except SerializationError:
+            raise
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise SerializationError(f"cannot serialize value: {exc}") from exc
+
+    def decode(self, data: bytes) -> Any:
+        """The value ``encode`` produced, or ``SerializationError`` for bad bytes."""
+        try:
+            return msgpack.unpackb(
+                data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True
+            )
+        except SerializationError:
+            raise
+        except Exception as exc:  # msgpack raises a zoo of types on garbage
+            raise SerializationError(f"cannot deserialize {len(data)} bytes: {exc}") from exc
+
+    def _ext_hook(self, code: int, data: bytes) -> Any:
+        if code == _EXT_GRAIN_ID:
+            return GrainId.parse(data.decode())
+        if code == _EXT_GRAIN_REF:
+            canonical, interface = msgpack.unpackb(data)
+            gid = GrainId.parse(canonical)
+            if self._reference_factory is None:
+                return gid
+            return self._reference_factory(gid, interface)
+        if code == _EXT_DATETIME:
+            return _decode_datetime(data)
+        if code == _EXT_TIMEDELTA:
+            return int.from_bytes(data, "big", signed=True) * _US
+        if code == _EXT_UUID:
+            return uuid.UUID(bytes=data)
+        if code == _EXT_DATACLASS:
+            name, fields = msgpack.unpackb(
+                data, ext_hook=self._ext_hook, raw=False, strict_map_key=False
+            )
+            cls = _registry.get(name)
+            if cls is None:
+                raise SerializationError(
+                    f"unknown type {name!r}: register it with orleanspy.register_type on this side"
+                )
+            return cls(**fields)
+        raise SerializationError(f"unknown msgpack extension type {code}")
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, GrainId):
+        return msgpack.ExtType(_EXT_GRAIN_ID, value.canonical.encode())
+    ref = getattr(type(value), "__orleanspy_grain_id__", None)
+    if ref is not None:
+        gid, interface = value.__orleanspy_grain_id__()
+        return msgpack.ExtType(_EXT_GRAIN_REF, msgpack.packb([gid.canonical, interface]))
+    if isinstance(value, datetime):
+        return msgpack.ExtType(_EXT_DATETIME, _encode_datetime(value))
+    if isinstance(value, timedelta):
+        micros = value // _US
+        return msgpack.ExtType(_EXT_TIMEDELTA, micros.to_bytes(9, "big", signed=True))
+    if isinstance(value, uuid.UUID):
+        return msgpack.ExtType(_EXT_UUID, value.bytes)
+    name = _names.get(type(value))
+    if name is not None:
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        return msgpack.ExtType(
+            _EXT_DATACLASS,
+            msgpack.packb([name, fields], default=_default, use_bin_type=True, datetime=False),
+        )
+    if isinstance(value, (set, frozenset)):
+        return list(value)
+    hint = (
+        " (decorate the dataclass with @orleanspy.register_type)"
+        if dataclasses.is_dataclass(value)
+        else ""
+    )
+    raise SerializationError(
+        f"cannot serialize object of type {type(value).__module__}.{type(value).__qualname__}"
+        f"{hint}; grain arguments and results must be msgpack types, GrainId, grain "
+        "references, datetime, timedelta, UUID or registered dataclasses"
+    )
+
+
+_plain = Codec()
+
+
+def pack(value: Any) -> bytes:
+    """Encode with a codec that has no reference factory (storage rows, tests)."""
+    return _plain.encode(value)
+
+
+def unpack(data: bytes) -> Any:
+    """Decode with a codec that has no reference factory."""
+    return _plain.decode(data)

@@ -1,0 +1,1 @@
+"""Test support shipped for users and provider authors."""
