@@ -17,6 +17,7 @@ __all__ = [
     "ReminderChange",
     "ReminderEntry",
     "ReminderPriority",
+    "ScheduleUpdate",
     "TickStatus",
 ]
 
@@ -120,6 +121,17 @@ class ReminderChange:
     grain_id: GrainId
     name: str
     next_due: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleUpdate:
+    """One compare-and-swap of a row's schedule (see ``ReminderTable.update_schedule``)."""
+
+    grain_id: GrainId
+    name: str
+    etag: str
+    next_due: datetime
+    last_fire: datetime | None
 
 
 @dataclass(frozen=True, slots=True)

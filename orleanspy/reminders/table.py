@@ -15,16 +15,16 @@ millisecond precision.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderChange, ReminderEntry
+from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
 
-__all__ = ["ReminderTable"]
+__all__ = ["BatchingReminderTable", "ReminderTable"]
 
 
 @runtime_checkable
@@ -101,4 +101,18 @@ class ReminderTable(Protocol):
         service's poll is the safety net). Each call returns a new subscription;
         closing the iterator (``aclose``) ends it.
         """
+        ...
+
+
+@runtime_checkable
+class BatchingReminderTable(ReminderTable, Protocol):
+    """A table that can apply many schedule CASes in one round trip (optional).
+
+    The service uses it when a table provides it, and falls back to concurrent
+    ``update_schedule`` calls otherwise.
+    """
+
+    async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
+        """``update_schedule`` for each update, in order, as one batch; each result
+        is the new etag or ``None`` (lost race), exactly as for single calls."""
         ...
