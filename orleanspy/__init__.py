@@ -1,1 +1,111 @@
-"""orleanspy: virtual actors for Python with an adaptive reminder service."""
+"""orleanspy: virtual actors for Python with an adaptive reminder service.
+
+Write grains by subclassing ``Grain`` (and ``Remindable`` for reminders), host
+them in a ``Silo`` (``Silo.local()`` for one process), call them through proxies
+from ``silo.client`` or a ``ClusterClient``.
+"""
+
+from __future__ import annotations
+
+from orleanspy.clock import Clock, SystemClock
+from orleanspy.errors import (
+    ActivationError,
+    AuthenticationError,
+    ClosedError,
+    ConfigurationError,
+    GrainCallError,
+    GrainCallTimeoutError,
+    GrainMethodNotFoundError,
+    MembershipError,
+    MessageRejectedError,
+    OrleansPyError,
+    ReminderError,
+    RemoteGrainError,
+    SerializationError,
+    SiloDeclaredDeadError,
+    SiloUnavailableError,
+    StorageError,
+    StorageUnavailableError,
+    UnknownGrainTypeError,
+)
+from orleanspy.grain import (
+    Grain,
+    Remindable,
+    always_interleave,
+    one_way,
+    read_only,
+    reentrant,
+    register_reminder,
+)
+from orleanspy.identity import GrainId, SiloAddress, uniform_hash
+from orleanspy.options import (
+    MembershipOptions,
+    MessagingOptions,
+    ReminderOptions,
+    SiloOptions,
+    TlsOptions,
+)
+from orleanspy.reference import CallInvoker, GrainReference
+from orleanspy.reminders.model import (
+    MissedReminder,
+    MissedReminderAction,
+    ReminderEntry,
+    ReminderPriority,
+    TickStatus,
+)
+from orleanspy.run import run
+from orleanspy.runtime.silo import Silo
+from orleanspy.runtime.timers import TimerHandle
+from orleanspy.serialization import register_type
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActivationError",
+    "AuthenticationError",
+    "CallInvoker",
+    "Clock",
+    "ClosedError",
+    "ConfigurationError",
+    "Grain",
+    "GrainCallError",
+    "GrainCallTimeoutError",
+    "GrainId",
+    "GrainMethodNotFoundError",
+    "GrainReference",
+    "MembershipError",
+    "MembershipOptions",
+    "MessageRejectedError",
+    "MessagingOptions",
+    "MissedReminder",
+    "MissedReminderAction",
+    "OrleansPyError",
+    "ReminderEntry",
+    "ReminderError",
+    "ReminderOptions",
+    "ReminderPriority",
+    "Remindable",
+    "RemoteGrainError",
+    "SerializationError",
+    "Silo",
+    "SiloAddress",
+    "SiloDeclaredDeadError",
+    "SiloOptions",
+    "SiloUnavailableError",
+    "StorageError",
+    "StorageUnavailableError",
+    "SystemClock",
+    "TickStatus",
+    "TimerHandle",
+    "TlsOptions",
+    "UnknownGrainTypeError",
+    "__version__",
+    "always_interleave",
+    "one_way",
+    "read_only",
+    "reentrant",
+    "register_reminder",
+    "register_type",
+    "run",
+    "uniform_hash",
+]

@@ -9,7 +9,7 @@
     │   ├── GrainCallTimeoutError (TimeoutError)   no response within the response timeout
     │   ├── RemoteGrainError                   the grain raised a type we do not rebuild
     │   ├── UnknownGrainTypeError              no grain class registered under that name
-    │   ├── GrainMethodNotFoundError           not a public ``async def`` of the grain class
+    │   ├── GrainMethodNotFoundError (AttributeError)  not a public ``async def`` of the class
     │   ├── ActivationError                    ``on_activate`` raised; nothing was activated
     │   ├── SiloUnavailableError               the target silo cannot be reached
     │   ├── MessageRejectedError               the receiver refused the message (malformed,
@@ -88,8 +88,10 @@ class UnknownGrainTypeError(GrainCallError):
     """No grain class is registered under the requested type name."""
 
 
-class GrainMethodNotFoundError(GrainCallError):
-    """The method is not a public ``async def`` of the grain class."""
+class GrainMethodNotFoundError(GrainCallError, AttributeError):
+    """The method is not a public ``async def`` of the grain class.
+
+    Also an ``AttributeError``, so ``hasattr(proxy, name)`` works on proxies."""
 
 
 class ActivationError(GrainCallError):

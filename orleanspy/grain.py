@@ -1,0 +1,411 @@
+"""Grains: the base class users subclass, its decorators, and the type registry.
+
+A grain class is read once, when it is defined: ``__init_subclass__`` builds a
+frozen ``GrainDefinition`` (type name, callable methods and their interleaving
+flags, placement, collection age, declared reminders) and registers it. The
+runtime reads only that definition.
+
+Only public ``async def`` methods declared by the user's classes are callable
+through a proxy; the ``Grain`` base class's own methods (``on_activate``,
+``register_timer``, ...) are not.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
+
+from orleanspy.errors import ConfigurationError, UnknownGrainTypeError
+from orleanspy.identity import GrainId, GrainKey
+
+if TYPE_CHECKING:
+    from orleanspy.reminders.model import (
+        MissedReminderAction,
+        ReminderEntry,
+        TickStatus,
+    )
+    from orleanspy.runtime.activation import Activation
+    from orleanspy.runtime.timers import TimerHandle
+
+__all__ = [
+    "DeclaredReminder",
+    "Grain",
+    "GrainDefinition",
+    "GrainMethodInfo",
+    "Remindable",
+    "always_interleave",
+    "definition_of",
+    "lookup_definition",
+    "one_way",
+    "read_only",
+    "reentrant",
+    "register_reminder",
+    "registered_definitions",
+]
+
+log = logging.getLogger(__name__)
+
+G = TypeVar("G", bound="Grain")
+C = TypeVar("C", bound=type)
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ALWAYS_INTERLEAVE = "__orleanspy_always_interleave__"
+_READ_ONLY = "__orleanspy_read_only__"
+_ONE_WAY = "__orleanspy_one_way__"
+
+
+@dataclass(frozen=True, slots=True)
+class GrainMethodInfo:
+    """How one callable method may run: interleaved always, read-only, one-way."""
+
+    name: str
+    always_interleave: bool = False
+    read_only: bool = False
+    one_way: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DeclaredReminder:
+    """A reminder declared with ``@register_reminder`` on a grain class."""
+
+    name: str
+    due: timedelta | None
+    period: timedelta | None
+    cron: str | None
+    tz: str | None
+    priority: int
+    action: int
+
+
+@dataclass(frozen=True, slots=True)
+class GrainDefinition:
+    """Everything the runtime needs to know about a grain class, built once.
+
+    ``reminder_keys`` are the keys for which ``@register_reminder`` rows are
+    created at silo start-up (default: the single key ``""``).
+    """
+
+    type_name: str
+    cls: type[Grain]
+    methods: Mapping[str, GrainMethodInfo]
+    reentrant: bool = False
+    placement: Any = None
+    collection_age: timedelta | None = None
+    reminders: tuple[DeclaredReminder, ...] = ()
+    reminder_keys: tuple[GrainKey, ...] = ("",)
+    remindable: bool = False
+
+    def grain_id(self, key: GrainKey) -> GrainId:
+        return GrainId(self.type_name, key)
+
+
+_registry: dict[str, GrainDefinition] = {}
+
+
+def _register(defn: GrainDefinition) -> None:
+    existing = _registry.get(defn.type_name)
+    if existing is not None and existing.cls is not defn.cls:
+        same = (existing.cls.__module__, existing.cls.__qualname__) == (
+            defn.cls.__module__,
+            defn.cls.__qualname__,
+        )
+        if not same:
+            raise ConfigurationError(
+                f"grain type name {defn.type_name!r} is used by both "
+                f"{existing.cls.__module__}.{existing.cls.__qualname__} and "
+                f"{defn.cls.__module__}.{defn.cls.__qualname__}; pass type_name=... to one of them"
+            )
+    _registry[defn.type_name] = defn
+
+
+def registered_definitions() -> dict[str, GrainDefinition]:
+    """A copy of the registry: type name to definition."""
+    return dict(_registry)
+
+
+def lookup_definition(type_name: str) -> GrainDefinition:
+    """The definition registered under ``type_name`` or ``UnknownGrainTypeError``."""
+    try:
+        return _registry[type_name]
+    except KeyError:
+        raise UnknownGrainTypeError(f"no grain class is registered as {type_name!r}") from None
+
+
+def definition_of(cls: type[Grain]) -> GrainDefinition:
+    """The definition of a grain class."""
+    defn = cls.__dict__.get("__grain_definition__")
+    if defn is None:
+        raise ConfigurationError(f"{cls!r} is not a grain class")
+    return defn  # type: ignore[no-any-return]
+
+
+def _replace_definition(cls: type[Grain], **changes: Any) -> None:
+    defn = replace(definition_of(cls), **changes)
+    cls.__grain_definition__ = defn
+    _registry[defn.type_name] = defn
+
+
+def _collect_methods(cls: type) -> dict[str, GrainMethodInfo]:
+    methods: dict[str, GrainMethodInfo] = {}
+    for klass in reversed(cls.__mro__):
+        if klass in (object, Grain) or klass.__module__ == __name__ and klass is not Remindable:
+            continue
+        for name, value in vars(klass).items():
+            if name.startswith("_") or name in _BASE_NAMES:
+                continue
+            if isinstance(value, (staticmethod, classmethod)):
+                methods.pop(name, None)
+                continue
+            if inspect.iscoroutinefunction(value):
+                methods[name] = GrainMethodInfo(
+                    name=name,
+                    always_interleave=bool(getattr(value, _ALWAYS_INTERLEAVE, False)),
+                    read_only=bool(getattr(value, _READ_ONLY, False)),
+                    one_way=bool(getattr(value, _ONE_WAY, False)),
+                )
+            else:
+                methods.pop(name, None)
+    return methods
+
+
+class Grain:
+    """Base class of every grain. Subclass it and write public ``async def`` methods.
+
+    Class keywords: ``type_name`` (default: the class name), ``placement`` (a
+    strategy from ``orleanspy.placement``), ``collection_age`` (idle time before
+    the activation is collected; default the silo's), ``reminder_keys`` (keys for
+    which ``@register_reminder`` rows are created at start-up).
+
+    The runtime creates instances; ``__init__`` takes no arguments and runs after
+    ``grain_id`` is available.
+    """
+
+    __grain_definition__: ClassVar[GrainDefinition]
+    _activation: Activation
+
+    def __init_subclass__(
+        cls,
+        *,
+        type_name: str | None = None,
+        placement: Any = None,
+        collection_age: timedelta | None = None,
+        reminder_keys: tuple[GrainKey, ...] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        name = type_name or cls.__name__
+        if "/" in name or "|" in name or not name:
+            raise ConfigurationError(f"grain type name {name!r} must be non-empty, no '/' or '|'")
+        if collection_age is not None and (
+            not isinstance(collection_age, timedelta) or collection_age <= timedelta(0)
+        ):
+            raise ConfigurationError("collection_age must be a positive datetime.timedelta")
+        parent = next(
+            (b.__dict__["__grain_definition__"] for b in cls.__mro__[1:]
+             if "__grain_definition__" in b.__dict__),
+            None,
+        )  # fmt: skip
+        defn = GrainDefinition(
+            type_name=name,
+            cls=cls,
+            methods=MappingProxyType(_collect_methods(cls)),
+            reentrant=parent.reentrant if parent else False,
+            placement=placement if placement is not None else (parent and parent.placement),
+            collection_age=collection_age or (parent.collection_age if parent else None),
+            reminders=parent.reminders if parent else (),
+            reminder_keys=tuple(reminder_keys) if reminder_keys is not None else ("",),
+            remindable=issubclass(cls, Remindable),
+        )
+        cls.__grain_definition__ = defn
+        _register(defn)
+
+    # -- identity and calls -------------------------------------------------------------
+
+    @property
+    def grain_id(self) -> GrainId:
+        """This grain's identity."""
+        return self._activation.grain_id
+
+    @property
+    def grain_key(self) -> GrainKey:
+        """This grain's key."""
+        return self._activation.grain_id.key
+
+    @overload
+    def get_grain(self, grain: type[G], key: GrainKey) -> G: ...
+    @overload
+    def get_grain(self, grain: str, key: GrainKey) -> Any: ...
+    def get_grain(self, grain: type[G] | str, key: GrainKey) -> Any:
+        """A proxy for another grain (or this one), called from inside this grain."""
+        return self._activation.runtime.get_grain(grain, key)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def on_activate(self) -> None:
+        """Called before the first message; an exception fails that call and
+        discards the activation."""
+
+    async def on_deactivate(self) -> None:
+        """Called when the activation is collected, deactivated or the silo stops."""
+
+    def deactivate_on_idle(self) -> None:
+        """Deactivate this activation once the current turn (and any running) ends."""
+        self._activation.request_deactivation()
+
+    def register_timer(
+        self,
+        callback: Callable[[], Awaitable[None]],
+        due: timedelta | float,
+        period: timedelta | float | None = None,
+    ) -> TimerHandle:
+        """Call ``callback`` after ``due``, then every ``period`` (``None``: once).
+
+        Ticks run as turns of this activation (they never interleave with a
+        non-reentrant grain's calls); the next period starts when the callback
+        returns. Timers are not durable and die with the activation; they do
+        not keep it from being collected. ``dispose()`` the handle to stop it.
+        """
+        return self._activation.register_timer(callback, due, period)
+
+    # -- reminders ----------------------------------------------------------------------
+
+    async def register_or_update_reminder(
+        self,
+        name: str,
+        *,
+        due: timedelta | float | None = None,
+        period: timedelta | float | None = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        priority: int | None = None,
+        action: MissedReminderAction | None = None,
+    ) -> ReminderEntry:
+        """Register (or replace) a durable reminder for this grain.
+
+        Interval form: ``period`` (and optional ``due``, default ``period``); cron
+        form: ``cron`` with optional IANA ``tz``. Registering again re-anchors the
+        schedule at now. Invalid input raises ``ReminderError``. The grain class
+        must derive from ``Remindable``.
+        """
+        return await self._activation.runtime.reminders.register(
+            self.grain_id,
+            name,
+            due=due,
+            period=period,
+            cron=cron,
+            tz=tz,
+            priority=priority,
+            action=action,
+        )
+
+    async def unregister_reminder(self, name: str) -> bool:
+        """Remove the reminder; ``False`` if there was none (not an error)."""
+        return await self._activation.runtime.reminders.unregister(self.grain_id, name)
+
+    async def get_reminder(self, name: str) -> ReminderEntry | None:
+        """This grain's reminder ``name``, or ``None``."""
+        return await self._activation.runtime.reminders.get(self.grain_id, name)
+
+    async def get_reminders(self) -> list[ReminderEntry]:
+        """All reminders of this grain."""
+        return await self._activation.runtime.reminders.list(self.grain_id)
+
+    def now(self) -> datetime:
+        """The silo clock's current time (use it instead of ``datetime.now``, so
+        tests with a manual clock see consistent time)."""
+        return self._activation.runtime.clock.now()
+
+
+class Remindable:
+    """Mixin for grains that receive reminders: implement ``receive_reminder``."""
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        """Called for every tick of every reminder of this grain (a normal grain call)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement receive_reminder")
+
+
+_BASE_NAMES = frozenset(
+    n for n in vars(Grain) if not n.startswith("_")
+) - {"receive_reminder"}
+
+
+# -- decorators ---------------------------------------------------------------------------
+
+
+def reentrant(cls: C) -> C:
+    """Let every call of this grain class interleave with others (no turn exclusion)."""
+    _replace_definition(cls, reentrant=True)
+    return cls
+
+
+def always_interleave(fn: F) -> F:
+    """This method may run while other calls of the activation are running."""
+    setattr(fn, _ALWAYS_INTERLEAVE, True)
+    return fn
+
+
+def read_only(fn: F) -> F:
+    """Read-only calls may interleave with each other (never with other calls)."""
+    setattr(fn, _READ_ONLY, True)
+    return fn
+
+
+def one_way(fn: F) -> F:
+    """Callers do not wait for this method: the proxy returns once the call is sent."""
+    setattr(fn, _ONE_WAY, True)
+    return fn
+
+
+def _seconds(value: timedelta | float | None, what: str) -> timedelta | None:
+    if value is None or isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"{what} must be seconds or a timedelta, got {value!r}")
+    return timedelta(seconds=value)
+
+
+def register_reminder(
+    name: str,
+    *,
+    due: timedelta | float | None = None,
+    period: timedelta | float | None = None,
+    cron: str | None = None,
+    tz: str | None = None,
+    priority: int = 0,
+    action: int | None = None,
+) -> Callable[[C], C]:
+    """Declare a reminder on a ``Remindable`` grain class.
+
+    At silo start-up the silo creates each declared reminder that is missing,
+    for each of the class's ``reminder_keys`` (default the key ``""``), straight
+    in the table and without activating the grain. Existing rows are left alone.
+    The schedule is validated when the silo registers it (``ReminderError``).
+    """
+
+    def apply(cls: C) -> C:
+        defn = definition_of(cls)
+        if not defn.remindable:
+            raise ConfigurationError(
+                f"@register_reminder needs a Remindable grain; {cls.__qualname__} is not"
+            )
+        from orleanspy.reminders.model import MissedReminderAction
+
+        declared = DeclaredReminder(
+            name=name,
+            due=_seconds(due, "due"),
+            period=_seconds(period, "period"),
+            cron=cron,
+            tz=tz,
+            priority=priority,
+            action=int(action if action is not None else MissedReminderAction.SKIP),
+        )
+        others = tuple(r for r in defn.reminders if r.name != name)
+        _replace_definition(cls, reminders=(declared, *others))
+        return cls
+
+    return apply

@@ -1,0 +1,1 @@
+"""The silo runtime: catalog, activations, dispatcher, timers, the silo host."""

@@ -1,0 +1,357 @@
+"""One activation of a grain: its mailbox, its turns, its lifecycle.
+
+Turn rule: a non-reentrant activation runs one message at a time, in arrival
+order. A message may run alongside running ones when the class is
+``@reentrant``, the method is ``@always_interleave``, it and every running call
+are ``@read_only``, or it is a call back into this grain along the current call
+chain (see ``runtime.context``). Timer ticks are turns too.
+
+Lifecycle: ACTIVATING (directory registration, ``on_activate``) → VALID →
+DEACTIVATING (turns drain, ``on_deactivate``) → INVALID. Messages that reach an
+activation that is going away are handed back to the dispatcher, which routes
+them to a fresh activation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orleanspy.clock import Clock
+from orleanspy.errors import ActivationError
+from orleanspy.grain import Grain, GrainDefinition
+from orleanspy.identity import GrainId
+from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
+from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
+from orleanspy.runtime.remote_errors import error_payload
+from orleanspy.runtime.timers import TimerHandle
+from orleanspy.serialization import Codec
+
+if TYPE_CHECKING:
+    from orleanspy.directory import ActivationAddress
+
+__all__ = ["Activation", "ActivationHost", "ActivationState"]
+
+log = logging.getLogger(__name__)
+
+
+class ActivationState(enum.Enum):
+    ACTIVATING = 1
+    VALID = 2
+    DEACTIVATING = 3
+    INVALID = 4
+
+
+class ActivationHost(Protocol):
+    """What an activation needs from its silo (implemented by the dispatcher)."""
+
+    clock: Clock
+    codec: Codec
+    activation_timeout: float
+    deactivation_timeout: float
+
+    def get_grain(self, grain: Any, key: Any) -> Any: ...
+    @property
+    def reminders(self) -> Any: ...
+    def send_response(self, response: Message) -> None: ...
+    def reroute(self, message: Message) -> None: ...
+    async def register_activation(self, activation: Activation) -> ActivationAddress | None:
+        """Claim the grain in the directory; the winner's address if another won."""
+        ...
+
+    def forward(self, message: Message, to: ActivationAddress) -> None: ...
+    async def activation_ended(self, activation: Activation) -> None:
+        """Remove the activation from the catalog and the directory."""
+        ...
+
+
+class _TimerTick:
+    __slots__ = ("callback", "done")
+
+    def __init__(self, callback: Callable[[], Awaitable[None]], done: asyncio.Future[None]):
+        self.callback = callback
+        self.done = done
+
+
+_WorkItem = Message | _TimerTick
+
+
+class Activation:
+    """The in-memory instance of a grain on this silo, with its mailbox."""
+
+    def __init__(
+        self, grain_id: GrainId, definition: GrainDefinition, host: ActivationHost, activation_id: str
+    ) -> None:
+        self.grain_id = grain_id
+        self.definition = definition
+        self.runtime = host
+        self.activation_id = activation_id
+        self.canonical = grain_id.canonical
+        self.state = ActivationState.ACTIVATING
+        self.grain: Grain | None = None
+        self.last_activity: datetime = host.clock.now()
+        self._queue: deque[_WorkItem] = deque()
+        self._running = 0
+        self._running_read_only = 0
+        self._deactivate_requested = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._timers: set[TimerHandle] = set()
+        self._lifecycle_task: asyncio.Task[None] | None = None
+
+    # -- activation ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin activating: registration and ``on_activate`` run as a task."""
+        self._lifecycle_task = asyncio.get_running_loop().create_task(self._activate())
+
+    async def _activate(self) -> None:
+        host = self.runtime
+        try:
+            winner = await host.register_activation(self)
+            if winner is not None:
+                # Another silo activated the grain first: hand everything to it.
+                self.state = ActivationState.INVALID
+                await host.activation_ended(self)
+                while self._queue:
+                    item = self._queue.popleft()
+                    if isinstance(item, Message):
+                        host.forward(item, winner)
+                return
+            grain = self.definition.cls.__new__(self.definition.cls)
+            grain._activation = self
+            grain.__init__()  # type: ignore[misc]
+            self.grain = grain
+            async with asyncio.timeout(host.activation_timeout):
+                await grain.on_activate()
+        except asyncio.CancelledError:
+            self.state = ActivationState.INVALID
+            raise
+        except Exception as exc:
+            self._fail_activation(exc)
+            await host.activation_ended(self)
+            return
+        self.state = ActivationState.VALID
+        self.last_activity = host.clock.now()
+        self._pump()
+
+    def _fail_activation(self, exc: Exception) -> None:
+        self.state = ActivationState.INVALID
+        log.warning("activation failed grain=%s error=%r", self.grain_id, exc)
+        host = self.runtime
+        first = True
+        while self._queue:
+            item = self._queue.popleft()
+            if not isinstance(item, Message):
+                item.done.cancel()
+                continue
+            if first and item.kind is MessageKind.REQUEST:
+                first = False
+                err = ActivationError(f"{self.grain_id}: on_activate raised {exc!r}")
+                err.__cause__ = exc
+                payload = error_payload(err)
+                payload["traceback"] = error_payload(exc)["traceback"]
+                host.send_response(item.response(ResponseStatus.ERROR, host.codec.encode(payload)))
+            else:
+                # The call that caused the activation fails; the others get a fresh try.
+                host.reroute(item)
+
+    # -- mailbox ------------------------------------------------------------------------
+
+    def enqueue(self, message: Message) -> None:
+        """Accept a request or one-way message for this grain."""
+        if self.state is ActivationState.INVALID:
+            self.runtime.reroute(message)
+            return
+        if self.state is ActivationState.VALID and self._may_bypass(message):
+            self._start(message)
+        else:
+            self._queue.append(message)
+            if self.state is ActivationState.VALID:
+                self._pump()
+
+    def enqueue_timer_tick(self, callback: Callable[[], Awaitable[None]]) -> asyncio.Future[None]:
+        """Queue a timer tick as a turn; the future completes when it has run."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(_TimerTick(callback, done))
+        if self.state is ActivationState.VALID:
+            self._pump()
+        return done
+
+    @property
+    def accepts_timer_ticks(self) -> bool:
+        return self.state in (ActivationState.ACTIVATING, ActivationState.VALID)
+
+    def _info_flags(self, message: Message) -> tuple[bool, bool]:
+        info = self.definition.methods.get(message.method)
+        if info is None:
+            return False, False
+        return info.always_interleave, info.read_only
+
+    def _may_bypass(self, message: Message) -> bool:
+        if self._running == 0 and not self._queue:
+            return True
+        interleave, _ = self._info_flags(message)
+        return (
+            self.definition.reentrant
+            or interleave
+            or self.canonical in decode_chain(message.headers.get(CHAIN_HEADER))
+            or (not self._queue and self._can_run(message))
+        )
+
+    def _can_run(self, item: _WorkItem) -> bool:
+        if self._running == 0 or self.definition.reentrant:
+            return True
+        if not isinstance(item, Message):
+            return False
+        interleave, read_only = self._info_flags(item)
+        if interleave:
+            return True
+        if read_only and self._running_read_only == self._running:
+            return True
+        return self.canonical in decode_chain(item.headers.get(CHAIN_HEADER))
+
+    def _pump(self) -> None:
+        while self._queue and self.state is ActivationState.VALID and self._can_run(self._queue[0]):
+            self._start(self._queue.popleft())
+
+    def _start(self, item: _WorkItem) -> None:
+        self._running += 1
+        self._idle.clear()
+        read_only = isinstance(item, Message) and self._info_flags(item)[1]
+        if read_only:
+            self._running_read_only += 1
+        loop = asyncio.get_running_loop()
+        if isinstance(item, Message):
+            loop.create_task(self._run_message(item, read_only))
+        else:
+            loop.create_task(self._run_timer(item))
+
+    async def _run_message(self, message: Message, read_only: bool) -> None:
+        host = self.runtime
+        codec = host.codec
+        current_chain.set((*decode_chain(message.headers.get(CHAIN_HEADER)), self.canonical))
+        try:
+            args, kwargs = codec.decode(message.body)
+            result = await getattr(self.grain, message.method)(*args, **kwargs)
+            if message.kind is MessageKind.REQUEST:
+                body = codec.encode(result)
+                host.send_response(message.response(ResponseStatus.OK, body))
+        except asyncio.CancelledError:
+            if message.kind is MessageKind.REQUEST:
+                err = error_payload(ActivationError(f"{self.grain_id}: call cancelled"))
+                host.send_response(message.response(ResponseStatus.ERROR, codec.encode(err)))
+            raise
+        except Exception as exc:
+            if message.kind is MessageKind.REQUEST:
+                payload = error_payload(exc)
+                host.send_response(message.response(ResponseStatus.ERROR, codec.encode(payload)))
+            else:
+                log.warning("one-way call failed grain=%s method=%s", self.grain_id, message.method)
+        finally:
+            if read_only:
+                self._running_read_only -= 1
+            self._turn_ended(touch=True)
+
+    async def _run_timer(self, tick: _TimerTick) -> None:
+        try:
+            await tick.callback()
+            if not tick.done.done():
+                tick.done.set_result(None)
+        except asyncio.CancelledError:
+            tick.done.cancel()
+            raise
+        except Exception as exc:
+            if not tick.done.done():
+                tick.done.set_exception(exc)
+        finally:
+            # Timer ticks do not count as activity: a grain kept busy only by its
+            # own timers is still collected (as in Orleans).
+            self._turn_ended(touch=False)
+
+    def _turn_ended(self, *, touch: bool) -> None:
+        self._running -= 1
+        if touch:
+            self.last_activity = self.runtime.clock.now()
+        if self._running == 0:
+            self._idle.set()
+            if self._deactivate_requested and self.state is ActivationState.VALID:
+                self.start_deactivation()
+                return
+        self._pump()
+
+    # -- timers -------------------------------------------------------------------------
+
+    def register_timer(
+        self,
+        callback: Callable[[], Awaitable[None]],
+        due: timedelta | float,
+        period: timedelta | float | None,
+    ) -> TimerHandle:
+        handle = TimerHandle(self, callback, due, period)
+        self._timers.add(handle)
+        return handle
+
+    def forget_timer(self, handle: TimerHandle) -> None:
+        self._timers.discard(handle)
+
+    # -- deactivation -------------------------------------------------------------------
+
+    def is_idle_since(self, cutoff: datetime) -> bool:
+        return (
+            self.state is ActivationState.VALID
+            and self._running == 0
+            and not self._queue
+            and self.last_activity <= cutoff
+        )
+
+    def request_deactivation(self) -> None:
+        """Deactivate once no turn is running (``Grain.deactivate_on_idle``)."""
+        self._deactivate_requested = True
+        if self._running == 0 and self.state is ActivationState.VALID:
+            self.start_deactivation()
+
+    def start_deactivation(self) -> asyncio.Task[None] | None:
+        """Begin deactivating (idempotent); returns the task doing it."""
+        if self.state is ActivationState.VALID:
+            self.state = ActivationState.DEACTIVATING
+            self._lifecycle_task = asyncio.get_running_loop().create_task(self._deactivate())
+        return self._lifecycle_task
+
+    async def deactivate(self) -> None:
+        """Deactivate and wait until it is done."""
+        if self.state is ActivationState.ACTIVATING and self._lifecycle_task is not None:
+            await asyncio.wait([self._lifecycle_task])
+        task = self.start_deactivation()
+        if task is not None and self.state is not ActivationState.INVALID:
+            await asyncio.shield(task)
+
+    async def _deactivate(self) -> None:
+        host = self.runtime
+        for handle in list(self._timers):
+            handle.dispose()
+        try:
+            async with asyncio.timeout(host.deactivation_timeout):
+                await self._idle.wait()
+                if self.grain is not None:
+                    await self.grain.on_deactivate()
+        except TimeoutError:
+            log.warning("deactivation timed out grain=%s", self.grain_id)
+        except Exception:
+            log.exception("on_deactivate failed grain=%s", self.grain_id)
+        self.state = ActivationState.INVALID
+        await host.activation_ended(self)
+        while self._queue:
+            item = self._queue.popleft()
+            if isinstance(item, Message):
+                host.reroute(item)
+            else:
+                item.done.cancel()
+
+    def __repr__(self) -> str:
+        return f"<Activation {self.grain_id} {self.state.name} running={self._running}>"

@@ -1,0 +1,303 @@
+"""The dispatcher: every message in and out of a silo passes through it.
+
+Requests are validated (known grain type, callable method), then go to the local
+activation, or are located (directory cache, directory, placement) and sent to
+the silo that has or should create the activation. Responses complete the
+caller's pending future, or travel back to the silo (or gateway client) that
+sent the request. It also is the silo's ``CallInvoker``: calls made by grains
+and by ``silo.client`` start here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from orleanspy.clock import Clock
+from orleanspy.errors import (
+    GrainCallTimeoutError,
+    GrainMethodNotFoundError,
+    MessageRejectedError,
+    UnknownGrainTypeError,
+)
+from orleanspy.grain import GrainDefinition
+from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
+from orleanspy.messaging.transport import Transport
+from orleanspy.options import SiloOptions
+from orleanspy.reference import GrainFactory
+from orleanspy.runtime.activation import Activation
+from orleanspy.runtime.catalog import Catalog
+from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
+from orleanspy.runtime.locator import Locator
+from orleanspy.runtime.remote_errors import error_payload, rebuild_error
+from orleanspy.serialization import Codec
+
+if TYPE_CHECKING:
+    from orleanspy.directory import ActivationAddress
+
+__all__ = ["Dispatcher"]
+
+log = logging.getLogger(__name__)
+
+
+class Dispatcher:
+    """Routes messages for one silo; implements ``CallInvoker``, ``MessageSink``
+    and ``ActivationHost``."""
+
+    def __init__(
+        self,
+        *,
+        address: SiloAddress,
+        clock: Clock,
+        options: SiloOptions,
+        locator: Locator,
+        grain_types: Mapping[str, GrainDefinition],
+        transport: Transport | None = None,
+    ) -> None:
+        self.address = address
+        self.clock = clock
+        self.codec = Codec(reference_factory=self._reference)
+        self.activation_timeout = options.activation_timeout.total_seconds()
+        self.deactivation_timeout = options.deactivation_timeout.total_seconds()
+        self._response_timeout = options.messaging.response_timeout.total_seconds()
+        self._max_forwards = options.messaging.max_forward_count
+        self._locator = locator
+        self._types = grain_types
+        self._transport = transport
+        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._background: set[asyncio.Task[Any]] = set()
+        self.factory = GrainFactory(self)
+        self.catalog = Catalog(
+            self,
+            clock=clock,
+            collection_age=options.collection_age,
+            check_interval=options.collection_check_interval,
+        )
+        self._reminders: Any = None
+        self.calls_made = 0
+
+    # -- wiring -------------------------------------------------------------------------
+
+    def _reference(self, grain_id: GrainId, interface: str | None) -> Any:
+        return self.factory.reference(grain_id, interface)
+
+    @property
+    def reminders(self) -> Any:
+        """The reminder registry grains use (set by the silo)."""
+        if self._reminders is None:
+            raise RuntimeError("this silo has no reminder service")
+        return self._reminders
+
+    def set_reminders(self, registry: Any) -> None:
+        self._reminders = registry
+
+    def get_grain(self, grain: Any, key: Any) -> Any:
+        return self.factory.get_grain(grain, key)
+
+    def set_transport(self, transport: Transport) -> None:
+        self._transport = transport
+
+    # -- outgoing calls (CallInvoker) ---------------------------------------------------
+
+    async def invoke(
+        self,
+        grain_id: GrainId,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        one_way: bool = False,
+    ) -> Any:
+        """Send a call from this silo and wait for its result (see ``CallInvoker``)."""
+        self.calls_made += 1
+        msg = Message(
+            id=next_message_id(),
+            kind=MessageKind.ONE_WAY if one_way else MessageKind.REQUEST,
+            target_grain=grain_id,
+            method=method,
+            body=self.codec.encode((args, kwargs)),
+            sender_silo=self.address,
+            expires_at_ms=self.clock.now_ms() + int(self._response_timeout * 1000),
+        )
+        chain = current_chain.get()
+        if chain:
+            msg.headers[CHAIN_HEADER] = encode_chain(chain)
+        if one_way:
+            self.route(msg)
+            return None
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[msg.id] = fut
+        try:
+            self.route(msg)
+            async with asyncio.timeout(self._response_timeout):
+                response = await fut
+        except TimeoutError:
+            raise GrainCallTimeoutError(
+                f"{grain_id}.{method}: no response within {self._response_timeout:g}s"
+            ) from None
+        finally:
+            self._pending.pop(msg.id, None)
+        if response.status is ResponseStatus.OK:
+            return self.codec.decode(response.body)
+        raise rebuild_error(self.codec.decode(response.body))
+
+    # -- routing ------------------------------------------------------------------------
+
+    def route(self, msg: Message) -> None:
+        """Deliver a request or one-way message locally, or send it where it belongs."""
+        gid = msg.target_grain
+        if gid is None:
+            self._reject(msg, MessageRejectedError("message without a target grain"))
+            return
+        defn = self._types.get(gid.type_name)
+        if defn is None:
+            self._reject(msg, UnknownGrainTypeError(f"no grain type {gid.type_name!r} here"))
+            return
+        if msg.method not in defn.methods:
+            self._reject(
+                msg,
+                GrainMethodNotFoundError(
+                    f"{gid.type_name} has no callable method {msg.method!r}; "
+                    "only public async methods can be called"
+                ),
+            )
+            return
+        act = self.catalog.get(gid)
+        if act is not None:
+            act.enqueue(msg)
+            return
+        if msg.target_silo == self.address or self._locator.local_only:
+            self.catalog.get_or_create(gid, defn).enqueue(msg)
+            return
+        silo = self._locator.cached(gid)
+        if silo is not None:
+            self._send_to(silo, msg)
+            return
+        self._spawn(self._locate_and_send(msg, defn))
+
+    async def _locate_and_send(self, msg: Message, defn: GrainDefinition) -> None:
+        assert msg.target_grain is not None
+        try:
+            silo = await self._locator.locate(msg.target_grain, defn)
+        except Exception as exc:
+            self._reject(msg, exc)
+            return
+        self._send_to(silo, msg)
+
+    def _send_to(self, silo: SiloAddress, msg: Message) -> None:
+        msg.target_silo = silo
+        if silo == self.address:
+            self.route(msg)
+        elif self._transport is None:
+            self._reject(msg, MessageRejectedError(f"no transport to reach {silo}"))
+        else:
+            self._transport.send(silo, msg)
+
+    def reroute(self, message: Message) -> None:
+        """Route again from scratch (the activation it reached went away)."""
+        if message.target_grain is not None:
+            self._locator.invalidate(message.target_grain)
+        message.target_silo = None
+        self.route(message)
+
+    def forward(self, message: Message, to: ActivationAddress) -> None:
+        """Send a message on to the activation that won the directory race."""
+        message.forward_count += 1
+        if message.forward_count > self._max_forwards:
+            self._reject(
+                message,
+                MessageRejectedError(
+                    f"{message.target_grain}: forwarded {message.forward_count - 1} times; giving up"
+                ),
+            )
+            return
+        self._send_to(to.silo, message)
+
+    def _reject(self, msg: Message, exc: Exception) -> None:
+        if msg.kind is MessageKind.REQUEST:
+            body = self.codec.encode(error_payload(exc))
+            self.send_response(msg.response(ResponseStatus.REJECTED, body))
+        else:
+            log.warning("dropped message id=%d reason=%r", msg.id, exc)
+
+    # -- responses ----------------------------------------------------------------------
+
+    def send_response(self, response: Message) -> None:
+        target = response.target_silo
+        if target is None or target == self.address:
+            if response.sender_client is not None and self._transport is not None:
+                self._transport.send_to_client(response.sender_client, response)
+            else:
+                self._complete(response)
+        elif self._transport is not None:
+            self._transport.send(target, response)
+
+    def _complete(self, response: Message) -> None:
+        fut = self._pending.pop(response.correlation_id, None)
+        if fut is not None and not fut.done():
+            fut.set_result(response)
+
+    # -- MessageSink --------------------------------------------------------------------
+
+    def receive(self, message: Message) -> None:
+        """A message from the network (another silo, or a client via the gateway)."""
+        if message.kind is MessageKind.RESPONSE:
+            self.send_response(message)
+            return
+        if message.sender_client is not None and message.sender_silo is None:
+            message.sender_silo = self.address
+        if message.expires_at_ms and message.expires_at_ms < self.clock.now_ms():
+            log.debug("dropped expired message id=%d", message.id)
+            return
+        self.route(message)
+
+    def undeliverable(self, message: Message, error: Exception) -> None:
+        """The transport could not deliver: fail the call, or drop a response."""
+        if message.target_grain is not None:
+            self._locator.invalidate(message.target_grain)
+        if message.kind is MessageKind.REQUEST:
+            body = self.codec.encode(error_payload(error))
+            self.send_response(message.response(ResponseStatus.REJECTED, body))
+        else:
+            log.debug("undeliverable message id=%d kind=%s error=%r", message.id, message.kind, error)
+
+    # -- ActivationHost -----------------------------------------------------------------
+
+    async def register_activation(self, activation: Activation) -> ActivationAddress | None:
+        if self._locator.local_only:
+            return None
+        from orleanspy.directory import ActivationAddress
+
+        return await self._locator.register(
+            activation.grain_id, ActivationAddress(self.address, activation.activation_id)
+        )
+
+    async def activation_ended(self, activation: Activation) -> None:
+        self.catalog.remove(activation)
+        if self._locator.local_only:
+            return
+        from orleanspy.directory import ActivationAddress
+
+        try:
+            await self._locator.unregister(
+                activation.grain_id, ActivationAddress(self.address, activation.activation_id)
+            )
+        except Exception as exc:
+            log.warning("directory unregister failed grain=%s error=%r", activation.grain_id, exc)
+
+    # -- housekeeping -------------------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def fail_pending(self, exc: Exception) -> None:
+        """Fail every call still waiting (silo stopping)."""
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pending.clear()

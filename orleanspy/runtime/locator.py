@@ -1,0 +1,76 @@
+"""Where a grain lives: the seam between the dispatcher and directory/placement.
+
+The embedded silo hosts everything itself (``LocalLocator``); a cluster silo
+uses the grain directory, placement and membership (``runtime.cluster``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+from orleanspy.grain import GrainDefinition
+from orleanspy.identity import GrainId, SiloAddress
+
+if TYPE_CHECKING:
+    from orleanspy.directory import ActivationAddress
+
+__all__ = ["LocalLocator", "Locator"]
+
+
+class Locator(Protocol):
+    """Finds or chooses the silo for a grain and records activations."""
+
+    @property
+    def local_only(self) -> bool:
+        """``True`` when this silo hosts every grain (no directory, no placement)."""
+        ...
+
+    def cached(self, grain_id: GrainId) -> SiloAddress | None:
+        """The silo of a known activation, without I/O, if the cache has it."""
+        ...
+
+    async def locate(self, grain_id: GrainId, definition: GrainDefinition) -> SiloAddress:
+        """The silo that has (or should create) the grain's activation."""
+        ...
+
+    async def register(
+        self, grain_id: GrainId, address: ActivationAddress
+    ) -> ActivationAddress | None:
+        """Claim the grain for ``address``; ``None`` if claimed, else the winner."""
+        ...
+
+    async def unregister(self, grain_id: GrainId, address: ActivationAddress) -> None:
+        """Release the claim (if it is still ours)."""
+        ...
+
+    def invalidate(self, grain_id: GrainId) -> None:
+        """Forget what the cache knows of ``grain_id``."""
+        ...
+
+
+class LocalLocator:
+    """Every grain lives here: the embedded single-silo default."""
+
+    def __init__(self, address: SiloAddress) -> None:
+        self._address = address
+
+    @property
+    def local_only(self) -> bool:
+        return True
+
+    def cached(self, grain_id: GrainId) -> SiloAddress | None:
+        return self._address
+
+    async def locate(self, grain_id: GrainId, definition: GrainDefinition) -> SiloAddress:
+        return self._address
+
+    async def register(
+        self, grain_id: GrainId, address: ActivationAddress
+    ) -> ActivationAddress | None:
+        return None
+
+    async def unregister(self, grain_id: GrainId, address: ActivationAddress) -> None:
+        return None
+
+    def invalidate(self, grain_id: GrainId) -> None:
+        return None
