@@ -1,0 +1,170 @@
+"""The Redis grain directory: first writer wins, one Lua script per write.
+
+Layout (``S`` = ``shards``, default 256), one HASH per shard ``s``::
+
+    orleanspy:<service_id>:dir:{<service_id>:dir:<s>}
+        grain canonical -> msgpack [silo, activation_id]
+
+A grain's shard ``s`` is the top bits of its uniform hash (``h * S >> 32``, which
+is exactly the top ``log2 S`` bits when ``S`` is a power of two). Each shard key
+is its own Redis Cluster hash tag, and every script touches one key, so the
+layout runs unchanged on Redis Cluster.
+
+``register`` is a script "set if absent, else return the winner" and
+``unregister`` a compare-and-delete on the stored bytes, so both are atomic.
+``unregister_silo`` does nothing and returns ``0``: finding a silo's entries
+would mean scanning every shard. Entries of dead silos are cleared when a
+caller meets one (``unregister(grain, dead_address)``, then ``register``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from typing import Any
+
+from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy.directory import ActivationAddress
+from orleanspy.errors import ConfigurationError, StorageError
+from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.serialization import pack, unpack
+
+__all__ = ["RedisGrainDirectory"]
+
+_REGISTER = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current then
+    return current
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return false
+"""
+
+_UNREGISTER = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+    redis.call('HDEL', KEYS[1], ARGV[1])
+    return 1
+end
+return 0
+"""
+
+_MAX_SHARDS = 1 << 16
+_MAX_IN_FLIGHT = 64
+
+
+def _encode(address: ActivationAddress) -> bytes:
+    return pack([str(address.silo), address.activation_id])
+
+
+def _decode(data: bytes | str) -> ActivationAddress:
+    if not isinstance(data, bytes):
+        raise StorageError(
+            "the redis client decodes responses; give one with decode_responses=False"
+        )
+    try:
+        silo, activation_id = unpack(data)
+        return ActivationAddress(SiloAddress.parse(silo), activation_id)
+    except (ValueError, TypeError) as exc:
+        raise StorageError(f"malformed grain directory entry {data!r}: {exc}") from exc
+
+
+class RedisGrainDirectory:
+    """A ``GrainDirectory`` in Redis, shared by every silo of a service.
+
+    ``url_or_client``: a URL (the directory creates its client in ``start`` and
+    closes it when the stack unwinds) or a ``redis.asyncio.Redis`` client (used
+    as is, never closed here). ``cluster_id`` names the deployment in logs and
+    errors; the keys are per service (see the module doc). At most
+    ``max_in_flight`` commands are outstanding at once; keep it at or below the
+    client's pool size.
+    """
+
+    def __init__(
+        self,
+        url_or_client: str | Redis,
+        *,
+        cluster_id: str,
+        service_id: str,
+        shards: int = 256,
+        max_in_flight: int = _MAX_IN_FLIGHT,
+    ) -> None:
+        if not 1 <= shards <= _MAX_SHARDS:
+            raise ConfigurationError(f"shards must be in 1..{_MAX_SHARDS}, got {shards}")
+        if max_in_flight < 1:
+            raise ConfigurationError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        if not service_id:
+            raise ConfigurationError("service_id must not be empty")
+        self._url = url_or_client if isinstance(url_or_client, str) else None
+        self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self.cluster_id = cluster_id
+        self.service_id = service_id
+        self.shards = shards
+        self._prefix = f"{key_prefix(service_id)}dir:"
+        self._register: Any = None
+        self._unregister: Any = None
+        # redis-py's default pool raises instead of waiting when every connection
+        # is busy, so a burst of lookups would fail as "unavailable"; queue here.
+        self._max_in_flight = max_in_flight
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+
+    def shard_of(self, grain_id: GrainId) -> int:
+        """The shard holding ``grain_id``'s entry."""
+        return (grain_id.uniform_hash() * self.shards) >> 32
+
+    def key_of(self, shard: int) -> str:
+        """The HASH key of ``shard`` (its own cluster hash tag)."""
+        return f"{self._prefix}{{{self.service_id}:dir:{shard}}}"
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Create the client if given a URL (closed on ``stack``), load the scripts and
+        check the server answers; ``StorageUnavailableError`` if it does not."""
+        if self._client is None:
+            assert self._url is not None
+            client = connect(self._url, max_connections=self._max_in_flight)
+            stack.push_async_callback(client.aclose)
+            self._client = client
+        self._register = self._client.register_script(_REGISTER)
+        self._unregister = self._client.register_script(_UNREGISTER)
+        with translate_errors("grain directory start"):
+            await self._client.ping()
+
+    def _redis(self) -> Redis:
+        if self._client is None or self._register is None:
+            raise RuntimeError("RedisGrainDirectory used before start()")
+        return self._client
+
+    async def register(self, grain_id: GrainId, address: ActivationAddress) -> ActivationAddress:
+        """See ``GrainDirectory.register``: one script, set if absent else the winner."""
+        self._redis()
+        key = self.key_of(self.shard_of(grain_id))
+        async with self._in_flight:
+            with translate_errors("grain directory register"):
+                winner = await self._register(
+                    keys=[key], args=[grain_id.canonical, _encode(address)]
+                )
+        return address if winner is None else _decode(winner)
+
+    async def lookup(self, grain_id: GrainId) -> ActivationAddress | None:
+        """See ``GrainDirectory.lookup``."""
+        client = self._redis()
+        key = self.key_of(self.shard_of(grain_id))
+        async with self._in_flight:
+            with translate_errors("grain directory lookup"):
+                data = await client.hget(key, grain_id.canonical)
+        return None if data is None else _decode(data)
+
+    async def unregister(self, grain_id: GrainId, address: ActivationAddress) -> bool:
+        """See ``GrainDirectory.unregister``: a compare-and-delete script."""
+        self._redis()
+        key = self.key_of(self.shard_of(grain_id))
+        async with self._in_flight:
+            with translate_errors("grain directory unregister"):
+                removed = await self._unregister(
+                    keys=[key], args=[grain_id.canonical, _encode(address)]
+                )
+        return bool(removed)
+
+    async def unregister_silo(self, silo: SiloAddress) -> int:
+        """Removes nothing and returns ``0``; see the module doc for why that is safe."""
+        self._redis()
+        return 0
