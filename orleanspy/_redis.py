@@ -23,14 +23,18 @@ Redis = aioredis.Redis
 def connect(url: str, *, max_connections: int = 64) -> aioredis.Redis:
     """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``; credentials
     in the URL are honoured). Responses are bytes; callers decode."""
-    return aioredis.Redis.from_url(
+    # A blocking pool makes callers beyond ``max_connections`` wait for a free
+    # connection instead of failing with a connection error that would read as
+    # "Redis is down".
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
+        timeout=10,
         socket_connect_timeout=5,
         socket_timeout=10,
         health_check_interval=30,
-        retry_on_timeout=False,
     )
+    return aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
 
 
 def key_prefix(service_id: str) -> str:
