@@ -1,0 +1,234 @@
+"""Registration validation (new_entry) and the next slot after a tick (advance)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from orleanspy.errors import ReminderError
+from orleanspy.identity import GrainId
+from orleanspy.options import ReminderOptions
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, ReminderPriority
+from orleanspy.reminders.schedule import CronSchedule, IntervalSchedule, schedule_for
+from orleanspy.reminders.spec import advance, new_entry
+
+NOW = datetime(2024, 5, 3, 12, 0, 0, 123_456, tzinfo=UTC)  # a Friday
+GRAIN = GrainId("StatsGrain", "a")
+
+
+def utc(
+    year: int, month: int, day: int, hour: int = 0, minute: int = 0, second: int = 0
+) -> datetime:
+    return datetime(year, month, day, hour, minute, second, tzinfo=UTC)
+
+
+def make(options: ReminderOptions | None = None, **kw: Any) -> ReminderEntry:
+    args: dict[str, Any] = {
+        "service_id": "shop",
+        "grain_id": GRAIN,
+        "name": "tick",
+        "now": NOW,
+        "options": options or ReminderOptions(),
+    }
+    args.update(kw)
+    return new_entry(**args)
+
+
+# -- happy paths ------------------------------------------------------------------------
+
+
+def test_interval_due_defaults_to_period_and_times_are_truncated_to_ms() -> None:
+    entry = make(period=30)
+    assert entry.start_at == datetime(2024, 5, 3, 12, 0, 30, 123_000, tzinfo=UTC)
+    assert entry.next_due == entry.start_at
+    assert entry.period == timedelta(seconds=30)
+    assert entry.cron is None
+    assert entry.tz is None
+    assert entry.etag is None
+    assert entry.last_fire is None
+    assert entry.priority == 0
+    assert entry.action is MissedReminderAction.SKIP
+    assert (entry.service_id, entry.grain_id, entry.name) == ("shop", GRAIN, "tick")
+
+
+def test_interval_with_explicit_due_as_timedelta() -> None:
+    entry = make(due=timedelta(seconds=5), period=timedelta(minutes=1))
+    assert entry.start_at == datetime(2024, 5, 3, 12, 0, 5, 123_000, tzinfo=UTC)
+    assert entry.next_due == entry.start_at
+    assert entry.period == timedelta(minutes=1)
+
+
+def test_interval_due_zero_fires_now() -> None:
+    entry = make(due=0, period=60)
+    assert entry.start_at == datetime(2024, 5, 3, 12, 0, 0, 123_000, tzinfo=UTC)
+
+
+def test_durations_are_truncated_to_whole_ms_without_float_error() -> None:
+    assert make(period=1.001).period == timedelta(milliseconds=1001)
+    assert make(period=timedelta(seconds=2, microseconds=999)).period == timedelta(seconds=2)
+    entry = make(due=0.0019, period=10)
+    assert entry.start_at == datetime(2024, 5, 3, 12, 0, 0, 125_000, tzinfo=UTC)
+
+
+def test_now_in_another_zone_gives_utc_times() -> None:
+    entry = make(now=NOW.astimezone(ZoneInfo("Asia/Tokyo")), period=10)
+    assert entry.start_at.utcoffset() == timedelta(0)
+    assert entry.start_at == datetime(2024, 5, 3, 12, 0, 10, 123_000, tzinfo=UTC)
+
+
+def test_interval_entry_round_trips_through_storage_form() -> None:
+    entry = make(period=timedelta(milliseconds=1500), priority=ReminderPriority.CRITICAL)
+    assert ReminderEntry.from_record(entry.to_record()) == entry
+
+
+def test_cron_next_due_is_the_first_slot_at_or_after_start() -> None:
+    entry = make(cron="0 0 9 * * 1-5", tz="Europe/Berlin")
+    assert entry.start_at == datetime(2024, 5, 3, 12, 0, 0, 123_000, tzinfo=UTC)
+    assert entry.next_due == utc(2024, 5, 6, 7)  # Monday 09:00 CEST
+    assert entry.period is None
+    assert entry.cron == "0 0 9 * * 1-5"
+    assert entry.tz == "Europe/Berlin"
+    assert ReminderEntry.from_record(entry.to_record()) == entry
+
+
+def test_cron_slot_exactly_at_start_is_next_due() -> None:
+    on_slot = utc(2024, 5, 3, 12, 0, 10)
+    assert make(now=on_slot, cron="*/10 * * * * *").next_due == on_slot
+    # Sub-millisecond parts are dropped before the comparison (storage precision).
+    assert make(now=on_slot + timedelta(microseconds=500), cron="*/10 * * * * *").next_due == (
+        on_slot
+    )
+    just_after = on_slot + timedelta(milliseconds=1)
+    assert make(now=just_after, cron="*/10 * * * * *").next_due == utc(2024, 5, 3, 12, 0, 20)
+
+
+def test_cron_due_delays_the_start() -> None:
+    entry = make(cron="0 0 * * * *", due=timedelta(hours=2))
+    assert entry.start_at == datetime(2024, 5, 3, 14, 0, 0, 123_000, tzinfo=UTC)
+    assert entry.next_due == utc(2024, 5, 3, 15)
+
+
+def test_cron_whitespace_is_normalised() -> None:
+    assert make(cron="  0  0 9\t* * 1-5 ").cron == "0 0 9 * * 1-5"
+
+
+def test_cron_alias_and_five_fields() -> None:
+    assert make(cron="@hourly").next_due == utc(2024, 5, 3, 13)
+    assert make(cron="*/15 * * * *").next_due == utc(2024, 5, 3, 12, 15)
+
+
+@pytest.mark.parametrize("priority", [-128, 127, 0, ReminderPriority.BACKGROUND])
+def test_priorities_in_range_are_stored_as_ints(priority: int) -> None:
+    entry = make(period=10, priority=priority)
+    assert entry.priority == int(priority)
+    assert type(entry.priority) is int
+
+
+@pytest.mark.parametrize("action", list(MissedReminderAction))
+def test_every_action_is_accepted(action: MissedReminderAction) -> None:
+    assert make(period=10, action=action).action is action
+
+
+def test_name_at_the_length_limit_is_accepted() -> None:
+    options = ReminderOptions(max_name_length=8)
+    assert make(options, name="x" * 8, period=10).name == "x" * 8
+
+
+# -- validation -------------------------------------------------------------------------
+
+STRICT = ReminderOptions(minimum_period=timedelta(seconds=2), max_name_length=8)
+MINUTE = ReminderOptions(minimum_period=timedelta(minutes=1))
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"cron": "not a cron"}, "bad cron expression"),
+        ({"cron": "61 * * * *"}, "out of range"),
+        ({"cron": "R * * * *"}, "random"),
+        ({"cron": 5}, "cron must be a string"),
+        ({"cron": "0 0 0 30 2 *"}, "never matches"),
+        ({"period": 10, "cron": "@hourly"}, "got both"),
+        ({}, "got neither"),
+        ({"period": 1.5, "options": STRICT}, "below the minimum"),
+        ({"period": 0}, "below the minimum"),
+        ({"period": -5}, "below the minimum"),
+        ({"period": timedelta(milliseconds=999)}, "below the minimum"),
+        ({"period": "10"}, "number of seconds"),
+        ({"period": math.inf}, "finite"),
+        ({"cron": "* * * * * *", "options": STRICT}, "below the minimum period"),
+        ({"cron": "*/30 * * * * *", "options": MINUTE}, "30 s apart"),
+        # 00:00:00 and 00:00:30 daily: from 00:00:10 the next two slots are a day
+        # apart, but the expression still fires twice within 30 s.
+        (
+            {"cron": "0,30 0 0 * * *", "options": MINUTE, "now": utc(2024, 5, 3, 0, 0, 10)},
+            "30 s apart",
+        ),
+        ({"due": -1, "period": 10}, "due must be >= 0"),
+        ({"due": timedelta(seconds=-1), "period": 10}, "due must be >= 0"),
+        ({"due": math.nan, "period": 10}, "finite"),
+        ({"due": math.inf, "period": 10}, "finite"),
+        ({"due": -math.inf, "cron": "@hourly"}, "finite"),
+        ({"due": True, "period": 10}, "number of seconds"),
+        ({"due": 1e30, "period": 10}, "too large"),
+        ({"due": timedelta(days=3_000_000), "period": 10}, "beyond the year 9999"),
+        ({"cron": "@hourly", "tz": "Mars/Olympus"}, "unknown time zone"),
+        ({"cron": "@hourly", "tz": ""}, "IANA zone"),
+        ({"period": 10, "tz": "Europe/Berlin"}, "tz applies to cron reminders only"),
+        ({"name": "", "period": 10}, "non-empty"),
+        ({"name": "x" * 9, "period": 10, "options": STRICT}, "limit is 8"),
+        ({"name": "a|b", "period": 10}, "'|'"),
+        ({"name": "a\nb", "period": 10}, "line breaks"),
+        ({"name": "a\rb", "period": 10}, "line breaks"),
+        ({"priority": 128, "period": 10}, "out of range"),
+        ({"priority": -129, "period": 10}, "out of range"),
+        ({"priority": True, "period": 10}, "must be an int"),
+        ({"priority": 1.5, "period": 10}, "must be an int"),
+        ({"priority": "1", "period": 10}, "must be an int"),
+        ({"action": 2, "period": 10}, "MissedReminderAction"),
+        ({"action": "SKIP", "period": 10}, "MissedReminderAction"),
+    ],
+)
+def test_invalid_registrations_raise_reminder_error(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ReminderError, match=message) as info:
+        make(**kw)
+    assert isinstance(info.value, ValueError)
+
+
+def test_naive_now_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="timezone-aware"):
+        make(now=datetime(2024, 5, 3, 12), period=10)
+
+
+def test_cron_at_exactly_the_minimum_period_is_accepted() -> None:
+    assert make(cron="*/2 * * * * *", options=STRICT).next_due == utc(2024, 5, 3, 12, 0, 2)
+
+
+# -- advance ----------------------------------------------------------------------------
+
+
+def test_advance_keeps_the_interval_grid_even_when_delivered_late() -> None:
+    entry = make(due=0, period=60)
+    schedule = schedule_for(entry)
+    assert isinstance(schedule, IntervalSchedule)
+    fired = entry.next_due
+    on_time = advance(entry, schedule, fired_slot=fired, now=fired + timedelta(milliseconds=3))
+    assert on_time == fired + timedelta(minutes=1)
+    # Delivered 10 minutes late: the next slot is still the grid's, already past;
+    # the service applies the missed-tick action when it meets the row again.
+    late = advance(entry, schedule, fired_slot=fired, now=fired + timedelta(minutes=10))
+    assert late == fired + timedelta(minutes=1)
+
+
+def test_advance_on_cron_counts_from_the_slot_not_the_delivery_time() -> None:
+    entry = make(cron="0 0 9 * * 1-5", tz="Europe/Berlin")
+    schedule = schedule_for(entry)
+    assert isinstance(schedule, CronSchedule)
+    nxt = advance(
+        entry, schedule, fired_slot=entry.next_due, now=entry.next_due + timedelta(days=1, hours=1)
+    )
+    assert nxt == utc(2024, 5, 7, 7)  # Tuesday 09:00 CEST, not Wednesday
