@@ -1,0 +1,337 @@
+"""``MembershipService``: this silo's view of the cluster and its own row.
+
+It joins (insert Joining, then Active), keeps its heartbeat fresh, re-reads
+the table on a timer and after each of its own writes, publishes every newer
+snapshot to listeners, sweeps long-dead rows, and leaves gracefully
+(ShuttingDown, then Dead). Failure detection runs beside it in
+``HealthMonitor``. Nothing else in a silo reads the membership table.
+
+Timing reads the injected ``Clock``; only the probe timeout (enforced by the
+``ping`` callable) and the bound on the final writes at shutdown run on the
+event loop's real time, because they guard I/O rather than schedule work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from contextlib import AsyncExitStack
+from datetime import timedelta
+from typing import Any
+
+from orleanspy.clock import Clock
+from orleanspy.errors import MembershipError, SiloDeclaredDeadError, StorageError
+from orleanspy.identity import SiloAddress
+from orleanspy.membership.health import HealthMonitor, Ping
+from orleanspy.membership.table import (
+    MembershipEntry,
+    MembershipSnapshot,
+    MembershipTable,
+    SiloStatus,
+)
+from orleanspy.options import MembershipOptions
+
+__all__ = ["MembershipListener", "MembershipService"]
+
+log = logging.getLogger(__name__)
+
+MembershipListener = Callable[[MembershipSnapshot], None]
+
+
+class MembershipService:
+    """Membership for one silo run (``address`` carries its generation).
+
+    ``ping(silo, timeout_seconds)`` probes a peer (see ``health.Ping``).
+    ``on_declared_dead()`` is called once, from a background task, when this
+    silo reads itself Dead in the table without having left gracefully; the
+    service has then already stopped its loops, and the silo must stop too.
+    """
+
+    def __init__(
+        self,
+        table: MembershipTable,
+        *,
+        address: SiloAddress,
+        name: str,
+        gateway_port: int | None,
+        ping: Ping,
+        clock: Clock,
+        options: MembershipOptions,
+        on_declared_dead: Callable[[], None],
+        host_name: str = "",
+    ) -> None:
+        self._table = table
+        self.address = address
+        self.name = name
+        self._gateway_port = gateway_port
+        self._host_name = host_name
+        self._clock = clock
+        self._options = options
+        self._on_declared_dead = on_declared_dead
+        self._snapshot = MembershipSnapshot.empty()
+        self._listeners: list[MembershipListener] = []
+        self._reads_started = 0
+        self._read_applied = 0
+        self._published_version = -1
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._leaving = False
+        self._dead = False
+        self.health = HealthMonitor(
+            table,
+            address=address,
+            ping=ping,
+            clock=clock,
+            options=options,
+            read=self.refresh,
+            snapshot=lambda: self._snapshot,
+            may_vote=self._may_vote,
+        )
+
+    # -- the view -----------------------------------------------------------
+
+    @property
+    def snapshot(self) -> MembershipSnapshot:
+        """The newest snapshot read so far."""
+        return self._snapshot
+
+    @property
+    def status(self) -> SiloStatus:
+        """This silo's status in the newest snapshot (``CREATED`` before joining)."""
+        return self._snapshot.status(self.address) or SiloStatus.CREATED
+
+    @property
+    def declared_dead(self) -> bool:
+        """Whether this silo read itself Dead without leaving gracefully."""
+        return self._dead
+
+    def active_silos(self) -> tuple[SiloAddress, ...]:
+        """The Active silos of the newest snapshot, sorted."""
+        return self._snapshot.active_silos()
+
+    def add_listener(self, listener: MembershipListener) -> Callable[[], None]:
+        """Call ``listener(snapshot)`` for every snapshot whose table version is
+        higher than any published before, in increasing version order (versions
+        written between two reads are not seen separately). A listener added
+        after start is called at once with the current snapshot. Listeners run
+        synchronously inside the service; an exception is logged and ignored.
+        Returns a function that removes the listener."""
+        self._listeners.append(listener)
+        if self._published_version >= 0:
+            self._call(listener, self._snapshot)
+
+        def remove() -> None:
+            with contextlib.suppress(ValueError):
+                self._listeners.remove(listener)
+
+        return remove
+
+    async def refresh(self) -> MembershipSnapshot:
+        """Read the table now and publish what is new; returns the newest snapshot.
+
+        Storage errors propagate. A read that completes after a later-started
+        read has been applied is discarded, so the view never goes backwards.
+        """
+        self._reads_started += 1
+        seq = self._reads_started
+        snap = await self._table.read_all()
+        self._apply(snap, seq)
+        return self._snapshot
+
+    # -- life cycle ---------------------------------------------------------
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Join: write this silo Joining, then Active; then start the loops.
+
+        Lost races on the table version are retried with a fresh read; storage
+        errors propagate (a silo cannot start without its table). Pushes the
+        cancellation of the loops onto ``stack``; the graceful Dead write is
+        ``shutdown()``'s job, so a silo that is torn down without it looks
+        crashed to its peers.
+        """
+        if self._started:
+            raise RuntimeError("MembershipService.start() was already called")
+        self._started = True
+        stack.push_async_callback(self._stop_loops)
+        await self._join()
+        await self.update_status(SiloStatus.ACTIVE)
+        log.info("membership joined silo=%s name=%s", self.address, self.name)
+        self._spawn(self.health.run(), "probe")
+        self._spawn(self._every(self._options.i_am_alive_interval, self._heartbeat), "i-am-alive")
+        self._spawn(self._every(self._options.table_refresh_interval, self.refresh), "refresh")
+        self._spawn(
+            self._every(self._options.defunct_silo_cleanup_interval, self._cleanup), "cleanup"
+        )
+        # Let the loops take their first step, so their timers are armed by the
+        # time start() returns (a test clock advanced next then wakes them).
+        await asyncio.sleep(0)
+
+    async def update_status(self, status: SiloStatus) -> None:
+        """Write this silo's row with ``status`` (and a fresh heartbeat), retrying
+        lost races until it lands, then re-read the table.
+
+        Raises ``SiloDeclaredDeadError`` if the row is already Dead and
+        ``status`` is not Dead, ``MembershipError`` if the row is gone.
+        """
+        while True:
+            snap = await self.refresh()
+            mine, etag = snap.get(self.address), snap.etag(self.address)
+            if mine is None or etag is None:
+                raise MembershipError(f"silo {self.address} has no row in the membership table")
+            if mine.status == SiloStatus.DEAD:
+                if status == SiloStatus.DEAD:
+                    return
+                raise SiloDeclaredDeadError(f"silo {self.address} is Dead in the table")
+            row = mine.with_status(status).with_i_am_alive(self._clock.now())
+            if await self._table.update_row(row, etag, snap.version.next()):
+                await self.refresh()
+                return
+            # Lost to another writer; yield so a table that never suspends
+            # cannot turn the retry into a busy loop.
+            await asyncio.sleep(0)
+
+    async def shutdown(self) -> bool:
+        """Leave gracefully: stop probing, write ShuttingDown (unless this silo
+        already wrote it), then Dead; stop the loops.
+
+        The writes are bounded by ``options.shutdown_timeout`` and shielded
+        from cancellation: a cancelled caller still waits for them (at most that
+        long) before the cancellation goes on. Returns ``True`` if the Dead row
+        was written, ``False`` if the store failed or timed out (peers will then
+        detect the silo by probing) or the silo was never started or is
+        already declared dead.
+        """
+        if not self._started or self._dead:
+            await self._stop_loops()
+            return False
+        self._leaving = True
+        await self._cancel(lambda t: t.get_name().endswith(":probe"))
+        leave = asyncio.ensure_future(self._leave())
+        try:
+            return await asyncio.shield(leave)
+        except asyncio.CancelledError:
+            await asyncio.wait([leave])
+            raise
+        finally:
+            await self._stop_loops()
+
+    async def _leave(self) -> bool:
+        try:
+            async with asyncio.timeout(self._options.shutdown_timeout.total_seconds()):
+                if self.status < SiloStatus.SHUTTING_DOWN:
+                    await self.update_status(SiloStatus.SHUTTING_DOWN)
+                await self.update_status(SiloStatus.DEAD)
+        except Exception as exc:  # a timeout included: peers will detect us by probing
+            log.warning("membership graceful leave failed silo=%s error=%r", self.address, exc)
+            return False
+        log.info("membership left silo=%s", self.address)
+        return True
+
+    async def _join(self) -> None:
+        while True:
+            snap = await self.refresh()
+            now = self._clock.now()
+            existing, etag = snap.get(self.address), snap.etag(self.address)
+            if existing is not None and etag is not None:
+                # A retried start of the same run: take the row over unless it is Dead.
+                if existing.status == SiloStatus.DEAD:
+                    raise SiloDeclaredDeadError(f"silo {self.address} is already Dead")
+                row = existing.with_status(SiloStatus.JOINING).with_i_am_alive(now)
+                ok = await self._table.update_row(row, etag, snap.version.next())
+            else:
+                row = MembershipEntry(
+                    silo=self.address,
+                    status=SiloStatus.JOINING,
+                    name=self.name,
+                    start_time=now,
+                    i_am_alive=now,
+                    gateway_port=self._gateway_port,
+                    host_name=self._host_name,
+                )
+                ok = await self._table.insert_row(row, snap.version.next())
+            if ok:
+                return
+            await asyncio.sleep(0)
+
+    # -- loops --------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], what: str) -> None:
+        task = asyncio.create_task(coro, name=f"membership:{self.address}:{what}")
+        self._tasks.append(task)
+
+    async def _every(
+        self, interval: timedelta, work: Callable[[], Coroutine[Any, Any, object]]
+    ) -> None:
+        seconds = interval.total_seconds()
+        while True:
+            await self._clock.sleep(seconds)
+            try:
+                await work()
+            except StorageError as exc:
+                # Outages are expected and already described; the next round retries.
+                log.warning(
+                    "membership %s failed silo=%s error=%r", work.__name__, self.address, exc
+                )
+            except Exception:
+                log.exception("membership %s failed silo=%s", work.__name__, self.address)
+
+    async def _heartbeat(self) -> None:
+        await self._table.update_i_am_alive(self.address, self._clock.now())
+
+    async def _cleanup(self) -> None:
+        cutoff = self._clock.now() - self._options.defunct_silo_expiration
+        deleted = await self._table.delete_dead_before(cutoff)
+        if deleted:
+            log.info("membership deleted defunct rows silo=%s count=%d", self.address, deleted)
+
+    async def _cancel(self, which: Callable[[asyncio.Task[None]], bool]) -> None:
+        doomed = [t for t in self._tasks if which(t) and t is not asyncio.current_task()]
+        for task in doomed:
+            task.cancel()
+        await asyncio.gather(*doomed, return_exceptions=True)
+
+    async def _stop_loops(self) -> None:
+        await self._cancel(lambda t: True)
+
+    # -- publishing ---------------------------------------------------------
+
+    def _may_vote(self) -> bool:
+        return not self._leaving and not self._dead and self.status == SiloStatus.ACTIVE
+
+    def _apply(self, snap: MembershipSnapshot, seq: int) -> None:
+        if seq < self._read_applied or snap.version.version < self._snapshot.version.version:
+            return
+        self._read_applied = seq
+        self._snapshot = snap
+        if snap.version.version > self._published_version:
+            self._published_version = snap.version.version
+            for listener in list(self._listeners):
+                self._call(listener, snap)
+        if snap.status(self.address) == SiloStatus.DEAD and not self._leaving:
+            self._declare_dead()
+
+    def _call(self, listener: MembershipListener, snap: MembershipSnapshot) -> None:
+        try:
+            listener(snap)
+        except Exception:
+            log.exception("membership listener failed silo=%s", self.address)
+
+    def _declare_dead(self) -> None:
+        if self._dead:
+            return
+        self._dead = True
+        log.error("membership found itself dead silo=%s", self.address)
+        # Stop every loop but the one that noticed (it cannot await itself);
+        # that one ends when its own cancellation arrives from _stop_loops.
+        current = asyncio.current_task()
+        for task in self._tasks:
+            if task is not current:
+                task.cancel()
+        if current in self._tasks:
+            current.cancel()
+        try:
+            self._on_declared_dead()
+        except Exception:
+            log.exception("on_declared_dead failed silo=%s", self.address)

@@ -1,0 +1,110 @@
+"""The membership table contract suite against the in-memory and the Redis table."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+
+import pytest
+
+from orleanspy._redis import connect
+from orleanspy.errors import StorageUnavailableError
+from orleanspy.identity import SiloAddress
+from orleanspy.membership.memory import InMemoryMembershipTable
+from orleanspy.membership.redis import RedisMembershipTable
+from orleanspy.membership.table import MembershipSnapshot, MembershipTable, SiloStatus
+from orleanspy.testing.membership_table import (
+    MEMBERSHIP_TABLE_CHECKS,
+    check_membership_table,
+    make_entry,
+)
+from orleanspy.testing.redis_server import RedisServer
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def table(request: pytest.FixtureRequest) -> AsyncIterator[MembershipTable]:
+    t: MembershipTable
+    if request.param == "memory":
+        t = InMemoryMembershipTable()
+    else:
+        url = request.getfixturevalue("redis_url")
+        t = RedisMembershipTable(url, cluster_id="c1", service_id="svc")
+    async with AsyncExitStack() as stack:
+        await t.start(stack)
+        yield t
+
+
+@pytest.mark.parametrize("check", sorted(MEMBERSHIP_TABLE_CHECKS))
+async def test_contract(table: MembershipTable, check: str) -> None:
+    await MEMBERSHIP_TABLE_CHECKS[check](table)
+
+
+async def test_check_membership_table_runs_whole_suite_on_fresh_redis_tables(
+    redis_url: str,
+) -> None:
+    await check_membership_table(
+        lambda: RedisMembershipTable(redis_url, cluster_id=uuid.uuid4().hex, service_id="svc")
+    )
+
+
+async def test_check_membership_table_catches_a_broken_table() -> None:
+    class NoVersionBump(InMemoryMembershipTable):
+        async def read_all(self) -> MembershipSnapshot:
+            snap = await super().read_all()
+            return MembershipSnapshot(snap.entries, type(snap.version)(0, snap.version.etag))
+
+    with pytest.raises(AssertionError, match="insert_with_current_version"):
+        await check_membership_table(NoVersionBump)
+
+
+async def test_redis_layout_is_one_hash_with_version_field(redis_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisMembershipTable(redis_url, cluster_id="c1", service_id="shop")
+        await table.start(stack)
+        snap = await table.read_all()
+        assert await table.insert_row(make_entry(1), snap.version.next())
+        client = connect(redis_url)
+        stack.push_async_callback(client.aclose)
+        keys = await client.keys("*")
+        assert keys == [b"orleanspy:shop:cluster:{shop:c1}:members"]
+        fields = await client.hkeys(keys[0])
+        assert sorted(fields) == [b"127.0.0.1:1@1", b"version"]
+
+
+async def test_redis_clusters_and_services_are_isolated(redis_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        a = RedisMembershipTable(redis_url, cluster_id="a", service_id="svc")
+        b = RedisMembershipTable(redis_url, cluster_id="b", service_id="svc")
+        await a.start(stack)
+        await b.start(stack)
+        assert await a.insert_row(make_entry(1), (await a.read_all()).version.next())
+        assert len(await b.read_all()) == 0
+
+
+async def test_redis_table_with_given_client_leaves_it_open(redis_url: str) -> None:
+    client = connect(redis_url)
+    try:
+        async with AsyncExitStack() as stack:
+            table = RedisMembershipTable(client, cluster_id="c", service_id="s")
+            await table.start(stack)
+            await table.read_all()
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
+async def test_redis_unreachable_raises_storage_unavailable(own_redis: RedisServer) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisMembershipTable(own_redis.url, cluster_id="c", service_id="s")
+        await table.start(stack)
+        await table.read_all()
+        own_redis.kill()
+        with pytest.raises(StorageUnavailableError):
+            await table.read_all()
+        with pytest.raises(StorageUnavailableError):
+            await table.update_i_am_alive(SiloAddress("127.0.0.1", 1, 1), make_entry(1).start_time)
+        own_redis.start()
+        # The same table recovers once the server is back (its data is gone).
+        snap = await table.read_all()
+        assert await table.insert_row(make_entry(1, SiloStatus.ACTIVE), snap.version.next())
