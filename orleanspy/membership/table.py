@@ -33,6 +33,7 @@ from orleanspy.clock import from_ms, to_ms
 from orleanspy.identity import SiloAddress
 
 __all__ = [
+    "INITIAL_VERSION",
     "MembershipEntry",
     "MembershipSnapshot",
     "MembershipTable",
