@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         ReminderEntry,
         TickStatus,
     )
+    from orleanspy.reminders.registry import ReminderRegistry
     from orleanspy.runtime.activation import Activation
     from orleanspy.runtime.timers import TimerHandle
 
@@ -153,7 +154,7 @@ def _replace_definition(cls: type[Grain], **changes: Any) -> None:
 def _collect_methods(cls: type) -> dict[str, GrainMethodInfo]:
     methods: dict[str, GrainMethodInfo] = {}
     for klass in reversed(cls.__mro__):
-        if klass in (object, Grain) or klass.__module__ == __name__ and klass is not Remindable:
+        if klass in (object, Grain) or (klass.__module__ == __name__ and klass is not Remindable):
             continue
         for name, value in vars(klass).items():
             if name.startswith("_") or name in _BASE_NAMES:
@@ -215,7 +216,9 @@ class Grain:
             cls=cls,
             methods=MappingProxyType(_collect_methods(cls)),
             reentrant=parent.reentrant if parent else False,
-            placement=placement if placement is not None else (parent and parent.placement),
+            placement=placement
+            if placement is not None
+            else (parent.placement if parent else None),
             collection_age=collection_age or (parent.collection_age if parent else None),
             reminders=parent.reminders if parent else (),
             reminder_keys=tuple(reminder_keys) if reminder_keys is not None else ("",),
@@ -274,6 +277,11 @@ class Grain:
 
     # -- reminders ----------------------------------------------------------------------
 
+    @property
+    def _orleanspy_reminders(self) -> ReminderRegistry:
+        registry: ReminderRegistry = self._activation.runtime.reminders
+        return registry
+
     async def register_or_update_reminder(
         self,
         name: str,
@@ -292,7 +300,7 @@ class Grain:
         schedule at now. Invalid input raises ``ReminderError``. The grain class
         must derive from ``Remindable``.
         """
-        return await self._activation.runtime.reminders.register(
+        return await self._orleanspy_reminders.register(
             self.grain_id,
             name,
             due=due,
@@ -305,15 +313,15 @@ class Grain:
 
     async def unregister_reminder(self, name: str) -> bool:
         """Remove the reminder; ``False`` if there was none (not an error)."""
-        return await self._activation.runtime.reminders.unregister(self.grain_id, name)
+        return await self._orleanspy_reminders.unregister(self.grain_id, name)
 
     async def get_reminder(self, name: str) -> ReminderEntry | None:
         """This grain's reminder ``name``, or ``None``."""
-        return await self._activation.runtime.reminders.get(self.grain_id, name)
+        return await self._orleanspy_reminders.get(self.grain_id, name)
 
     async def get_reminders(self) -> list[ReminderEntry]:
         """All reminders of this grain."""
-        return await self._activation.runtime.reminders.list(self.grain_id)
+        return await self._orleanspy_reminders.list(self.grain_id)
 
     def now(self) -> datetime:
         """The silo clock's current time (use it instead of ``datetime.now``, so
@@ -329,9 +337,7 @@ class Remindable:
         raise NotImplementedError(f"{type(self).__name__} must implement receive_reminder")
 
 
-_BASE_NAMES = frozenset(
-    n for n in vars(Grain) if not n.startswith("_")
-) - {"receive_reminder"}
+_BASE_NAMES = frozenset(n for n in vars(Grain) if not n.startswith("_")) - {"receive_reminder"}
 
 
 # -- decorators ---------------------------------------------------------------------------

@@ -42,7 +42,9 @@ class GrainId:
 
     def __post_init__(self) -> None:
         if not self.type_name or "/" in self.type_name or "|" in self.type_name:
-            raise ValueError(f"invalid grain type name {self.type_name!r}: non-empty, no '/' or '|'")
+            raise ValueError(
+                f"invalid grain type name {self.type_name!r}: non-empty, no '/' or '|'"
+            )
         key = self.key
         if isinstance(key, bool) or type(key) not in _KEY_TAG:
             raise TypeError(f"a grain key is str, int or uuid.UUID, not {type(key).__name__}")

@@ -19,5 +19,6 @@ def run(main: Coroutine[Any, Any, T], *, use_uvloop: bool = True) -> T:
         except ImportError:
             pass
         else:
-            return uvloop.run(main)  # type: ignore[no-any-return]
+            result: T = uvloop.run(main)
+            return result
     return asyncio.run(main)

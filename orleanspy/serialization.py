@@ -15,9 +15,9 @@ code  type
 6     a dataclass registered with ``register_type`` (fields by name)
 ====  =====================================================================
 
-Anything else raises ``SerializationError`` naming the type and how to make it
-travel. Pickle is never used: bytes from the network can only build the types
-above.
+Sets and frozensets arrive as lists. Anything else raises ``SerializationError``
+naming the type and how to make it travel. Pickle is never used: bytes from the
+network can only build the types above.
 """
 
 from __future__ import annotations
@@ -80,26 +80,32 @@ def registered_type(name: str) -> type[Any] | None:
     return _registry.get(name)
 
 
+def _packb(value: Any) -> bytes:
+    data: bytes = msgpack.packb(value, default=_default, use_bin_type=True, datetime=False)
+    return data
+
+
 def _encode_datetime(value: datetime) -> bytes:
     tz = value.tzinfo
     if tz is None:
-        return msgpack.packb([0, (value - _EPOCH_NAIVE) // _US])
+        return _packb([0, (value - _EPOCH_NAIVE) // _US])
     micros = (value - _EPOCH) // _US
     if isinstance(tz, ZoneInfo):
-        return msgpack.packb([2, micros, tz.key])
+        return _packb([2, micros, tz.key])
     offset = value.utcoffset() or timedelta(0)
-    return msgpack.packb([1, micros, offset // _US])
+    return _packb([1, micros, offset // _US])
 
 
 def _decode_datetime(data: bytes) -> datetime:
-    parts = msgpack.unpackb(data)
-    kind = parts[0]
+    parts: list[Any] = msgpack.unpackb(data)
+    kind: int = parts[0]
+    micros: int = parts[1]
     if kind == 0:
-        return _EPOCH_NAIVE + parts[1] * _US
-    utc = _EPOCH + parts[1] * _US
+        return _EPOCH_NAIVE + micros * _US
+    utc = _EPOCH + micros * _US
     if kind == 2:
-        return utc.astimezone(ZoneInfo(parts[2]))
-    offset = parts[2] * _US
+        return utc.astimezone(ZoneInfo(str(parts[2])))
+    offset = int(parts[2]) * _US
     return utc.astimezone(UTC if not offset else timezone(offset))
 
 
@@ -119,7 +125,7 @@ class Codec:
     def encode(self, value: Any) -> bytes:
         """``value`` as bytes, or ``SerializationError`` naming what cannot travel."""
         try:
-            return msgpack.packb(value, default=_default, use_bin_type=True, datetime=False)
+            return _packb(value)
         except SerializationError:
             raise
         except (TypeError, ValueError, OverflowError) as exc:
@@ -170,7 +176,7 @@ def _default(value: Any) -> Any:
     ref = getattr(type(value), "__orleanspy_grain_id__", None)
     if ref is not None:
         gid, interface = value.__orleanspy_grain_id__()
-        return msgpack.ExtType(_EXT_GRAIN_REF, msgpack.packb([gid.canonical, interface]))
+        return msgpack.ExtType(_EXT_GRAIN_REF, _packb([gid.canonical, interface]))
     if isinstance(value, datetime):
         return msgpack.ExtType(_EXT_DATETIME, _encode_datetime(value))
     if isinstance(value, timedelta):
@@ -183,7 +189,7 @@ def _default(value: Any) -> Any:
         fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
         return msgpack.ExtType(
             _EXT_DATACLASS,
-            msgpack.packb([name, fields], default=_default, use_bin_type=True, datetime=False),
+            _packb([name, fields]),
         )
     if isinstance(value, (set, frozenset)):
         return list(value)

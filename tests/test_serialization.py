@@ -70,7 +70,7 @@ def test_unregistered_dataclass_error_says_how_to_fix() -> None:
 
 
 def test_arbitrary_object_is_rejected_with_its_type_name() -> None:
-    with pytest.raises(SerializationError, match="Unregistered|object"):
+    with pytest.raises(SerializationError, match=r"Unregistered|object"):
         pack({"nested": [object()]})
 
 

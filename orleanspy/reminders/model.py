@@ -65,6 +65,11 @@ class ReminderEntry:
     action: MissedReminderAction = MissedReminderAction.SKIP
     etag: str | None = None
 
+    def __post_init__(self) -> None:
+        # Ints arrive where enums left (msgpack carries IntEnums as ints).
+        if type(self.action) is not MissedReminderAction:
+            object.__setattr__(self, "action", MissedReminderAction(self.action))
+
     @property
     def key(self) -> str:
         """``grain_id.canonical|name``: the row's key inside its shard."""
@@ -165,5 +170,6 @@ class MissedReminder:
     next_due: datetime
 
 
+register_type(ReminderEntry, name="orleanspy.ReminderEntry")
 register_type(TickStatus, name="orleanspy.TickStatus")
 register_type(MissedReminder, name="orleanspy.MissedReminder")

@@ -85,7 +85,11 @@ class Activation:
     """The in-memory instance of a grain on this silo, with its mailbox."""
 
     def __init__(
-        self, grain_id: GrainId, definition: GrainDefinition, host: ActivationHost, activation_id: str
+        self,
+        grain_id: GrainId,
+        definition: GrainDefinition,
+        host: ActivationHost,
+        activation_id: str,
     ) -> None:
         self.grain_id = grain_id
         self.definition = definition
@@ -102,6 +106,7 @@ class Activation:
         self._idle = asyncio.Event()
         self._idle.set()
         self._timers: set[TimerHandle] = set()
+        self._turns: set[asyncio.Task[None]] = set()
         self._lifecycle_task: asyncio.Task[None] | None = None
 
     # -- activation ---------------------------------------------------------------------
@@ -228,9 +233,12 @@ class Activation:
             self._running_read_only += 1
         loop = asyncio.get_running_loop()
         if isinstance(item, Message):
-            loop.create_task(self._run_message(item, read_only))
+            task = loop.create_task(self._run_message(item, read_only))
         else:
-            loop.create_task(self._run_timer(item))
+            task = loop.create_task(self._run_timer(item))
+        # The loop keeps only weak references to tasks: hold running turns here.
+        self._turns.add(task)
+        task.add_done_callback(self._turns.discard)
 
     async def _run_message(self, message: Message, read_only: bool) -> None:
         host = self.runtime

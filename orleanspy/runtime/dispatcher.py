@@ -210,7 +210,8 @@ class Dispatcher:
             self._reject(
                 message,
                 MessageRejectedError(
-                    f"{message.target_grain}: forwarded {message.forward_count - 1} times; giving up"
+                    f"{message.target_grain}: forwarded "
+                    f"{message.forward_count - 1} times; giving up"
                 ),
             )
             return
@@ -262,7 +263,9 @@ class Dispatcher:
             body = self.codec.encode(error_payload(error))
             self.send_response(message.response(ResponseStatus.REJECTED, body))
         else:
-            log.debug("undeliverable message id=%d kind=%s error=%r", message.id, message.kind, error)
+            log.debug(
+                "undeliverable message id=%d kind=%s error=%r", message.id, message.kind, error
+            )
 
     # -- ActivationHost -----------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import time
 from contextlib import AsyncExitStack
 from types import TracebackType
@@ -21,8 +22,17 @@ from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_de
 from orleanspy.identity import GrainKey, SiloAddress
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
+from orleanspy.reminders._adaptive import LoadSignals, read_memory_load
+from orleanspy.reminders.management import MANAGEMENT_TYPE, ReminderManagementGrain
+from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
+from orleanspy.reminders.registration import register_declared_reminders
+from orleanspy.reminders.registry import ReminderRegistry
+from orleanspy.reminders.service import ReminderService
+from orleanspy.reminders.table import ReminderTable
+from orleanspy.ring import RingRange
 from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
+from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
 
 __all__ = ["Silo", "SiloClient", "SiloState"]
 
@@ -53,11 +63,16 @@ class SiloClient:
         """A proxy for ``(grain, key)``: typed for a class, untyped for a type name."""
         return self._silo._factory().get_grain(grain, key)
 
+    @property
+    def reminders(self) -> ReminderManagementGrain:
+        """The reminder management grain (``upcoming``, ``count_all``, ...)."""
+        return self._silo._factory().get_grain(ReminderManagementGrain, "")
+
 
 def _hosted_types(options: SiloOptions) -> dict[str, GrainDefinition]:
     if options.grain_types is None:
         return registered_definitions()
-    types: dict[str, GrainDefinition] = {}
+    types = {MANAGEMENT_TYPE: definition_of(ReminderManagementGrain)}
     for item in options.grain_types:
         if not (isinstance(item, type) and issubclass(item, Grain)):
             raise ConfigurationError(f"SiloOptions.grain_types: {item!r} is not a Grain class")
@@ -71,9 +86,19 @@ class Silo:
     ``await silo.start()`` / ``await silo.stop()``. A stopped silo cannot restart.
     """
 
-    def __init__(self, options: SiloOptions | None = None, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        options: SiloOptions | None = None,
+        *,
+        clock: Clock | None = None,
+        reminder_table: ReminderTable | None = None,
+        streams: StreamProvider | None = None,
+    ) -> None:
         self.options = options or SiloOptions()
         self.clock: Clock = clock or SystemClock()
+        self._reminder_table = reminder_table
+        self._streams = streams
+        self.reminder_service: ReminderService | None = None
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
@@ -86,12 +111,19 @@ class Silo:
         )
 
     @classmethod
-    def local(cls, options: SiloOptions | None = None, *, clock: Clock | None = None) -> Silo:
+    def local(
+        cls,
+        options: SiloOptions | None = None,
+        *,
+        clock: Clock | None = None,
+        reminder_table: ReminderTable | None = None,
+        streams: StreamProvider | None = None,
+    ) -> Silo:
         """The embedded default: one process, in-memory providers, no network."""
         opts = options or SiloOptions()
         if opts.redis_url is not None:
             raise ConfigurationError("Silo.local() is the embedded silo; drop redis_url")
-        return cls(opts, clock=clock)
+        return cls(opts, clock=clock, reminder_table=reminder_table, streams=streams)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -111,6 +143,7 @@ class Silo:
             )
             self._dispatcher = dispatcher
             await dispatcher.catalog.start(stack)
+            await self._start_reminders(stack, dispatcher, types)
             self._stack = stack.pop_all()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
@@ -140,6 +173,53 @@ class Silo:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+    async def _start_reminders(
+        self, stack: AsyncExitStack, dispatcher: Dispatcher, types: dict[str, GrainDefinition]
+    ) -> None:
+        from orleanspy.reminders.memory import InMemoryReminderTable
+        from orleanspy.streams.memory import InMemoryStreamProvider
+
+        streams = self._streams or InMemoryStreamProvider()
+        await streams.start(stack)
+        table = self._reminder_table or InMemoryReminderTable(self.options.service_id)
+        await table.start(stack)
+        registry = ReminderRegistry(
+            table,
+            service_id=self.options.service_id,
+            clock=self.clock,
+            options=self.options.reminders,
+            definitions=types.get,
+        )
+        dispatcher.set_reminders(registry)
+
+        async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+            await dispatcher.invoke(entry.grain_id, "receive_reminder", (entry.name, status), {})
+
+        async def publish_missed(event: MissedReminder) -> None:
+            await streams.publish(MISSED_REMINDERS_STREAM, event)
+
+        memory_load = read_memory_load()
+        cpus = os.cpu_count() or 1
+
+        def load() -> LoadSignals:
+            return LoadSignals(cpus, memory_load, len(dispatcher.catalog))
+
+        service = ReminderService(
+            table,
+            deliver=deliver,
+            clock=self.clock,
+            options=self.options.reminders,
+            publish_missed=publish_missed,
+            load=load,
+            name=self.name,
+        )
+        await service.start(stack)
+        registry.add_listener(service.notify_change)
+        self.reminder_service = service
+        self.streams = streams
+        service.set_ranges([RingRange.full()])
+        await register_declared_reminders(registry, types.values())
 
     # -- inspection ---------------------------------------------------------------------
 

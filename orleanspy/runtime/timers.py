@@ -22,7 +22,7 @@ def _as_seconds(value: timedelta | float | None, what: str) -> float | None:
     if value is None:
         return None
     seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
-    if seconds < 0 or seconds != seconds:
+    if not seconds >= 0:  # also catches NaN
         raise ConfigurationError(f"timer {what} must be >= 0, got {value!r}")
     return seconds
 

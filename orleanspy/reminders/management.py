@@ -1,0 +1,83 @@
+"""``ReminderManagementGrain``: operate the reminder table from any client.
+
+Reachable as ``client.reminders`` (key ``""``). Reads use the due index
+(``upcoming``) or one grain's rows; nothing here scans the table except
+``count_all``, which counts per shard.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from orleanspy.errors import ReminderError
+from orleanspy.grain import Grain, reentrant
+from orleanspy.identity import GrainId
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.schedule import schedule_for
+from orleanspy.reminders.spec import new_entry
+
+if TYPE_CHECKING:
+    from orleanspy.reminders.registry import ReminderRegistry
+
+__all__ = ["MANAGEMENT_TYPE", "ReminderManagementGrain"]
+
+MANAGEMENT_TYPE = "orleanspy.ReminderManagement"
+
+
+@reentrant
+class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
+    """Inspect and adjust reminder rows (stateless; calls interleave)."""
+
+    @property
+    def _registry(self) -> ReminderRegistry:
+        registry: ReminderRegistry = self._activation.runtime.reminders
+        return registry
+
+    async def upcoming(self, horizon: timedelta, limit: int = 1000) -> list[ReminderEntry]:
+        """Rows due within ``horizon`` from now, earliest first (at most ``limit``)."""
+        return await self._registry.table.upcoming(self.now() + horizon, limit)
+
+    async def list_for_grain(self, grain_id: GrainId) -> list[ReminderEntry]:
+        return await self._registry.table.read_grain(grain_id)
+
+    async def count_all(self) -> int:
+        return await self._registry.table.count()
+
+    async def _row(self, grain_id: GrainId, name: str) -> ReminderEntry:
+        row = await self._registry.table.read(grain_id, name)
+        if row is None:
+            raise ReminderError(f"{grain_id} has no reminder {name!r}")
+        return row
+
+    async def set_priority(self, grain_id: GrainId, name: str, priority: int) -> ReminderEntry:
+        """Change a row's priority (validated like a registration)."""
+        row = await self._row(grain_id, name)
+        new_entry(  # validation only
+            service_id=row.service_id,
+            grain_id=grain_id,
+            name=name,
+            now=self.now(),
+            options=self._registry.options,
+            period=timedelta(days=1),
+            priority=priority,
+        )
+        return await self._registry.store(replace(row, priority=int(priority)))
+
+    async def set_action(
+        self, grain_id: GrainId, name: str, action: MissedReminderAction
+    ) -> ReminderEntry:
+        """Change what happens to the row's missed ticks."""
+        row = await self._row(grain_id, name)
+        return await self._registry.store(replace(row, action=MissedReminderAction(action)))
+
+    async def repair(self, grain_id: GrainId, name: str) -> ReminderEntry:
+        """Move a row's ``next_due`` to its first slot after now (skipping missed ones)."""
+        row = await self._row(grain_id, name)
+        nxt = schedule_for(row).next_after(self.now())
+        return await self._registry.store(replace(row, next_due=nxt))
+
+    async def delete(self, grain_id: GrainId, name: str) -> bool:
+        """Remove a row; ``False`` if it did not exist."""
+        return await self._registry.unregister(grain_id, name)

@@ -1,0 +1,29 @@
+"""The public surface is a tested fact: ``orleanspy.__all__`` lists exactly these."""
+
+from __future__ import annotations
+
+import orleanspy
+
+EXPECTED = {
+    "ActivationError", "AuthenticationError", "CallInvoker", "Clock", "ClosedError",
+    "ClusterClient", "ConfigurationError", "Grain", "GrainCallError", "GrainCallTimeoutError",
+    "GrainId", "GrainMethodNotFoundError", "GrainReference", "MembershipError",
+    "MembershipOptions", "MessageRejectedError", "MessagingOptions", "MissedReminder",
+    "MissedReminderAction", "OrleansPyError", "ReminderEntry", "ReminderError",
+    "ReminderOptions", "ReminderPriority", "Remindable", "RemoteGrainError",
+    "SerializationError", "Silo", "SiloAddress", "SiloDeclaredDeadError", "SiloOptions",
+    "SiloUnavailableError", "StorageError", "StorageUnavailableError", "SystemClock",
+    "TickStatus", "TimerHandle", "TlsOptions", "UnknownGrainTypeError", "__version__",
+    "always_interleave", "one_way", "read_only", "reentrant", "register_reminder",
+    "register_type", "run", "uniform_hash",
+}  # fmt: skip
+
+
+def test_all_is_exactly_the_public_surface() -> None:
+    assert set(orleanspy.__all__) == EXPECTED
+    assert len(orleanspy.__all__) == len(set(orleanspy.__all__))
+
+
+def test_every_exported_name_exists() -> None:
+    for name in orleanspy.__all__:
+        assert hasattr(orleanspy, name), name
