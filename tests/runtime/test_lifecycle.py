@@ -142,6 +142,8 @@ async def test_timer_ticks_on_period_and_stops_on_deactivation() -> None:
     clock = ManualClock()
     async with Silo.local(clock=clock) as silo:
         ref = silo.client.get_grain(TimerGrain, "t")
+        await ref.ticks_so_far()
+        sleepers_without_timer = clock.sleepers
         await ref.start_timer(5, 10)
         assert await ref.ticks_so_far() == 0
         await clock.advance(4)
@@ -154,7 +156,7 @@ async def test_timer_ticks_on_period_and_stops_on_deactivation() -> None:
         await ref.leave()
         await _wait_until(lambda: silo.activation_count == 0, "not deactivated")
         assert not act._timers
-        assert clock.sleepers <= 1  # only the idle collector sleeps now
+        assert clock.sleepers == sleepers_without_timer  # the timer no longer sleeps
 
 
 async def test_timer_dispose_stops_ticks() -> None:
