@@ -142,8 +142,6 @@ async def test_timer_ticks_on_period_and_stops_on_deactivation() -> None:
     clock = ManualClock()
     async with Silo.local(clock=clock) as silo:
         ref = silo.client.get_grain(TimerGrain, "t")
-        await ref.ticks_so_far()
-        sleepers_without_timer = clock.sleepers
         await ref.start_timer(5, 10)
         assert await ref.ticks_so_far() == 0
         await clock.advance(4)
@@ -152,11 +150,15 @@ async def test_timer_ticks_on_period_and_stops_on_deactivation() -> None:
         assert await ref.ticks_so_far() == 1
         await clock.advance(30)
         assert await ref.ticks_so_far() == 4
-        act = silo.dispatcher.catalog.activations()[0]
+        act = next(a for a in silo.dispatcher.catalog.activations() if a.grain_id.key == "t")
+        grain = act.grain
         await ref.leave()
         await _wait_until(lambda: silo.activation_count == 0, "not deactivated")
         assert not act._timers
-        assert clock.sleepers == sleepers_without_timer  # the timer no longer sleeps
+        assert grain.handle.disposed
+        ticks = grain.ticks
+        await clock.advance(60)
+        assert grain.ticks == ticks
 
 
 async def test_timer_dispose_stops_ticks() -> None:
