@@ -194,6 +194,10 @@ class CachedDirectory:
             self._put(grain_id, found)
         return found
 
+    def peek(self, grain_id: GrainId) -> ActivationAddress | None:
+        """The cached entry of ``grain_id``, if any (no I/O; the dispatcher's fast path)."""
+        return self._cache.get(grain_id)
+
     async def unregister(self, grain_id: GrainId, address: ActivationAddress) -> bool:
         """Unregister through the inner directory; the cached entry is dropped either
         way (if the inner entry differed, the cache was stale)."""

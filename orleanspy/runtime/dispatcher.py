@@ -20,6 +20,7 @@ from orleanspy.errors import (
     GrainCallTimeoutError,
     GrainMethodNotFoundError,
     MessageRejectedError,
+    SiloUnavailableError,
     UnknownGrainTypeError,
 )
 from orleanspy.grain import GrainDefinition
@@ -256,9 +257,36 @@ class Dispatcher:
         self.route(message)
 
     def undeliverable(self, message: Message, error: Exception) -> None:
-        """The transport could not deliver: fail the call, or drop a response."""
+        """The transport could not deliver: route again if the target silo turns out
+        to be gone, else fail the call; responses are dropped."""
         if message.target_grain is not None:
             self._locator.invalidate(message.target_grain)
+        target = message.target_silo
+        if (
+            message.kind is not MessageKind.RESPONSE
+            and isinstance(error, SiloUnavailableError)
+            and target is not None
+            and message.forward_count < self._max_forwards
+        ):
+            self._spawn(self._retry_elsewhere(message, target, error))
+            return
+        self._fail(message, error)
+
+    async def _retry_elsewhere(
+        self, message: Message, target: SiloAddress, error: Exception
+    ) -> None:
+        try:
+            gone = await self._locator.silo_unreachable(target)
+        except Exception as exc:
+            log.warning("membership check failed silo=%s error=%r", target, exc)
+            gone = False
+        if gone:
+            message.forward_count += 1
+            self.reroute(message)
+        else:
+            self._fail(message, error)
+
+    def _fail(self, message: Message, error: Exception) -> None:
         if message.kind is MessageKind.REQUEST:
             body = self.codec.encode(error_payload(error))
             self.send_response(message.response(ResponseStatus.REJECTED, body))

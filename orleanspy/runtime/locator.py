@@ -47,6 +47,11 @@ class Locator(Protocol):
         """Forget what the cache knows of ``grain_id``."""
         ...
 
+    async def silo_unreachable(self, silo: SiloAddress) -> bool:
+        """A send to ``silo`` failed; ``True`` if it is now known to be gone, so
+        the message may be routed again."""
+        ...
+
 
 class LocalLocator:
     """Every grain lives here: the embedded single-silo default."""
@@ -74,3 +79,6 @@ class LocalLocator:
 
     def invalidate(self, grain_id: GrainId) -> None:
         return None
+
+    async def silo_unreachable(self, silo: SiloAddress) -> bool:
+        return False

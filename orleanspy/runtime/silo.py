@@ -8,6 +8,7 @@ cluster (see ``runtime.cluster``).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import os
@@ -17,9 +18,13 @@ from types import TracebackType
 from typing import Any, Self, TypeVar, overload
 
 from orleanspy.clock import Clock, SystemClock
+from orleanspy.directory import GrainDirectory
 from orleanspy.errors import ClosedError, ConfigurationError
 from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_definitions
 from orleanspy.identity import GrainKey, SiloAddress
+from orleanspy.membership.oracle import MembershipService
+from orleanspy.membership.table import MembershipTable, SiloStatus
+from orleanspy.messaging.transport import Transport
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.reminders._adaptive import LoadSignals, read_memory_load
@@ -30,6 +35,7 @@ from orleanspy.reminders.registry import ReminderRegistry
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
+from orleanspy.runtime.cluster import RingFollower
 from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
@@ -93,12 +99,22 @@ class Silo:
         clock: Clock | None = None,
         reminder_table: ReminderTable | None = None,
         streams: StreamProvider | None = None,
+        membership_table: MembershipTable | None = None,
+        directory: GrainDirectory | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.options = options or SiloOptions()
         self.clock: Clock = clock or SystemClock()
         self._reminder_table = reminder_table
         self._streams = streams
+        self._membership_table = membership_table
+        self._directory = directory
+        self._transport = transport
         self.reminder_service: ReminderService | None = None
+        self.membership: MembershipService | None = None
+        self.ring: RingFollower | None = None
+        self.declared_dead = False
+        self._clustered = self.options.redis_url is not None or transport is not None
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
@@ -134,16 +150,21 @@ class Silo:
         self.state = SiloState.STARTING
         async with AsyncExitStack() as stack:
             types = _hosted_types(self.options)
-            dispatcher = Dispatcher(
-                address=self.address,
-                clock=self.clock,
-                options=self.options,
-                locator=LocalLocator(self.address),
-                grain_types=types,
-            )
-            self._dispatcher = dispatcher
-            await dispatcher.catalog.start(stack)
-            await self._start_reminders(stack, dispatcher, types)
+            if self._clustered:
+                await self._start_cluster(stack, types)
+            else:
+                dispatcher = Dispatcher(
+                    address=self.address,
+                    clock=self.clock,
+                    options=self.options,
+                    locator=LocalLocator(self.address),
+                    grain_types=types,
+                )
+                self._dispatcher = dispatcher
+                await dispatcher.catalog.start(stack)
+                await self._start_reminders(stack, dispatcher, types)
+                self._reminders().set_ranges([RingRange.full()])
+                await register_declared_reminders(dispatcher.reminders, types.values())
             self._stack = stack.pop_all()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
@@ -173,6 +194,135 @@ class Silo:
         tb: TracebackType | None,
     ) -> None:
         await self.stop()
+
+    def _reminders(self) -> ReminderService:
+        assert self.reminder_service is not None
+        return self.reminder_service
+
+    async def _start_cluster(
+        self, stack: AsyncExitStack, types: dict[str, GrainDefinition]
+    ) -> None:
+        """Join the cluster. Push order makes ``stop()`` go: ShuttingDown, reminders
+        off, grains deactivated (directory entries released), Dead, transport and
+        stores closed."""
+        from orleanspy._redis import Redis, connect
+        from orleanspy.directory import CachedDirectory
+        from orleanspy.messaging.grpc import GrpcTransport
+        from orleanspy.runtime.cluster import ClusterLocator, RingFollower
+
+        o = self.options
+        client: Redis | None = None
+
+        def redis() -> Redis:
+            # One client shared by every Redis provider, closed by the silo.
+            nonlocal client
+            if client is None:
+                if o.redis_url is None:
+                    raise ConfigurationError(
+                        "a cluster silo needs SiloOptions.redis_url, or every provider "
+                        "(membership_table, directory, reminder_table, streams) given"
+                    )
+                client = connect(o.redis_url)
+                stack.push_async_callback(client.aclose)
+            return client
+
+        if self._membership_table is None:
+            from orleanspy.membership.redis import RedisMembershipTable
+
+            self._membership_table = RedisMembershipTable(
+                redis(), cluster_id=o.cluster_id, service_id=o.service_id
+            )
+        if self._directory is None:
+            from orleanspy.redis_directory import RedisGrainDirectory
+
+            self._directory = RedisGrainDirectory(
+                redis(), cluster_id=o.cluster_id, service_id=o.service_id
+            )
+        if self._reminder_table is None:
+            from orleanspy.reminders.redis import RedisReminderTable
+
+            self._reminder_table = RedisReminderTable(
+                redis(), service_id=o.service_id, shards=o.reminders.shards
+            )
+        if self._streams is None:
+            from orleanspy.streams.redis import RedisStreamProvider
+
+            self._streams = RedisStreamProvider(redis(), service_id=o.service_id)
+        transport = self._transport or GrpcTransport(
+            host=o.host,
+            port=o.silo_port,
+            gateway_port=o.gateway_port,
+            options=o.messaging,
+            generation=self.address.generation,
+            advertised_host=o.advertised_host,
+        )
+        table = self._membership_table
+        await table.start(stack)
+        directory = CachedDirectory(self._directory)
+        await directory.start(stack)
+
+        def address() -> SiloAddress:
+            return self.address
+
+        membership_box: list[MembershipService] = []
+        dispatcher = Dispatcher(
+            address=self.address,
+            clock=self.clock,
+            options=o,
+            locator=ClusterLocator(
+                address=address,
+                directory=directory,
+                membership=_Deferred(membership_box),  # type: ignore[arg-type]
+            ),
+            grain_types=types,
+            transport=transport,
+        )
+        self._dispatcher = dispatcher
+        await transport.start(stack, dispatcher)
+        self.address = transport.address
+        dispatcher.address = self.address
+        membership = MembershipService(
+            table,
+            address=self.address,
+            name=self.name,
+            gateway_port=transport.gateway_port,
+            ping=transport.ping,
+            clock=self.clock,
+            options=o.membership,
+            on_declared_dead=self._on_declared_dead,
+        )
+        membership_box.append(membership)
+        self.membership = membership
+        await dispatcher.catalog.start(stack)
+        await self._start_reminders(stack, dispatcher, types)
+        follower = RingFollower(
+            address=address,
+            directory=directory,
+            transport=transport,
+            on_ranges=self._reminders().set_ranges,
+        )
+        self.ring = follower
+        await membership.start(stack)
+        stack.push_async_callback(self._leave_cluster, membership)
+        membership.add_listener(follower)
+        await register_declared_reminders(dispatcher.reminders, types.values())
+
+    async def _leave_cluster(self, membership: MembershipService) -> None:
+        """First step of a graceful stop: tell the cluster we are going."""
+        if self.declared_dead:
+            return
+        try:
+            await membership.update_status(SiloStatus.SHUTTING_DOWN)
+        except Exception as exc:
+            log.warning("could not write ShuttingDown name=%s error=%r", self.name, exc)
+
+    def _on_declared_dead(self) -> None:
+        """The table says we are Dead: stop at once (no more writes as a member)."""
+        if self.declared_dead:
+            return
+        self.declared_dead = True
+        log.error("silo declared dead by the cluster; stopping name=%s", self.name)
+        self._stop_task = asyncio.get_running_loop().create_task(self.stop())
 
     async def _start_reminders(
         self, stack: AsyncExitStack, dispatcher: Dispatcher, types: dict[str, GrainDefinition]
@@ -218,8 +368,6 @@ class Silo:
         registry.add_listener(service.notify_change)
         self.reminder_service = service
         self.streams = streams
-        service.set_ranges([RingRange.full()])
-        await register_declared_reminders(registry, types.values())
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -238,3 +386,14 @@ class Silo:
     def activation_count(self) -> int:
         """How many activations this silo holds right now."""
         return 0 if self._dispatcher is None else len(self._dispatcher.catalog)
+
+
+class _Deferred:
+    """Forwards attribute access to an object created later (the membership
+    service needs the transport's bound address; the locator needs the service)."""
+
+    def __init__(self, box: list[Any]) -> None:
+        self._box = box
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._box[0], name)

@@ -1,0 +1,155 @@
+"""The cluster side of a silo: locating grains through the directory and placement,
+following membership into the ring, and building the Redis/gRPC providers.
+
+``ClusterLocator`` is the dispatcher's ``Locator`` in a cluster. ``RingFollower``
+turns membership snapshots into ring changes for the reminder service and
+drops directory-cache entries and connections of silos that died.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from orleanspy.directory import ActivationAddress, CachedDirectory
+from orleanspy.grain import GrainDefinition
+from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.membership.oracle import MembershipService
+from orleanspy.membership.table import MembershipSnapshot, SiloStatus
+from orleanspy.messaging.transport import Transport
+from orleanspy.placement import DEFAULT_PLACEMENT
+from orleanspy.ring import ConsistentRing, RingRange
+
+__all__ = ["ClusterLocator", "RingFollower"]
+
+log = logging.getLogger(__name__)
+
+# A silo that cannot be reached makes us re-read the table, but not more often
+# than this: a burst of failed sends must not become a burst of table reads.
+_REFRESH_MIN_INTERVAL = 0.5
+
+
+class ClusterLocator:
+    """Grain location for a cluster silo: directory (with an LRU cache) and placement.
+
+    Directory entries on silos the membership knows as dead (or gone from the
+    table) are removed when they are met; a grain with no live entry is placed
+    with its class's strategy among the Active silos.
+    """
+
+    def __init__(
+        self,
+        *,
+        address: Callable[[], SiloAddress],
+        directory: CachedDirectory,
+        membership: MembershipService,
+    ) -> None:
+        self._address = address
+        self._directory = directory
+        self._membership = membership
+        self._last_refresh = 0.0
+
+    @property
+    def local_only(self) -> bool:
+        return False
+
+    def _alive(self, silo: SiloAddress) -> bool:
+        if silo == self._address():
+            return True
+        status = self._membership.snapshot.status(silo)
+        return status is not None and status <= SiloStatus.ACTIVE
+
+    def cached(self, grain_id: GrainId) -> SiloAddress | None:
+        hit = self._directory.peek(grain_id)
+        if hit is None:
+            return None
+        if not self._alive(hit.silo):
+            self._directory.invalidate(grain_id)
+            return None
+        return hit.silo
+
+    async def locate(self, grain_id: GrainId, definition: GrainDefinition) -> SiloAddress:
+        found = await self._directory.lookup(grain_id)
+        if found is not None:
+            if self._alive(found.silo):
+                return found.silo
+            await self._directory.unregister(grain_id, found)
+        strategy = definition.placement or DEFAULT_PLACEMENT
+        silos = self._membership.active_silos()
+        if not silos:
+            silos = (self._address(),)
+        chosen: SiloAddress = strategy.choose(grain_id, self._address(), silos)
+        return chosen
+
+    async def register(
+        self, grain_id: GrainId, address: ActivationAddress
+    ) -> ActivationAddress | None:
+        winner = await self._directory.register(grain_id, address)
+        if winner != address and not self._alive(winner.silo):
+            # The winner's silo is dead: clear its entry and claim once more.
+            await self._directory.unregister(grain_id, winner)
+            winner = await self._directory.register(grain_id, address)
+        return None if winner == address else winner
+
+    async def unregister(self, grain_id: GrainId, address: ActivationAddress) -> None:
+        await self._directory.unregister(grain_id, address)
+
+    def invalidate(self, grain_id: GrainId) -> None:
+        self._directory.invalidate(grain_id)
+
+    async def silo_unreachable(self, silo: SiloAddress) -> bool:
+        """A send to ``silo`` failed: re-read membership (rate-limited) and say
+        whether the silo is now known to be gone (so the call may be re-routed)."""
+        self._directory.invalidate_silo(silo)
+        now = time.monotonic()
+        if now - self._last_refresh >= _REFRESH_MIN_INTERVAL:
+            self._last_refresh = now
+            try:
+                await self._membership.refresh()
+            except Exception as exc:
+                log.warning("membership refresh failed error=%r", exc)
+        return not self._alive(silo)
+
+
+class RingFollower:
+    """Keeps the ring in step with membership and tells its listeners.
+
+    On each snapshot: rebuild the ring over the Active silos; if it changed,
+    pass this silo's ranges to ``on_ranges``. Silos that left (Dead or gone)
+    have their cached directory entries dropped and connections closed.
+    """
+
+    def __init__(
+        self,
+        *,
+        address: Callable[[], SiloAddress],
+        directory: CachedDirectory,
+        transport: Transport,
+        on_ranges: Callable[[tuple[RingRange, ...]], None],
+        buckets_per_silo: int = 30,
+    ) -> None:
+        self._address = address
+        self._directory = directory
+        self._transport = transport
+        self._on_ranges = on_ranges
+        self._buckets = buckets_per_silo
+        self.ring = ConsistentRing.build((), buckets_per_silo)
+        self._known_dead: set[SiloAddress] = set()
+        self.changes = 0
+
+    def __call__(self, snapshot: MembershipSnapshot) -> None:
+        me = self._address()
+        for silo, (entry, _etag) in snapshot.entries.items():
+            if entry.status is SiloStatus.DEAD and silo not in self._known_dead and silo != me:
+                self._known_dead.add(silo)
+                self._directory.invalidate_silo(silo)
+                self._transport.disconnect(silo)
+        active = snapshot.active_silos()
+        ring = ConsistentRing.build(active, self._buckets)
+        if ring != self.ring:
+            self.ring = ring
+            self.changes += 1
+            ranges = ring.ranges_of(me) if me in active else ()
+            log.info("ring changed silos=%d own_ranges=%d", len(active), len(ranges))
+            self._on_ranges(ranges)
