@@ -7,6 +7,7 @@ from ``silo.client`` or a ``ClusterClient``.
 
 from __future__ import annotations
 
+from orleanspy.client import ClusterClient
 from orleanspy.clock import Clock, SystemClock
 from orleanspy.errors import (
     ActivationError,
@@ -66,6 +67,7 @@ __all__ = [
     "CallInvoker",
     "Clock",
     "ClosedError",
+    "ClusterClient",
     "ConfigurationError",
     "Grain",
     "GrainCallError",

@@ -8,6 +8,7 @@ drops directory-cache entries and connections of silos that died.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -49,6 +50,7 @@ class ClusterLocator:
         self._directory = directory
         self._membership = membership
         self._last_refresh = 0.0
+        self._refreshing: asyncio.Future[MembershipSnapshot] | None = None
 
     @property
     def local_only(self) -> bool:
@@ -102,13 +104,20 @@ class ClusterLocator:
         """A send to ``silo`` failed: re-read membership (rate-limited) and say
         whether the silo is now known to be gone (so the call may be re-routed)."""
         self._directory.invalidate_silo(silo)
-        now = time.monotonic()
-        if now - self._last_refresh >= _REFRESH_MIN_INTERVAL:
-            self._last_refresh = now
-            try:
-                await self._membership.refresh()
-            except Exception as exc:
-                log.warning("membership refresh failed error=%r", exc)
+        if not self._alive(silo):
+            return True
+        # Every failure waits for a table read that started after it; concurrent
+        # failures share one read.
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done():
+            if time.monotonic() - self._last_refresh < _REFRESH_MIN_INTERVAL:
+                return False
+            self._last_refresh = time.monotonic()
+            refreshing = self._refreshing = asyncio.ensure_future(self._membership.refresh())
+        try:
+            await asyncio.shield(refreshing)
+        except Exception as exc:
+            log.warning("membership refresh failed error=%r", exc)
         return not self._alive(silo)
 
 

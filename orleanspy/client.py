@@ -1,0 +1,293 @@
+"""``ClusterClient``: call grains in a cluster from outside it, through gateways.
+
+The client reads the membership table for the gateways of Active silos, keeps
+one gRPC stream to each, and spreads calls over them round-robin. When a
+gateway's stream breaks, calls waiting on it fail with ``SiloUnavailableError``
+(a call is never silently sent twice) and new calls go to the others; the
+gateway list is refreshed from the table periodically and after a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
+
+from orleanspy.errors import ClosedError, GrainCallTimeoutError, SiloUnavailableError
+from orleanspy.grain import Grain
+from orleanspy.identity import GrainId, GrainKey
+from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
+from orleanspy.options import MessagingOptions
+from orleanspy.reference import GrainFactory
+from orleanspy.reminders.management import ReminderManagementGrain
+from orleanspy.runtime.remote_errors import rebuild_error
+from orleanspy.serialization import Codec
+
+if TYPE_CHECKING:
+    from orleanspy.membership.table import MembershipTable
+    from orleanspy.messaging.grpc import GrpcGatewayConnection
+
+__all__ = ["ClusterClient"]
+
+log = logging.getLogger(__name__)
+
+G = TypeVar("G", bound=Grain)
+
+
+class _State(enum.Enum):
+    CREATED = 1
+    OPEN = 2
+    CLOSED = 3
+
+
+class ClusterClient:
+    """A client of a cluster; an async context manager (``async with``).
+
+    Gateways come from the membership table at ``redis_url`` (``cluster_id``,
+    ``service_id`` as the silos use), or from a fixed ``gateways`` list of
+    ``host:port`` endpoints. A closed client cannot be reopened.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        cluster_id: str = "dev",
+        service_id: str = "default",
+        *,
+        gateways: Sequence[str] | None = None,
+        options: MessagingOptions | None = None,
+        gateway_refresh: timedelta = timedelta(seconds=10),
+        membership_table: MembershipTable | None = None,
+    ) -> None:
+        if redis_url is None and gateways is None and membership_table is None:
+            raise ValueError("ClusterClient needs redis_url, a membership_table or gateways")
+        self._redis_url = redis_url
+        self._cluster_id = cluster_id
+        self._service_id = service_id
+        self._static = list(gateways) if gateways is not None else None
+        self._options = options or MessagingOptions()
+        self._refresh_every = gateway_refresh.total_seconds()
+        self._table = membership_table
+        self._state = _State.CREATED
+        self._stack = AsyncExitStack()
+        self._client_id = f"client-{os.getpid()}-{os.urandom(6).hex()}"
+        self._connections: dict[str, GrpcGatewayConnection] = {}
+        self._round_robin = itertools.count()
+        self._pending: dict[int, tuple[asyncio.Future[Message], str]] = {}
+        self._factory = GrainFactory(self)
+        self._codec = Codec(reference_factory=self._factory.reference)
+        self._refresh_now = asyncio.Event()
+        self._refresh_lock = asyncio.Lock()
+        self._timeout = self._options.response_timeout.total_seconds()
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Connect to the gateways; ``SiloUnavailableError`` if none can be reached."""
+        if self._state is not _State.CREATED:
+            raise ClosedError("a ClusterClient starts once")
+        self._state = _State.OPEN
+        try:
+            if self._static is None and self._table is None:
+                from orleanspy.membership.redis import RedisMembershipTable
+
+                assert self._redis_url is not None
+                self._table = RedisMembershipTable(
+                    self._redis_url, cluster_id=self._cluster_id, service_id=self._service_id
+                )
+            if self._table is not None:
+                await self._table.start(self._stack)
+            self._stack.push_async_callback(self._close_connections)
+            await self._refresh()
+            if not self._connections:
+                raise SiloUnavailableError("no gateway of the cluster could be reached")
+            task = asyncio.get_running_loop().create_task(self._refresher())
+            self._stack.push_async_callback(_cancel, task)
+        except BaseException:
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        """Close every gateway connection; pending calls fail with ``ClosedError``."""
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        await self._stack.aclose()
+        self._fail_pending(lambda _: True, ClosedError("the client was closed"))
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- grains -------------------------------------------------------------------------
+
+    @overload
+    def get_grain(self, grain: type[G], key: GrainKey) -> G: ...
+    @overload
+    def get_grain(self, grain: str, key: GrainKey) -> Any: ...
+    def get_grain(self, grain: type[G] | str, key: GrainKey) -> Any:
+        """A proxy for ``(grain, key)``: typed for a class, untyped for a type name."""
+        if self._state is not _State.OPEN:
+            raise ClosedError("the client is not open")
+        return self._factory.get_grain(grain, key)
+
+    @property
+    def reminders(self) -> ReminderManagementGrain:
+        """The reminder management grain."""
+        return self.get_grain(ReminderManagementGrain, "")
+
+    @property
+    def gateways(self) -> list[str]:
+        """Endpoints of the gateways this client is connected to."""
+        return sorted(self._connections)
+
+    async def invoke(
+        self,
+        grain_id: GrainId,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        one_way: bool = False,
+    ) -> Any:
+        """Send a call through a gateway (see ``CallInvoker``)."""
+        if self._state is not _State.OPEN:
+            raise ClosedError("the client is not open")
+        endpoint, conn = await self._pick()
+        msg = Message(
+            id=next_message_id(),
+            kind=MessageKind.ONE_WAY if one_way else MessageKind.REQUEST,
+            target_grain=grain_id,
+            method=method,
+            body=self._codec.encode((args, kwargs)),
+            expires_at_ms=time.time_ns() // 1_000_000 + int(self._timeout * 1000),
+        )
+        if one_way:
+            conn.send(msg)
+            return None
+        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        self._pending[msg.id] = (fut, endpoint)
+        try:
+            conn.send(msg)
+            async with asyncio.timeout(self._timeout):
+                response = await fut
+        except TimeoutError:
+            raise GrainCallTimeoutError(
+                f"{grain_id}.{method}: no response within {self._timeout:g}s"
+            ) from None
+        finally:
+            self._pending.pop(msg.id, None)
+        if response.status is ResponseStatus.OK:
+            return self._codec.decode(response.body)
+        raise rebuild_error(self._codec.decode(response.body))
+
+    # -- gateways -----------------------------------------------------------------------
+
+    async def _pick(self) -> tuple[str, GrpcGatewayConnection]:
+        for attempt in range(2):
+            live = [(e, c) for e, c in self._connections.items() if not c.closed]
+            if live:
+                return live[next(self._round_robin) % len(live)]
+            if attempt == 0:
+                await self._refresh()
+        raise SiloUnavailableError("no gateway of the cluster is reachable")
+
+    async def _endpoints(self) -> list[str]:
+        if self._static is not None:
+            return list(self._static)
+        assert self._table is not None
+        snapshot = await self._table.read_all()
+        return [f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in snapshot.gateways()]
+
+    async def _refresh(self) -> None:
+        """Connect to gateways we do not have; drop those no longer listed."""
+        from orleanspy.messaging.grpc import GrpcGatewayConnection
+
+        async with self._refresh_lock:
+            try:
+                wanted = set(await self._endpoints())
+            except Exception as exc:
+                log.warning("gateway list unavailable error=%r", exc)
+                return
+            for endpoint in [e for e in self._connections if e not in wanted]:
+                with contextlib.suppress(Exception):
+                    await self._connections.pop(endpoint).aclose()
+
+            async def open_one(endpoint: str) -> None:
+                conn = GrpcGatewayConnection(
+                    endpoint,
+                    client_id=self._client_id,
+                    options=self._options,
+                    on_message=self._on_message,
+                    on_closed=functools.partial(self._on_closed, endpoint),
+                )
+                try:
+                    await conn.connect()
+                except Exception as exc:
+                    log.info("gateway unreachable endpoint=%s error=%r", endpoint, exc)
+                    return
+                self._connections[endpoint] = conn
+
+            missing = [e for e in wanted if e not in self._connections]
+            await asyncio.gather(*(open_one(e) for e in missing))
+
+    async def _refresher(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._refresh_every):
+                    await self._refresh_now.wait()
+            self._refresh_now.clear()
+            await self._refresh()
+
+    def _on_message(self, message: Message) -> None:
+        if message.kind is not MessageKind.RESPONSE:
+            return
+        entry = self._pending.pop(message.correlation_id, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(message)
+
+    def _on_closed(self, endpoint: str, error: Exception | None) -> None:
+        conn = self._connections.get(endpoint)
+        if conn is not None and conn.closed:
+            del self._connections[endpoint]
+        if self._state is _State.OPEN:
+            self._fail_pending(
+                lambda e: e == endpoint,
+                SiloUnavailableError(f"gateway {endpoint} went away: {error!r}"),
+            )
+            self._refresh_now.set()
+
+    def _fail_pending(self, which: Any, error: Exception) -> None:
+        for msg_id, (fut, endpoint) in list(self._pending.items()):
+            if which(endpoint) and not fut.done():
+                fut.set_exception(error)
+                self._pending.pop(msg_id, None)
+
+    async def _close_connections(self) -> None:
+        conns = list(self._connections.values())
+        self._connections.clear()
+        await asyncio.gather(*(c.aclose() for c in conns), return_exceptions=True)
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
