@@ -361,5 +361,17 @@ class Activation:
             else:
                 item.done.cancel()
 
+    def abandon(self) -> None:
+        """Drop everything at once, as a crash would: cancel turns, timers and the
+        lifecycle task; no ``on_deactivate``, no directory clean-up."""
+        self.state = ActivationState.INVALID
+        for handle in list(self._timers):
+            handle.dispose()
+        for task in list(self._turns):
+            task.cancel()
+        if self._lifecycle_task is not None:
+            self._lifecycle_task.cancel()
+        self._queue.clear()
+
     def __repr__(self) -> str:
         return f"<Activation {self.grain_id} {self.state.name} running={self._running}>"

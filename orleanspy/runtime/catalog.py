@@ -103,6 +103,12 @@ class Catalog:
             except Exception:
                 log.exception("idle collection failed")
 
+    def abandon(self) -> None:
+        """Forget every activation without deactivating it (a simulated crash)."""
+        for act in self._activations.values():
+            act.abandon()
+        self._activations.clear()
+
     async def deactivate_all(self) -> None:
         """Deactivate everything (silo stop), concurrently, each bounded in time."""
         while self._activations:

@@ -114,6 +114,7 @@ class Silo:
         self.membership: MembershipService | None = None
         self.ring: RingFollower | None = None
         self.declared_dead = False
+        self._aborted = False
         self._clustered = self.options.redis_url is not None or transport is not None
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
@@ -182,6 +183,15 @@ class Silo:
                 self._dispatcher.fail_pending(ClosedError(f"silo {self.name} stopped"))
             self.state = SiloState.STOPPED
             log.info("silo stopped name=%s", self.name)
+
+    async def abort(self) -> None:
+        """Stop as if the process had crashed (for tests of failure detection):
+        no membership writes, no ``on_deactivate``, no directory clean-up; peers
+        must find out by probing."""
+        self._aborted = True
+        if self._dispatcher is not None:
+            self._dispatcher.catalog.abandon()
+        await self.stop()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -293,6 +303,7 @@ class Silo:
         )
         membership_box.append(membership)
         self.membership = membership
+        stack.push_async_callback(self._final_membership_write, membership)
         await dispatcher.catalog.start(stack)
         await self._start_reminders(stack, dispatcher, types)
         follower = RingFollower(
@@ -307,9 +318,14 @@ class Silo:
         membership.add_listener(follower)
         await register_declared_reminders(dispatcher.reminders, types.values())
 
+    async def _final_membership_write(self, membership: MembershipService) -> None:
+        """Last step of a graceful stop, once grains are gone: write Dead."""
+        if not self._aborted:
+            await membership.shutdown()
+
     async def _leave_cluster(self, membership: MembershipService) -> None:
         """First step of a graceful stop: tell the cluster we are going."""
-        if self.declared_dead:
+        if self.declared_dead or self._aborted:
             return
         try:
             await membership.update_status(SiloStatus.SHUTTING_DOWN)
