@@ -1,9 +1,15 @@
 """``InMemoryReminderTable``: the reminder table of a single process.
 
 The embedded default and the table of fast tests. Rows live in a dict; the due
-index is a list kept sorted by ``(next_due_ms, hash, key)``, so ``read_due`` and
-``upcoming`` walk rows in due order and stop at ``before`` or ``limit``; they
-never look at rows that are not yet due. Nothing is durable.
+index is one binary min-heap of ``(next_due_ms, hash, key, seq)`` per shard of
+the hash space (top 8 bits), as in the Redis layout. A write pushes a new heap
+item and leaves the old one behind, stale (its ``seq`` is no longer the row's),
+so every write is O(log n) even with millions of rows; the heaps are rebuilt
+from the live rows when stale items outnumber them. ``read_due`` and
+``upcoming`` walk the heaps of the shards overlapping the range in due order
+without popping them (a small frontier heap merges them), skip stale items, and
+stop at ``before`` or ``limit``: they never look at rows that are not yet due,
+nor at due rows of shards outside the range. Nothing is durable.
 """
 
 from __future__ import annotations
@@ -11,17 +17,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from bisect import bisect_left, insort
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from datetime import datetime
+from heapq import heapify, heappop, heappush
 from typing import Final
 
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
-from orleanspy.ring import RingRange
+from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = ["InMemoryReminderTable"]
 
@@ -30,9 +36,15 @@ _log = logging.getLogger(__name__)
 # (grain canonical, name): a tuple, so a '|' in a key or a name cannot make two
 # rows collide here.
 _Key = tuple[str, str]
-_DueKey = tuple[int, int, _Key]
+# (next_due_ms, hash, key, seq): seq is unique per write, so items never tie and
+# an item is live only while its seq is the row's.
+_DueItem = tuple[int, int, _Key, int]
 
 _QUEUE_LIMIT: Final = 100_000
+_SHARD_BITS: Final = 8
+_SHIFT: Final = 32 - _SHARD_BITS
+# Stale heap items tolerated before a rebuild (and at least as many as live rows).
+_MIN_STALE_FOR_REBUILD: Final = 1024
 
 
 def _normalise(entry: ReminderEntry, etag: str) -> ReminderEntry:
@@ -44,14 +56,16 @@ class InMemoryReminderTable:
     """A ``ReminderTable`` (and ``BatchingReminderTable``) held in process memory.
 
     ``service_id`` names the service whose rows the table holds; rows are stored
-    as given. ``count`` is O(1); ``read_due``/``upcoming`` cost O(log n + rows
-    due before ``before``) and never scan rows that are not due.
+    as given. Writes are O(log n) (amortised); ``count`` is O(1);
+    ``read_due``/``upcoming`` cost O((k + s) log (k + s)) for the k rows due before
+    ``before`` walked and the s stale index items met among them.
     """
 
     def __init__(self, service_id: str = "default") -> None:
         self.service_id = service_id
-        self._rows: dict[_Key, ReminderEntry] = {}
-        self._due: list[_DueKey] = []
+        self._rows: dict[_Key, tuple[ReminderEntry, int]] = {}
+        self._due: list[list[_DueItem]] = [[] for _ in range(1 << _SHARD_BITS)]
+        self._stale = 0
         self._by_grain: dict[str, dict[str, ReminderEntry]] = {}
         self._etags = itertools.count(1)
         self._subscribers: set[_MemoryChanges] = set()
@@ -64,9 +78,10 @@ class InMemoryReminderTable:
 
     async def upsert(self, entry: ReminderEntry) -> str:
         """Insert or replace the row; returns its new, never reused etag."""
-        etag = self._new_etag()
+        seq = next(self._etags)
+        etag = str(seq)
         row = _normalise(entry, etag)
-        self._put(row)
+        self._put(row, seq)
         self._publish(row.grain_id, row.name, row.next_due)
         return etag
 
@@ -88,17 +103,18 @@ class InMemoryReminderTable:
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
         key = (grain_id.canonical, name)
-        row = self._rows.get(key)
-        if row is None or row.etag != etag:
+        found = self._rows.get(key)
+        if found is None or found[0].etag != etag:
             return False
-        self._drop(key, row)
+        self._drop(key, found[0])
         self._publish(grain_id, name, None)
         return True
 
     # -- reads --------------------------------------------------------------------
 
     async def read(self, grain_id: GrainId, name: str) -> ReminderEntry | None:
-        return self._rows.get((grain_id.canonical, name))
+        found = self._rows.get((grain_id.canonical, name))
+        return None if found is None else found[0]
 
     async def read_grain(self, grain_id: GrainId) -> list[ReminderEntry]:
         rows = self._by_grain.get(grain_id.canonical, {})
@@ -106,7 +122,7 @@ class InMemoryReminderTable:
 
     async def read_range(self, r: RingRange) -> list[ReminderEntry]:
         """Every row in ``r``, ordered by hash then key (a scan: tools and tests only)."""
-        found = [row for row in self._rows.values() if row.hash in r]
+        found = [row for row, _ in self._rows.values() if row.hash in r]
         found.sort(key=lambda row: (row.hash, row.grain_id.canonical, row.name))
         return found
 
@@ -128,36 +144,40 @@ class InMemoryReminderTable:
 
     # -- internals ----------------------------------------------------------------
 
-    def _new_etag(self) -> str:
-        return str(next(self._etags))
-
     @staticmethod
     def _key_of(entry: ReminderEntry) -> _Key:
         return (entry.grain_id.canonical, entry.name)
 
-    def _put(self, row: ReminderEntry) -> None:
+    def _put(self, row: ReminderEntry, seq: int) -> None:
         key = self._key_of(row)
-        old = self._rows.get(key)
-        if old is not None:
-            self._unindex_due(key, old)
-        self._rows[key] = row
-        insort(self._due, (to_ms(row.next_due), row.hash, key))
+        if key in self._rows:
+            self._stale += 1
+        self._rows[key] = (row, seq)
+        h = row.hash
+        heappush(self._due[h >> _SHIFT], (to_ms(row.next_due), h, key, seq))
         self._by_grain.setdefault(key[0], {})[row.name] = row
+        self._maybe_rebuild()
 
     def _drop(self, key: _Key, row: ReminderEntry) -> None:
-        self._unindex_due(key, row)
         del self._rows[key]
+        self._stale += 1
         names = self._by_grain[key[0]]
         del names[row.name]
         if not names:
             del self._by_grain[key[0]]
+        self._maybe_rebuild()
 
-    def _unindex_due(self, key: _Key, row: ReminderEntry) -> None:
-        item = (to_ms(row.next_due), row.hash, key)
-        i = bisect_left(self._due, item)
-        # The index mirrors the rows exactly; a miss here is a bug, not a race.
-        assert i < len(self._due) and self._due[i] == item, "due index out of sync"
-        del self._due[i]
+    def _maybe_rebuild(self) -> None:
+        if self._stale <= max(len(self._rows), _MIN_STALE_FOR_REBUILD):
+            return
+        shards: list[list[_DueItem]] = [[] for _ in range(1 << _SHARD_BITS)]
+        for key, (row, seq) in self._rows.items():
+            h = row.hash
+            shards[h >> _SHIFT].append((to_ms(row.next_due), h, key, seq))
+        for heap in shards:
+            heapify(heap)
+        self._due = shards
+        self._stale = 0
 
     def _update(
         self,
@@ -167,12 +187,13 @@ class InMemoryReminderTable:
         next_due: datetime,
         last_fire: datetime | None,
     ) -> str | None:
-        row = self._rows.get((grain_id.canonical, name))
-        if row is None or row.etag != etag:
+        found = self._rows.get((grain_id.canonical, name))
+        if found is None or found[0].etag != etag:
             return None
-        new_etag = self._new_etag()
-        moved = _normalise(replace(row, next_due=next_due, last_fire=last_fire), new_etag)
-        self._put(moved)
+        seq = next(self._etags)
+        new_etag = str(seq)
+        moved = _normalise(replace(found[0], next_due=next_due, last_fire=last_fire), new_etag)
+        self._put(moved, seq)
         self._publish(grain_id, name, moved.next_due)
         return new_etag
 
@@ -180,13 +201,26 @@ class InMemoryReminderTable:
         found: list[ReminderEntry] = []
         if limit <= 0:
             return found
-        for due_ms, h, key in self._due:
+        heaps = self._due
+        # Visit heap items in order without popping: a node's children are never
+        # smaller than it, so a frontier heap of (item, shard, index) seeded with
+        # the roots yields items in sorted order, touching only those visited.
+        frontier = [(heaps[s][0], s, 0) for s in _shards_of(r) if heaps[s]]
+        heapify(frontier)
+        while frontier:
+            item, s, i = heappop(frontier)
+            due_ms, h, key, seq = item
             if due_ms > before_ms:
                 break
-            if r is None or h in r:
-                found.append(self._rows[key])
+            live = self._rows.get(key)
+            if live is not None and live[1] == seq and (r is None or h in r):
+                found.append(live[0])
                 if len(found) >= limit:
                     break
+            heap = heaps[s]
+            for child in (2 * i + 1, 2 * i + 2):
+                if child < len(heap):
+                    heappush(frontier, (heap[child], s, child))
         return found
 
     def _publish(self, grain_id: GrainId, name: str, next_due: datetime | None) -> None:
@@ -197,6 +231,20 @@ class InMemoryReminderTable:
     def _close_subscriptions(self) -> None:
         for sub in list(self._subscribers):
             sub.end()
+
+
+def _shards_of(r: RingRange | None) -> range | list[int]:
+    """The shards holding hashes of ``r`` (``None``: the whole ring)."""
+    if r is None or r.size == HASH_SPACE:
+        return range(1 << _SHARD_BITS)
+    if r.begin < r.end:
+        return range((r.begin + 1) >> _SHIFT, (r.end >> _SHIFT) + 1)
+    # Wraps past the top: 0..end, and begin+1..top unless begin is the top (a
+    # shard holding both ends appears once).
+    shards = set(range((r.end >> _SHIFT) + 1))
+    if r.begin + 1 < HASH_SPACE:
+        shards.update(range((r.begin + 1) >> _SHIFT, 1 << _SHARD_BITS))
+    return sorted(shards)
 
 
 class _MemoryChanges:

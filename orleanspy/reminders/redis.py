@@ -1,0 +1,614 @@
+"""``RedisReminderTable``: reminder rows in Redis, sharded by grain hash, with a due index.
+
+Layout (``P`` = ``orleanspy:<service_id>:``, ``T`` = the shard's Redis Cluster
+hash tag ``{<service_id>:rem:<s>}``, so each shard can live on its own node)::
+
+    P rem:T:rows    HASH  "grain|name" -> msgpack record (all fields + etag)
+    P rem:T:due     ZSET  "hash8hex|grain|name", score = next_due in ms
+    P rem:T:grain   ZSET  "grain|name", all scores 0 (prefix scans by grain)
+    P rem:T:etag    STRING  per-shard write counter (etags)
+    P rem:meta      HASH  "shards" -> the shard count the table was created with
+    P rem:changes   pub/sub channel, payload msgpack [grain, name, next_due_ms | nil]
+
+A row lives in shard ``hash >> (32 - log2(shards))`` (the top bits), so a ring
+range maps onto a run of consecutive shards. Writes are Lua scripts over one
+shard. ``read_due`` asks every shard that overlaps the range, in one pipelined
+round trip, for due members whose 8-hex-digit hash prefix lies in the range (the
+filtering runs in Redis, before any row is touched), merges the candidates by
+score, and fetches only the rows it returns in a second round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from datetime import datetime
+from typing import Any, Final
+
+from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy.clock import from_ms, to_ms
+from orleanspy.errors import ConfigurationError, SerializationError, StorageError
+from orleanspy.identity import GrainId
+from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.serialization import pack, unpack
+
+__all__ = ["RedisReminderTable"]
+
+_log = logging.getLogger(__name__)
+
+_TOP: Final = HASH_SPACE - 1
+# How many due members one ZRANGEBYSCORE call inside the read script returns.
+_MIN_PAGE: Final = 64
+_MAX_PAGE: Final = 1000
+# read_due first asks each shard for about twice its fair share of ``limit``
+# (at least this many), so a many-shard read does not move shards x limit members.
+_MIN_FIRST_ASK: Final = 16
+# The change feed polls its socket this often so a close from another task is
+# noticed; between polls it blocks in Redis, it does not busy-wait.
+_FEED_POLL_S: Final = 0.5
+_BACKOFF_MIN_S: Final = 0.05
+_BACKOFF_MAX_S: Final = 2.0
+
+# Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
+# values when a script rewrites a row.
+_NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None}
+
+# KEYS: rows, due, grain, etag counter.
+# ARGV: key, due member, score, record, etag suffix, channel, change payload.
+_UPSERT: Final = """
+local etag = redis.call('INCR', KEYS[4]) .. ARGV[5]
+local rec = cmsgpack.unpack(ARGV[4])
+rec['e'] = etag
+redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+redis.call('ZADD', KEYS[3], 0, ARGV[1])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+return etag
+"""
+
+# KEYS: rows, due, etag counter.
+# ARGV: key, due member, expected etag, next_due ms, last_fire ms or '', etag
+# suffix, channel, change payload. Returns the new etag, or nil on a lost race.
+_UPDATE_SCHEDULE: Final = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return false end
+local rec = cmsgpack.unpack(raw)
+if rec['e'] ~= ARGV[3] then return false end
+local etag = redis.call('INCR', KEYS[3]) .. ARGV[6]
+rec['d'] = tonumber(ARGV[4])
+if ARGV[5] == '' then rec['l'] = nil else rec['l'] = tonumber(ARGV[5]) end
+rec['e'] = etag
+redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
+redis.call('PUBLISH', ARGV[7], ARGV[8])
+return etag
+"""
+
+# KEYS: rows, due, grain. ARGV: key, due member, expected etag, channel, payload.
+_REMOVE: Final = """
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 0 end
+local rec = cmsgpack.unpack(raw)
+if rec['e'] ~= ARGV[3] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"""
+
+# KEYS: due. ARGV: min score, max score, limit (0 = all), page, then inclusive
+# hash intervals as pairs of 8-hex-digit bounds. Returns [member, score, ...] of due
+# members inside the intervals, in score order. Fixed-width lowercase hex
+# compares as strings in numeric order, so no number parsing is needed.
+_READ_DUE: Final = """
+local limit = tonumber(ARGV[3])
+local page = tonumber(ARGV[4])
+local want = 2 * limit
+local out = {}
+local offset = 0
+while true do
+  local batch = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[2],
+                           'WITHSCORES', 'LIMIT', offset, page)
+  for i = 1, #batch, 2 do
+    local h = string.sub(batch[i], 1, 8)
+    for j = 5, #ARGV, 2 do
+      if h >= ARGV[j] and h <= ARGV[j + 1] then
+        out[#out + 1] = batch[i]
+        out[#out + 1] = batch[i + 1]
+        break
+      end
+    end
+    if limit > 0 and #out >= want then return out end
+  end
+  if #batch < 2 * page then return out end
+  offset = offset + page
+end
+"""
+
+
+def _intervals(r: RingRange | None) -> list[tuple[int, int]]:
+    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
+    if r is None or r.size == HASH_SPACE:
+        return [(0, _TOP)]
+    lo = (r.begin + 1) % HASH_SPACE
+    if lo <= r.end:
+        return [(lo, r.end)]
+    return [(lo, _TOP), (0, r.end)]
+
+
+def _decode_row(raw: bytes | str) -> ReminderEntry:
+    if isinstance(raw, str):
+        raise StorageError(
+            "the redis client decodes responses; create it with decode_responses=False"
+        )
+    try:
+        return ReminderEntry.from_record({**_NULLABLE, **unpack(raw)})
+    except (SerializationError, KeyError, TypeError, ValueError) as exc:
+        raise StorageError(f"malformed reminder row in redis: {exc}") from exc
+
+
+def _change_payload(grain_id: GrainId, name: str, next_due_ms: int | None) -> bytes:
+    return pack([grain_id.canonical, name, next_due_ms])
+
+
+def _decode_change(data: bytes) -> ReminderChange:
+    canonical, name, due_ms = unpack(data)
+    return ReminderChange(
+        GrainId.parse(canonical), name, None if due_ms is None else from_ms(due_ms)
+    )
+
+
+class RedisReminderTable:
+    """A ``ReminderTable`` (and ``BatchingReminderTable``) in Redis.
+
+    ``url_or_client``: a URL (the table creates its client and closes it with the
+    start stack) or a ``redis.asyncio.Redis`` client created with bytes responses
+    (the table never closes it). ``shards`` is a power of two in 1..65536 and is
+    fixed for the life of the stored table: ``start`` fails with
+    ``StorageError`` if the stored table was created with another count.
+    """
+
+    def __init__(self, url_or_client: str | Redis, *, service_id: str, shards: int = 256) -> None:
+        if shards < 1 or shards > 65536 or shards & (shards - 1):
+            raise ConfigurationError(
+                f"RedisReminderTable shards must be a power of two in 1..65536, got {shards}"
+            )
+        self.service_id = service_id
+        self.shards = shards
+        self._shift = 32 - (shards.bit_length() - 1)
+        self._url = url_or_client if isinstance(url_or_client, str) else None
+        self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._prefix = key_prefix(service_id)
+        self._meta = f"{self._prefix}rem:meta"
+        self._channel = f"{self._prefix}rem:changes"
+        # Etags are "<shard counter><suffix>". The counter makes them unique while
+        # the store lives; the random suffix keeps an etag held from before a
+        # wiped store from matching a row written after it.
+        self._etag_suffix = f".{secrets.token_hex(4)}"
+        self._subscriptions: set[_RedisChanges] = set()
+        self._scripts: dict[str, Any] = {}
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Connect (if given a URL), check the stored shard count, register scripts.
+
+        Raises ``StorageError`` if the table was created with another shard count,
+        ``StorageUnavailableError`` if Redis cannot be reached.
+        """
+        if self._client is None:
+            assert self._url is not None
+            self._client = connect(self._url)
+            stack.push_async_callback(self._client.aclose)
+        client = self._client
+        # Pushed after the client's close, so it unwinds first: the change feeds
+        # end before the client they read from is closed.
+        stack.push_async_callback(self._close_subscriptions)
+        with translate_errors("reminder table start"):
+            pipe = client.pipeline(transaction=False)
+            pipe.hsetnx(self._meta, "shards", str(self.shards))
+            pipe.hget(self._meta, "shards")
+            _, stored = await pipe.execute()
+        stored_shards = None if stored is None else stored.decode()
+        if stored_shards != str(self.shards):
+            raise StorageError(
+                f"reminder table of service {self.service_id!r} was created with "
+                f"{stored_shards} shards but this table is configured with {self.shards}; "
+                "configure the stored shard count (ReminderOptions.shards)"
+            )
+        for name, text in (
+            ("upsert", _UPSERT),
+            ("update", _UPDATE_SCHEDULE),
+            ("remove", _REMOVE),
+            ("read_due", _READ_DUE),
+        ):
+            self._scripts[name] = client.register_script(text)
+
+    @property
+    def _c(self) -> Redis:
+        if self._client is None:
+            raise RuntimeError("RedisReminderTable used before start()")
+        return self._client
+
+    # -- keys -----------------------------------------------------------------------
+
+    def shard_of(self, h: int) -> int:
+        """The shard that holds rows of grain hash ``h``."""
+        return h >> self._shift
+
+    def _key(self, shard: int, kind: str) -> str:
+        return f"{self._prefix}rem:{{{self.service_id}:rem:{shard}}}:{kind}"
+
+    @staticmethod
+    def _member(h: int, key: str) -> str:
+        return f"{h:08x}|{key}"
+
+    # -- writes ---------------------------------------------------------------------
+
+    async def upsert(self, entry: ReminderEntry) -> str:
+        """Insert or replace the row unconditionally; returns its new etag."""
+        h = entry.hash
+        s = self.shard_of(h)
+        key = entry.key
+        due_ms = to_ms(entry.next_due)
+        record = {**entry.to_record(), "e": None}
+        with translate_errors("reminder upsert"):
+            etag = await self._script("upsert")(
+                keys=[
+                    self._key(s, "rows"),
+                    self._key(s, "due"),
+                    self._key(s, "grain"),
+                    self._key(s, "etag"),
+                ],
+                args=[
+                    key,
+                    self._member(h, key),
+                    due_ms,
+                    pack(record),
+                    self._etag_suffix,
+                    self._channel,
+                    _change_payload(entry.grain_id, entry.name, due_ms),
+                ],
+            )
+        return str(etag.decode())
+
+    def _update_call(
+        self,
+        grain_id: GrainId,
+        name: str,
+        etag: str,
+        next_due: datetime,
+        last_fire: datetime | None,
+    ) -> tuple[list[str], list[Any]]:
+        h = grain_id.uniform_hash()
+        s = self.shard_of(h)
+        key = f"{grain_id.canonical}|{name}"
+        due_ms = to_ms(next_due)
+        keys = [self._key(s, "rows"), self._key(s, "due"), self._key(s, "etag")]
+        args: list[Any] = [
+            key,
+            self._member(h, key),
+            etag,
+            due_ms,
+            "" if last_fire is None else to_ms(last_fire),
+            self._etag_suffix,
+            self._channel,
+            _change_payload(grain_id, name, due_ms),
+        ]
+        return keys, args
+
+    async def update_schedule(
+        self,
+        grain_id: GrainId,
+        name: str,
+        etag: str,
+        next_due: datetime,
+        last_fire: datetime | None,
+    ) -> str | None:
+        """CAS on the etag: the new etag, or ``None`` if the row is gone or moved on."""
+        keys, args = self._update_call(grain_id, name, etag, next_due, last_fire)
+        with translate_errors("reminder update_schedule"):
+            result = await self._script("update")(keys=keys, args=args)
+        return None if result is None else str(result.decode())
+
+    async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
+        """``update_schedule`` for each update, in order, in one pipelined round trip.
+
+        Each result is the new etag or ``None`` (lost race). The batch is not a
+        transaction: on ``StorageUnavailableError`` some updates may have applied.
+        Retrying is safe; an update that did apply then reports a lost race (its
+        row already holds the new schedule, which a ``read`` shows).
+        """
+        if not updates:
+            return []
+        script = self._script("update")
+        with translate_errors("reminder update_schedule_many"):
+            pipe = self._c.pipeline(transaction=False)
+            # Loading first on the same connection makes NOSCRIPT impossible (e.g.
+            # after a server restart) without a second round trip.
+            pipe.script_load(_UPDATE_SCHEDULE)
+            for u in updates:
+                keys, args = self._update_call(u.grain_id, u.name, u.etag, u.next_due, u.last_fire)
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            results = await pipe.execute()
+        return [None if r is None else str(r.decode()) for r in results[1:]]
+
+    async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
+        h = grain_id.uniform_hash()
+        s = self.shard_of(h)
+        key = f"{grain_id.canonical}|{name}"
+        with translate_errors("reminder remove"):
+            done = await self._script("remove")(
+                keys=[self._key(s, "rows"), self._key(s, "due"), self._key(s, "grain")],
+                args=[
+                    key,
+                    self._member(h, key),
+                    etag,
+                    self._channel,
+                    _change_payload(grain_id, name, None),
+                ],
+            )
+        return bool(done)
+
+    # -- reads ----------------------------------------------------------------------
+
+    async def read(self, grain_id: GrainId, name: str) -> ReminderEntry | None:
+        s = self.shard_of(grain_id.uniform_hash())
+        with translate_errors("reminder read"):
+            raw = await self._c.hget(self._key(s, "rows"), f"{grain_id.canonical}|{name}")
+        return None if raw is None else _decode_row(raw)
+
+    async def read_grain(self, grain_id: GrainId) -> list[ReminderEntry]:
+        """Every row of the grain in name order (a lex prefix scan of one shard)."""
+        s = self.shard_of(grain_id.uniform_hash())
+        prefix = f"{grain_id.canonical}|".encode()
+        with translate_errors("reminder read_grain"):
+            # 0xff never occurs in UTF-8, so it bounds every member with the prefix.
+            keys = await self._c.zrangebylex(
+                self._key(s, "grain"), b"[" + prefix, b"(" + prefix + b"\xff"
+            )
+            raws = await self._c.hmget(self._key(s, "rows"), keys) if keys else []
+        rows = [_decode_row(raw) for raw in raws if raw is not None]
+        # A str grain key may contain '|', so the prefix can also match another
+        # grain's rows: keep only this grain's.
+        rows = [row for row in rows if row.grain_id == grain_id]
+        rows.sort(key=lambda row: row.name)
+        return rows
+
+    async def read_range(self, r: RingRange) -> list[ReminderEntry]:
+        """Every row in ``r``, ordered by hash then key (reads whole shards: tools only)."""
+        rows = await self._collect(r, "+inf", 0, "reminder read_range")
+        rows.sort(key=lambda row: (row.hash, row.key))
+        return rows
+
+    async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
+        """Due rows of ``r``, earliest first (ties by hash, then key), at most ``limit``.
+
+        Two round trips whatever the number of shards: pipelined filtered index
+        reads, then pipelined HMGETs of only the rows returned.
+        """
+        if limit <= 0:
+            return []
+        before_ms = to_ms(before)
+        rows = await self._collect(r, str(before_ms), limit, "reminder read_due")
+        return [row for row in rows if to_ms(row.next_due) <= before_ms]
+
+    async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
+        """``read_due`` over the whole ring."""
+        if limit <= 0:
+            return []
+        before_ms = to_ms(before)
+        rows = await self._collect(None, str(before_ms), limit, "reminder upcoming")
+        return [row for row in rows if to_ms(row.next_due) <= before_ms]
+
+    async def count(self) -> int:
+        """Sum of the shards' row counts (one pipelined round trip)."""
+        with translate_errors("reminder count"):
+            pipe = self._c.pipeline(transaction=False)
+            for s in range(self.shards):
+                pipe.hlen(self._key(s, "rows"))
+            return sum(int(n) for n in await pipe.execute())
+
+    def _plan(self, r: RingRange | None) -> list[tuple[int, list[tuple[int, int]]]]:
+        """The shards overlapping ``r``, each with ``r``'s part of it as intervals."""
+        plan: dict[int, list[tuple[int, int]]] = {}
+        for a, b in _intervals(r):
+            for s in range(a >> self._shift, (b >> self._shift) + 1):
+                lo = max(a, s << self._shift)
+                hi = min(b, ((s + 1) << self._shift) - 1)
+                plan.setdefault(s, []).append((lo, hi))
+        return sorted(plan.items())
+
+    async def _collect(
+        self, r: RingRange | None, max_score: str, limit: int, what: str
+    ) -> list[ReminderEntry]:
+        """Rows of ``r`` with score <= ``max_score``: the ``limit`` earliest
+        (all when ``limit`` is 0), sorted by (next_due, hash, key).
+
+        The earliest ``limit`` across shards is a prefix of each shard's due
+        order. The first pipelined round asks every shard for a short prefix;
+        only a shard whose whole answer lies at or below the ``limit``-th best
+        score seen may hide more winners, and only those are asked again, from
+        their last score up to that threshold. Then the winners' rows are fetched.
+        """
+        plan = self._plan(r)
+        if limit <= 0:
+            found = await self._scan(plan, "-inf", max_score, 0, what)
+        else:
+            ask = min(limit, max(_MIN_FIRST_ASK, -(-2 * limit // len(plan))))
+            found = await self._scan(plan, "-inf", max_score, ask, what)
+            best = sorted((score, member) for part in found for score, member in part)
+            threshold = best[limit - 1][0] if len(best) >= limit else None
+            again = [
+                i
+                for i, part in enumerate(found)
+                if ask < limit
+                and len(part) == ask
+                and (threshold is None or part[-1][0] <= threshold)
+            ]
+            if again:
+                upper = max_score if threshold is None else f"{threshold:.0f}"
+                more = await self._scan(
+                    [plan[i] for i in again],
+                    [f"{found[i][-1][0]:.0f}" for i in again],
+                    upper,
+                    limit,
+                    what,
+                )
+                for i, part in zip(again, more, strict=True):
+                    # The second ask starts at the last score seen (inclusive, for
+                    # ties), so it repeats some members: merge without duplicates.
+                    seen = {member for _, member in found[i]}
+                    found[i] = found[i] + [c for c in part if c[1] not in seen]
+        candidates = sorted(
+            (score, member, s)
+            for (s, _), part in zip(plan, found, strict=True)
+            for score, member in part
+        )
+        if limit > 0:
+            del candidates[limit:]
+        if not candidates:
+            return []
+        by_shard: dict[int, list[bytes]] = {}
+        for _, member, s in candidates:
+            by_shard.setdefault(s, []).append(member[9:])
+        with translate_errors(what):
+            pipe = self._c.pipeline(transaction=False)
+            for s, keys in by_shard.items():
+                pipe.hmget(self._key(s, "rows"), keys)
+            fetched = await pipe.execute()
+        rows: list[ReminderEntry] = []
+        for raws in fetched:
+            rows.extend(_decode_row(raw) for raw in raws if raw is not None)
+        rows.sort(key=lambda row: (to_ms(row.next_due), row.hash, row.key))
+        return rows
+
+    async def _scan(
+        self,
+        plan: list[tuple[int, list[tuple[int, int]]]],
+        min_scores: str | list[str],
+        max_score: str,
+        limit: int,
+        what: str,
+    ) -> list[list[tuple[float, bytes]]]:
+        """Per planned shard, up to ``limit`` (0: all) due members inside the
+        shard's intervals with min <= score <= max, as (score, member) in order.
+        One pipelined round trip."""
+        script = self._script("read_due")
+        page = min(max(limit, _MIN_PAGE), _MAX_PAGE) if limit > 0 else _MAX_PAGE
+        mins = [min_scores] * len(plan) if isinstance(min_scores, str) else min_scores
+        with translate_errors(what):
+            pipe = self._c.pipeline(transaction=False)
+            # Loading first on the same connection makes NOSCRIPT impossible.
+            pipe.script_load(_READ_DUE)
+            for (s, parts), lo in zip(plan, mins, strict=True):
+                bounds = [f"{x:08x}" for lo_hi in parts for x in lo_hi]
+                pipe.evalsha(
+                    script.sha, 1, self._key(s, "due"), lo, max_score, limit, page, *bounds
+                )
+            replies = (await pipe.execute())[1:]
+        return [[(float(flat[i + 1]), flat[i]) for i in range(0, len(flat), 2)] for flat in replies]
+
+    def _script(self, name: str) -> Any:
+        if not self._scripts:
+            raise RuntimeError("RedisReminderTable used before start()")
+        return self._scripts[name]
+
+    # -- change feed ----------------------------------------------------------------
+
+    def changes(self) -> _RedisChanges:
+        """A new subscription to the change channel.
+
+        It subscribes on the first ``anext`` (changes published before that are
+        not seen), reconnects with backoff when Redis goes away (logging, never
+        raising), and ends on ``aclose`` or when the table is closed.
+        """
+        sub = _RedisChanges(self._c, self._channel, self._subscriptions)
+        self._subscriptions.add(sub)
+        return sub
+
+    async def _close_subscriptions(self) -> None:
+        for sub in list(self._subscriptions):
+            await sub.aclose()
+
+
+class _RedisChanges:
+    """One pub/sub subscription to the change channel, resubscribing as needed."""
+
+    def __init__(self, client: Redis, channel: str, registry: set[_RedisChanges]) -> None:
+        self._client = client
+        self._channel = channel
+        self._registry = registry
+        self._pubsub: Any = None
+        self._closed = asyncio.Event()
+        self._busy = False
+        self._delay = _BACKOFF_MIN_S
+
+    def __aiter__(self) -> _RedisChanges:
+        return self
+
+    async def __anext__(self) -> ReminderChange:
+        self._busy = True
+        try:
+            while not self._closed.is_set():
+                message = await self._receive()
+                if message is None or message.get("type") != "message":
+                    continue
+                try:
+                    return _decode_change(message["data"])
+                except (SerializationError, ValueError, TypeError) as exc:
+                    _log.warning("reminder change ignored: malformed payload error=%s", exc)
+        finally:
+            self._busy = False
+        await self._drop()
+        raise StopAsyncIteration
+
+    async def _receive(self) -> dict[str, Any] | None:
+        """The next pub/sub message, or ``None`` after a timeout or a failure
+        (which has been logged, backed off from, and will be reconnected)."""
+        try:
+            with translate_errors("reminder change feed"):
+                if self._pubsub is None:
+                    pubsub = self._client.pubsub()
+                    self._pubsub = pubsub
+                    await pubsub.subscribe(self._channel)
+                message: dict[str, Any] | None = await self._pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=_FEED_POLL_S
+                )
+        except StorageError as exc:
+            if self._closed.is_set():
+                return None
+            _log.warning(
+                "reminder change feed lost redis; resubscribing error=%s delay_s=%.2f",
+                exc,
+                self._delay,
+            )
+            await self._drop()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), self._delay)
+            self._delay = min(self._delay * 2, _BACKOFF_MAX_S)
+            return None
+        if message is not None:
+            self._delay = _BACKOFF_MIN_S
+        return message
+
+    async def _drop(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
+                await pubsub.aclose()
+
+    async def aclose(self) -> None:
+        """End the subscription. A reader blocked in another task stops within
+        about half a second; otherwise the connection is released at once."""
+        self._closed.set()
+        self._registry.discard(self)
+        if not self._busy:
+            await self._drop()

@@ -1,0 +1,616 @@
+"""The reminder table conformance kit: prove that a ``ReminderTable`` keeps the contract.
+
+A provider author calls it from their own tests with a factory that yields a
+fresh, empty, started table per call::
+
+    @asynccontextmanager
+    async def make_table():
+        async with AsyncExitStack() as stack:
+            table = MyReminderTable(...)          # empty, e.g. a fresh service id
+            await table.start(stack)
+            yield table
+
+    async def test_my_table_keeps_the_contract():
+        await check_reminder_table(make_table)
+
+or, for one test per check::
+
+    @pytest.mark.parametrize("check", REMINDER_TABLE_CHECKS, ids=lambda c: c.__name__)
+    async def test_contract(check):
+        await check(make_table)
+
+A failed check raises ``AssertionError`` saying what was expected. The checks
+cover Orleans' ``ReminderTableTestsBase`` (parallel upserts, remove with stale,
+wrong and right etag, range reads with random bounds over 1,000 rows including
+wrap-around) and the parts orleanspy adds: the due index, schedule CAS (single
+and batched, when the table is a ``BatchingReminderTable``), ``upcoming``,
+``count``, the change feed and a field-by-field round trip. Rows are written with
+the table's ``service_id`` attribute when it has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Final
+
+from orleanspy.clock import from_ms, to_ms
+from orleanspy.identity import GrainId
+from orleanspy.reminders.model import (
+    MissedReminderAction,
+    ReminderChange,
+    ReminderEntry,
+    ReminderPriority,
+    ScheduleUpdate,
+)
+from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
+from orleanspy.ring import HASH_SPACE, RingRange
+
+__all__ = [
+    "REMINDER_TABLE_CHECKS",
+    "TableFactory",
+    "check_reminder_table",
+]
+
+TableFactory = Callable[[], AbstractAsyncContextManager[ReminderTable]]
+Check = Callable[[TableFactory], Awaitable[None]]
+
+_T0: Final = datetime(2030, 1, 1, tzinfo=UTC)
+_TOP: Final = HASH_SPACE - 1
+# How long a change may take to arrive before the feed counts as broken.
+_CHANGE_DEADLINE_S: Final = 10.0
+_PROBE: Final = GrainId("ContractProbe", "feed-probe")
+_BULK: Final = 1000
+
+
+# -- helpers ------------------------------------------------------------------------
+
+
+def _service_id(table: ReminderTable) -> str:
+    sid = getattr(table, "service_id", "contract")
+    return sid if isinstance(sid, str) else "contract"
+
+
+def _entry(
+    table: ReminderTable,
+    grain_id: GrainId,
+    name: str = "r",
+    *,
+    due: datetime = _T0,
+    **fields: object,
+) -> ReminderEntry:
+    base = ReminderEntry(
+        service_id=_service_id(table),
+        grain_id=grain_id,
+        name=name,
+        start_at=_T0,
+        next_due=due,
+        period=timedelta(minutes=1),
+    )
+    return replace(base, **fields)  # type: ignore[arg-type]
+
+
+def _stored(entry: ReminderEntry, etag: str) -> ReminderEntry:
+    """What a table must return for ``entry``: millisecond times and its etag."""
+    return ReminderEntry.from_record({**entry.to_record(), "e": etag})
+
+
+def _random_range(rng: random.Random) -> RingRange:
+    """Random bounds, with the edges of the hash space often enough to matter."""
+    pick = rng.random()
+    if pick < 0.05:
+        return RingRange(0, 0)
+    if pick < 0.10:
+        x = rng.randrange(HASH_SPACE)
+        return RingRange(x, x)
+    if pick < 0.15:
+        return RingRange(_TOP, rng.randrange(HASH_SPACE))
+    if pick < 0.20:
+        return RingRange(rng.randrange(HASH_SPACE), 0)
+    return RingRange(rng.randrange(HASH_SPACE), rng.randrange(HASH_SPACE))
+
+
+async def _upsert_all(table: ReminderTable, entries: list[ReminderEntry]) -> dict[str, str]:
+    """Upsert concurrently in chunks; the etag of each row by ``key``."""
+    etags: dict[str, str] = {}
+    for i in range(0, len(entries), 100):
+        chunk = entries[i : i + 100]
+        for e, etag in zip(chunk, await asyncio.gather(*map(table.upsert, chunk)), strict=True):
+            etags[e.key] = etag
+    return etags
+
+
+def _bulk_entries(table: ReminderTable, rng: random.Random, n: int) -> list[ReminderEntry]:
+    """``n`` rows over many grains (two names on some), with next_due spread over
+    two hours at millisecond precision and some exact ties."""
+    entries: list[ReminderEntry] = []
+    for i in range(n):
+        gid = GrainId("ContractGrain", i // 2 if i % 3 else f"k{i}")
+        if rng.random() < 0.1:
+            due = _T0 + timedelta(minutes=rng.randrange(0, 120))
+        else:
+            due = _T0 + timedelta(milliseconds=rng.randrange(0, 2 * 3600 * 1000))
+        entries.append(_entry(table, gid, f"r{i}", due=due))
+    return entries
+
+
+def _check_due_answer(
+    what: str,
+    got: list[ReminderEntry],
+    pool: list[ReminderEntry],
+    *,
+    r: RingRange | None,
+    before: datetime,
+    limit: int,
+) -> None:
+    """``got`` must be the ``limit`` earliest rows of ``pool`` in ``r`` due by
+    ``before``, earliest first (any order, and any choice, among ties)."""
+    qualifying = [e for e in pool if (r is None or e.hash in r) and e.next_due <= before]
+    keys = {e.key for e in qualifying}
+    got_keys = [e.key for e in got]
+    assert len(got_keys) == len(set(got_keys)), f"{what}: a row came back twice"
+    stray = [k for k in got_keys if k not in keys]
+    assert not stray, f"{what} {r} before={before}: rows outside range or not due: {stray[:5]}"
+    assert len(got) == min(limit, len(qualifying)), (
+        f"{what} {r} before={before} limit={limit}: "
+        f"{len(got)} rows, expected {min(limit, len(qualifying))}"
+    )
+    dues = [e.next_due for e in got]
+    assert dues == sorted(dues), f"{what}: rows not in next_due order"
+    if got and len(got) < len(qualifying):
+        left = {e.key for e in qualifying} - set(got_keys)
+        earliest_left = min(e.next_due for e in qualifying if e.key in left)
+        assert dues[-1] <= earliest_left, (
+            f"{what}: returned a row due {dues[-1]} while one due {earliest_left} was left out"
+        )
+
+
+async def _next_change(it: AsyncIterator[ReminderChange]) -> ReminderChange:
+    """The next change not caused by the feed probe, within the deadline."""
+    try:
+        async with asyncio.timeout(_CHANGE_DEADLINE_S):
+            while True:
+                change = await anext(it)
+                if change.grain_id != _PROBE:
+                    return change
+    except TimeoutError:
+        raise AssertionError(f"no change arrived within {_CHANGE_DEADLINE_S}s") from None
+
+
+async def _prime(table: ReminderTable, it: AsyncIterator[ReminderChange]) -> None:
+    """Make sure the subscription is live: write a probe row until its change arrives.
+
+    A feed may subscribe lazily (on the first ``anext``); changes written after
+    the first one seen are then guaranteed to reach it while the store is up.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + _CHANGE_DEADLINE_S
+    pending = asyncio.ensure_future(anext(it))
+    try:
+        while not pending.done():
+            assert loop.time() < deadline, (
+                f"changes() delivered nothing within {_CHANGE_DEADLINE_S}s"
+            )
+            await table.upsert(_entry(table, _PROBE, due=_T0))
+            await asyncio.wait({pending}, timeout=0.05)
+        change = pending.result()
+        assert change.grain_id == _PROBE, f"unexpected change {change} before any write"
+    finally:
+        if not pending.done():
+            pending.cancel()
+
+
+# -- the checks ---------------------------------------------------------------------
+
+
+async def check_upsert_returns_distinct_etags(factory: TableFactory) -> None:
+    """Each upsert returns a new etag, also five parallel upserts of one key."""
+    async with factory() as table:
+        gid = GrainId("ContractGrain", "etags")
+        seen = [await table.upsert(_entry(table, gid)) for _ in range(3)]
+        assert len(set(seen)) == 3, f"sequential upserts returned repeated etags {seen}"
+        parallel = await asyncio.gather(
+            *(table.upsert(_entry(table, gid, due=_T0 + timedelta(seconds=i))) for i in range(5))
+        )
+        assert len(set(parallel)) == 5, f"5 parallel upserts returned {parallel}"
+        assert not set(parallel) & set(seen), "a parallel upsert reused an earlier etag"
+        row = await table.read(gid, "r")
+        assert row is not None and row.etag in parallel, "row's etag is none of the writes'"
+        assert await table.count() == 1, "upserts of one key made more than one row"
+
+
+async def check_read_and_read_grain(factory: TableFactory) -> None:
+    """``read`` gives the row with its etag or ``None``; ``read_grain`` gives one
+    grain's rows in name order and nothing of other grains."""
+    async with factory() as table:
+        a = GrainId("ContractGrain", "a")
+        ab = GrainId("ContractGrain", "a|b")  # a key that looks like a row-key prefix
+        other = GrainId("OtherGrain", "a")
+        assert await table.read(a, "r") is None
+        assert await table.read_grain(a) == []
+        stored: dict[tuple[GrainId, str], ReminderEntry] = {}
+        for gid in (a, ab, other):
+            for name in ("zeta", "alpha", "mid", "b"):
+                e = _entry(table, gid, name, due=_T0 + timedelta(seconds=len(name)))
+                stored[(gid, name)] = _stored(e, await table.upsert(e))
+        for (gid, name), expected in stored.items():
+            got = await table.read(gid, name)
+            assert got == expected, f"read({gid}, {name!r}) = {got}, expected {expected}"
+        assert await table.read(a, "missing") is None
+        for gid in (a, ab, other):
+            rows = await table.read_grain(gid)
+            assert [r.name for r in rows] == ["alpha", "b", "mid", "zeta"], (
+                f"read_grain({gid}) names {[r.name for r in rows]}"
+            )
+            assert all(r.grain_id == gid for r in rows), f"read_grain({gid}) mixed in other grains"
+            assert rows == [stored[(gid, r.name)] for r in rows]
+
+
+async def check_round_trip_every_field(factory: TableFactory) -> None:
+    """Every field survives storage (times at millisecond precision)."""
+    async with factory() as table:
+        at = datetime(2031, 3, 30, 1, 2, 3, 456789, tzinfo=UTC)
+        variants = [
+            _entry(
+                table,
+                GrainId("RoundTrip", "cron"),
+                "weekday-9am",
+                period=None,
+                cron="0 0 9 * * 1-5",
+                tz="Europe/Berlin",
+                due=at,
+            ),
+            _entry(
+                table,
+                GrainId("RoundTrip", 7),
+                "interval",
+                period=timedelta(hours=1, milliseconds=5),
+                last_fire=at - timedelta(hours=1),
+                due=at,
+            ),
+            _entry(
+                table,
+                GrainId("RoundTrip", uuid.UUID(int=42)),
+                "ünïcode name ✓",
+                cron="*/5 * * * *",
+                period=None,
+                priority=ReminderPriority.CRITICAL,
+                action=MissedReminderAction.FIRE_IMMEDIATELY,
+                due=at,
+            ),
+            _entry(
+                table,
+                GrainId("RoundTrip", "low"),
+                "bg",
+                priority=ReminderPriority.BACKGROUND,
+                action=MissedReminderAction.NOTIFY,
+                due=at,
+            ),
+            _entry(table, GrainId("RoundTrip", "min"), "p-128", priority=-128, due=at),
+            _entry(
+                table,
+                GrainId("RoundTrip", "max"),
+                "p127",
+                priority=127,
+                due=at,
+                start_at=datetime(1999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC),
+            ),
+            _entry(
+                table,
+                GrainId("RoundTrip", ""),
+                "empty key",
+                due=at,
+                action=MissedReminderAction.SKIP,
+            ),
+        ]
+        for e in variants:
+            etag = await table.upsert(e)
+            got = await table.read(e.grain_id, e.name)
+            expected = _stored(e, etag)
+            assert got == expected, f"round trip changed the row:\n got {got}\nwant {expected}"
+            assert got.next_due.tzinfo is not None and got.next_due.utcoffset() == timedelta(0)
+            assert got.next_due == from_ms(to_ms(e.next_due)), "next_due not kept to the ms"
+
+
+async def check_remove_checks_the_etag(factory: TableFactory) -> None:
+    """``remove`` deletes only with the current etag; a missing row gives ``False``."""
+    async with factory() as table:
+        gid = GrainId("ContractGrain", "rm")
+        assert await table.remove(gid, "r", "no-such-etag") is False, "removed a missing row"
+        stale = await table.upsert(_entry(table, gid))
+        current = await table.upsert(_entry(table, gid, due=_T0 + timedelta(minutes=1)))
+        other = await table.upsert(_entry(table, gid, "other"))
+        assert await table.remove(gid, "r", stale) is False, "removed with a stale etag"
+        assert await table.remove(gid, "r", "wrong-etag") is False, "removed with a wrong etag"
+        assert await table.remove(gid, "r", other) is False, "removed with another row's etag"
+        assert await table.read(gid, "r") is not None, "a failed remove deleted the row"
+        assert await table.remove(gid, "r", current) is True, "remove with the right etag failed"
+        assert await table.read(gid, "r") is None, "removed row still readable"
+        assert [r.name for r in await table.read_grain(gid)] == ["other"]
+        assert await table.remove(gid, "r", current) is False, "removed the same row twice"
+        assert await table.count() == 1
+        due = await table.read_due(RingRange.full(), _T0 + timedelta(days=1), 10)
+        assert [r.name for r in due] == ["other"], "removed row still in the due index"
+
+
+async def check_update_schedule_cas(factory: TableFactory) -> None:
+    """``update_schedule`` moves the row with the right etag; loses the race with a
+    stale one or on a removed row, and then changes nothing."""
+    async with factory() as table:
+        gid = GrainId("ContractGrain", "cas")
+        original = _entry(
+            table,
+            gid,
+            cron="0 * * * *",
+            period=None,
+            tz="UTC",
+            priority=5,
+            action=MissedReminderAction.NOTIFY,
+        )
+        first = await table.upsert(original)
+        later = _T0 + timedelta(hours=1)
+        fired = _T0 + timedelta(seconds=1, microseconds=1500)
+        second = await table.update_schedule(gid, "r", first, later, fired)
+        assert second is not None, "CAS with the current etag failed"
+        assert second != first, "CAS returned the old etag"
+        row = await table.read(gid, "r")
+        expected = _stored(replace(original, next_due=later, last_fire=fired), second)
+        assert row == expected, f"after CAS:\n got {row}\nwant {expected}"
+        assert await table.update_schedule(gid, "r", first, _T0, None) is None, "stale CAS won"
+        assert await table.read(gid, "r") == expected, "a lost CAS changed the row"
+        third = await table.update_schedule(gid, "r", second, later + timedelta(hours=1), None)
+        assert third is not None and third not in (first, second)
+        row = await table.read(gid, "r")
+        assert row is not None and row.last_fire is None, "CAS could not clear last_fire"
+        due = await table.read_due(RingRange.full(), later + timedelta(hours=1), 10)
+        assert [r.etag for r in due] == [third], "due index not moved by CAS"
+        assert await table.read_due(RingRange.full(), later, 10) == [], "old due time still indexed"
+        assert await table.remove(gid, "r", third) is True
+        assert await table.update_schedule(gid, "r", third, _T0, None) is None, "CAS on removed row"
+        assert await table.read(gid, "r") is None, "CAS resurrected a removed row"
+        missing = GrainId("ContractGrain", "never")
+        assert await table.update_schedule(missing, "r", "x", _T0, None) is None
+
+
+async def check_update_schedule_many(factory: TableFactory) -> None:
+    """The batched CAS answers like single calls, in order (skipped when the table
+    is not a ``BatchingReminderTable``)."""
+    async with factory() as table:
+        if not isinstance(table, BatchingReminderTable):
+            return
+        assert await table.update_schedule_many([]) == []
+        gids = [GrainId("ContractGrain", f"batch{i}") for i in range(4)]
+        etags = [await table.upsert(_entry(table, g)) for g in gids]
+        stale = etags[2]
+        etags[2] = await table.upsert(_entry(table, gids[2]))
+        await table.remove(gids[3], "r", etags[3])
+        due = _T0 + timedelta(minutes=5)
+        updates = [
+            ScheduleUpdate(gids[0], "r", etags[0], due, _T0),
+            ScheduleUpdate(gids[1], "r", etags[1], due, None),
+            ScheduleUpdate(gids[2], "r", stale, due, None),  # stale etag
+            ScheduleUpdate(gids[3], "r", etags[3], due, None),  # removed row
+            ScheduleUpdate(gids[0], "r", etags[0], due, None),  # lost to the first update
+        ]
+        results = await table.update_schedule_many(updates)
+        assert len(results) == 5, f"{len(results)} results for 5 updates"
+        assert results[0] is not None and results[1] is not None, f"valid CASes lost: {results}"
+        assert results[2:] == [None, None, None], f"lost races reported as wins: {results}"
+        assert results[0] != etags[0] and results[1] != etags[1], "batch kept an old etag"
+        for gid, etag in ((gids[0], results[0]), (gids[1], results[1])):
+            row = await table.read(gid, "r")
+            assert row is not None and row.etag == etag and row.next_due == due
+        row = await table.read(gids[0], "r")
+        assert row is not None and row.last_fire == _T0
+        row = await table.read(gids[2], "r")
+        assert row is not None and row.etag == etags[2] and row.next_due == _T0
+
+
+async def check_read_range_random_bounds(factory: TableFactory) -> None:
+    """``read_range`` over 1,000 rows equals a brute-force filter for random
+    ranges, wrap-around, the edges of the hash space and ``(0, 0)``."""
+    rng = random.Random(20260801)
+    async with factory() as table:
+        entries = _bulk_entries(table, rng, _BULK)
+        await _upsert_all(table, entries)
+        hashes = sorted({e.hash for e in entries})
+        ranges = [_random_range(rng) for _ in range(24)]
+        # Bounds exactly on row hashes test the open/closed ends.
+        for _ in range(6):
+            a, b = rng.choice(hashes), rng.choice(hashes)
+            ranges += [RingRange(a, b), RingRange(b, a), RingRange(a, a)]
+        ranges += [RingRange(0, 0), RingRange(0, _TOP), RingRange(_TOP, 0), RingRange(_TOP, _TOP)]
+        for r in ranges:
+            got = await table.read_range(r)
+            got_keys = sorted(e.key for e in got)
+            want = sorted(e.key for e in entries if e.hash in r)
+            assert got_keys == want, (
+                f"read_range({r}): {len(got_keys)} rows, expected {len(want)}; "
+                f"extra {sorted(set(got_keys) - set(want))[:3]} "
+                f"missing {sorted(set(want) - set(got_keys))[:3]}"
+            )
+
+
+async def check_read_due_against_brute_force(factory: TableFactory) -> None:
+    """``read_due`` returns the earliest due rows of the range, in order, at most
+    ``limit``, for random ranges (wrapping too), cut-offs and limits."""
+    rng = random.Random(4242)
+    async with factory() as table:
+        entries = _bulk_entries(table, rng, _BULK)
+        etags = await _upsert_all(table, entries)
+        pool = [_stored(e, etags[e.key]) for e in entries]
+        cases: list[tuple[RingRange, datetime, int]] = [
+            (RingRange(0, 0), _T0 + timedelta(hours=3), _BULK + 10),
+            (RingRange(0, 0), _T0 - timedelta(seconds=1), 10),
+            (RingRange(0, 0), _T0 + timedelta(minutes=30), 1),
+            (RingRange(_TOP, 0), _T0 + timedelta(hours=3), 50),
+            (RingRange(3 << 30, 1 << 30), _T0 + timedelta(hours=1), 100),  # wraps
+        ]
+        for _ in range(30):
+            before = _T0 + timedelta(milliseconds=rng.randrange(-1000, 2 * 3600 * 1000 + 1000))
+            cases.append((_random_range(rng), before, rng.choice([1, 7, 50, 200, 5000])))
+        for r, before, limit in cases:
+            got = await table.read_due(r, before, limit)
+            _check_due_answer("read_due", got, pool, r=r, before=before, limit=limit)
+            assert all(e == next(p for p in pool if p.key == e.key) for e in got[:3]), (
+                "read_due rows differ from the stored rows"
+            )
+
+
+async def check_due_index_follows_rewrites(factory: TableFactory) -> None:
+    """After 1,500 random upserts, schedule CASes and removes over 200 rows, the
+    due index, ``count`` and ``read_range`` agree with a model of the rows."""
+    rng = random.Random(99)
+    async with factory() as table:
+        model: dict[str, ReminderEntry] = {}
+        grains = [GrainId("Rewrite", i) for i in range(200)]
+        for _ in range(1500):
+            gid = rng.choice(grains)
+            key = f"{gid.canonical}|r"
+            due = _T0 + timedelta(milliseconds=rng.randrange(0, 3600 * 1000))
+            row = model.get(key)
+            op = rng.random()
+            if row is None or op < 0.3:
+                e = _entry(table, gid, due=due, priority=rng.randrange(-128, 128))
+                model[key] = _stored(e, await table.upsert(e))
+            elif op < 0.85:
+                assert row.etag is not None
+                etag = await table.update_schedule(gid, "r", row.etag, due, row.next_due)
+                assert etag is not None, "CAS with the current etag lost"
+                model[key] = _stored(replace(row, next_due=due, last_fire=row.next_due), etag)
+            else:
+                assert row.etag is not None
+                assert await table.remove(gid, "r", row.etag) is True
+                del model[key]
+        pool = list(model.values())
+        assert await table.count() == len(pool)
+        full = sorted(e.key for e in await table.read_range(RingRange.full()))
+        assert full == sorted(model), "read_range disagrees with the writes made"
+        for _ in range(20):
+            r = _random_range(rng)
+            before = _T0 + timedelta(milliseconds=rng.randrange(0, 3600 * 1000))
+            limit = rng.choice([1, 10, 100, 1000])
+            got = await table.read_due(r, before, limit)
+            _check_due_answer("read_due", got, pool, r=r, before=before, limit=limit)
+            assert all(e == model[e.key] for e in got), "read_due returned an outdated row"
+
+
+async def check_upcoming(factory: TableFactory) -> None:
+    """``upcoming`` is ``read_due`` over the whole ring."""
+    rng = random.Random(7)
+    async with factory() as table:
+        entries = _bulk_entries(table, rng, 300)
+        etags = await _upsert_all(table, entries)
+        pool = [_stored(e, etags[e.key]) for e in entries]
+        for before, limit in [
+            (_T0 - timedelta(milliseconds=1), 10),
+            (_T0 + timedelta(minutes=10), 5),
+            (_T0 + timedelta(hours=1), 1000),
+            (_T0 + timedelta(hours=5), 300),
+            (_T0 + timedelta(hours=5), 299),
+        ]:
+            got = await table.upcoming(before, limit)
+            _check_due_answer("upcoming", got, pool, r=None, before=before, limit=limit)
+
+
+async def check_count(factory: TableFactory) -> None:
+    """``count`` follows inserts and removes, not upserts of existing rows."""
+    async with factory() as table:
+        assert await table.count() == 0, "a fresh table is not empty"
+        gids = [GrainId("ContractGrain", i) for i in range(25)]
+        etags = [await table.upsert(_entry(table, g)) for g in gids]
+        assert await table.count() == 25
+        await table.upsert(_entry(table, gids[0], due=_T0 + timedelta(days=1)))
+        await table.upsert(_entry(table, gids[0], "second"))
+        assert await table.count() == 26
+        assert await table.remove(gids[1], "r", etags[1]) is True
+        assert await table.remove(gids[2], "r", "wrong") is False
+        assert await table.count() == 25
+
+
+async def check_changes_feed(factory: TableFactory) -> None:
+    """Every successful upsert, CAS and remove reaches every subscriber; lost
+    races publish nothing; ``aclose`` ends a subscription."""
+    async with factory() as table:
+        first = table.changes()
+        second = table.changes()
+        try:
+            await _prime(table, first)
+            await _prime(table, second)
+            gid = GrainId("ContractGrain", "feed")
+            due = _T0 + timedelta(minutes=3)
+            etag = await table.upsert(_entry(table, gid, "n", due=due))
+            for it in (first, second):
+                assert await _next_change(it) == ReminderChange(gid, "n", due), "upsert change"
+            moved = _T0 + timedelta(minutes=9)
+            assert await table.update_schedule(gid, "n", "stale", _T0, None) is None
+            assert await table.remove(gid, "n", "stale") is False
+            new_etag = await table.update_schedule(gid, "n", etag, moved, due)
+            assert new_etag is not None
+            for it in (first, second):
+                # The lost races above must not have published anything.
+                assert await _next_change(it) == ReminderChange(gid, "n", moved), "CAS change"
+            assert await table.remove(gid, "n", new_etag) is True
+            for it in (first, second):
+                assert await _next_change(it) == ReminderChange(gid, "n", None), "remove change"
+            if isinstance(table, BatchingReminderTable):
+                etag = await table.upsert(_entry(table, gid, "b", due=due))
+                assert await _next_change(first) == ReminderChange(gid, "b", due)
+                update = ScheduleUpdate(gid, "b", etag, moved, None)
+                assert (await table.update_schedule_many([update]))[0] is not None
+                assert await _next_change(first) == ReminderChange(gid, "b", moved)
+        finally:
+            await _aclose(first)
+        # A reader blocked in another task is released by aclose. Changes already
+        # buffered (second did not read the batch's) may come out first; then the end.
+        reader = asyncio.ensure_future(anext(second))
+        await asyncio.sleep(0)
+        await _aclose(second)
+        try:
+            async with asyncio.timeout(_CHANGE_DEADLINE_S):
+                await reader
+                for _ in range(100):
+                    await anext(second)
+            raise AssertionError("changes kept coming after aclose()")
+        except StopAsyncIteration:
+            pass
+        except TimeoutError:
+            raise AssertionError("aclose() did not end the change stream") from None
+
+
+async def _aclose(it: AsyncIterator[ReminderChange]) -> None:
+    aclose = getattr(it, "aclose", None)
+    assert aclose is not None, "changes() must return an iterator with aclose()"
+    await aclose()
+
+
+REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
+    check_upsert_returns_distinct_etags,
+    check_read_and_read_grain,
+    check_round_trip_every_field,
+    check_remove_checks_the_etag,
+    check_update_schedule_cas,
+    check_update_schedule_many,
+    check_read_range_random_bounds,
+    check_read_due_against_brute_force,
+    check_due_index_follows_rewrites,
+    check_upcoming,
+    check_count,
+    check_changes_feed,
+)
+"""Every check, each taking the factory; for one pytest case per check."""
+
+
+async def check_reminder_table(factory: TableFactory) -> None:
+    """Run every check against fresh tables from ``factory``; raises
+    ``AssertionError`` (prefixed with the check's name) on the first violation."""
+    for check in REMINDER_TABLE_CHECKS:
+        try:
+            await check(factory)
+        except AssertionError as exc:
+            raise AssertionError(f"{check.__name__}: {exc}") from exc

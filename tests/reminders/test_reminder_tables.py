@@ -1,0 +1,272 @@
+"""The reminder tables: the shared contract suite on every backend, then Redis specifics."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import redis.asyncio.client as redis_client
+
+from orleanspy._redis import connect
+from orleanspy.errors import StorageError, StorageUnavailableError
+from orleanspy.identity import GrainId
+from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.model import ReminderChange, ReminderEntry
+from orleanspy.reminders.redis import RedisReminderTable
+from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
+from orleanspy.ring import RingRange
+from orleanspy.testing.redis_server import RedisServer
+from orleanspy.testing.reminder_table import (
+    REMINDER_TABLE_CHECKS,
+    check_read_due_against_brute_force,
+    check_reminder_table,
+)
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+Factory = Callable[[], AbstractAsyncContextManager[ReminderTable]]
+
+
+def memory_factory() -> Factory:
+    @asynccontextmanager
+    async def make() -> AsyncIterator[ReminderTable]:
+        async with AsyncExitStack() as stack:
+            table = InMemoryReminderTable("contract")
+            await table.start(stack)
+            yield table
+
+    return make
+
+
+def redis_factory(url: str, shards: int) -> Factory:
+    @asynccontextmanager
+    async def make() -> AsyncIterator[ReminderTable]:
+        async with AsyncExitStack() as stack:
+            # A fresh service id per table: an empty table on a shared server.
+            table = RedisReminderTable(url, service_id=f"c-{uuid.uuid4().hex[:8]}", shards=shards)
+            await table.start(stack)
+            yield table
+
+    return make
+
+
+@pytest.fixture(params=["memory", "redis-256", "redis-1"])
+def table_factory(request: pytest.FixtureRequest) -> Factory:
+    """Every reminder table backend (Redis with the default and a single shard)."""
+    if request.param == "memory":
+        return memory_factory()
+    url = request.getfixturevalue("redis_url")
+    return redis_factory(url, int(request.param.split("-")[1]))
+
+
+@pytest.mark.parametrize("check", REMINDER_TABLE_CHECKS, ids=lambda c: c.__name__)
+async def test_reminder_table_contract(table_factory: Factory, check: Any) -> None:
+    await check(table_factory)
+
+
+async def test_check_reminder_table_runs_every_check_on_memory() -> None:
+    await check_reminder_table(memory_factory())
+
+
+async def test_tables_provide_batching() -> None:
+    assert isinstance(InMemoryReminderTable(), BatchingReminderTable)
+    assert isinstance(RedisReminderTable("redis://x", service_id="s"), BatchingReminderTable)
+
+
+class _RangeBlindTable(InMemoryReminderTable):
+    """Breaks the contract: read_due ignores the range."""
+
+    async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
+        return await super().read_due(RingRange.full(), before, limit)
+
+
+async def test_contract_suite_catches_a_table_that_ignores_the_range() -> None:
+    @asynccontextmanager
+    async def make() -> AsyncIterator[ReminderTable]:
+        async with AsyncExitStack() as stack:
+            table = _RangeBlindTable("contract")
+            await table.start(stack)
+            yield table
+
+    with pytest.raises(AssertionError, match="outside range"):
+        await check_read_due_against_brute_force(make)
+
+
+# -- Redis specifics -------------------------------------------------------------------
+
+
+def entry(grain: GrainId, name: str = "r", due: datetime = T0, sid: str = "svc") -> ReminderEntry:
+    return ReminderEntry(
+        service_id=sid,
+        grain_id=grain,
+        name=name,
+        start_at=T0,
+        next_due=due,
+        period=timedelta(minutes=1),
+    )
+
+
+async def test_redis_start_refuses_another_shard_count(redis_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        await RedisReminderTable(redis_url, service_id="svc", shards=16).start(stack)
+    async with AsyncExitStack() as stack:
+        with pytest.raises(StorageError, match="created with 16 shards"):
+            await RedisReminderTable(redis_url, service_id="svc", shards=32).start(stack)
+    async with AsyncExitStack() as stack:
+        # Same count, or another service, is fine.
+        await RedisReminderTable(redis_url, service_id="svc", shards=16).start(stack)
+        await RedisReminderTable(redis_url, service_id="other", shards=32).start(stack)
+
+
+async def test_redis_rows_land_in_the_shard_of_their_top_hash_bits(redis_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id="svc", shards=16)
+        await table.start(stack)
+        gid = GrainId("G", "x")
+        await table.upsert(entry(gid))
+        shard = gid.uniform_hash() >> 28
+        client = connect(redis_url)
+        stack.push_async_callback(client.aclose)
+        tag = f"{{svc:rem:{shard}}}"
+        assert await client.hexists(f"orleanspy:svc:rem:{tag}:rows", f"{gid.canonical}|r")
+        assert await client.zscore(
+            f"orleanspy:svc:rem:{tag}:due", f"{gid.uniform_hash():08x}|{gid.canonical}|r"
+        ) == float(int(T0.timestamp() * 1000))
+        assert await client.zscore(f"orleanspy:svc:rem:{tag}:grain", f"{gid.canonical}|r") == 0
+
+
+async def test_redis_read_due_fetches_only_rows_inside_the_range(
+    redis_url: str, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hmget_fields: list[bytes] = []
+    original = redis_client.Pipeline.hmget
+
+    def counting_hmget(self: Any, name: Any, keys: Any, *args: Any) -> Any:
+        hmget_fields.extend(keys)
+        return original(self, name, keys, *args)
+
+    monkeypatch.setattr(redis_client.Pipeline, "hmget", counting_hmget)
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id="svc", shards=64)
+        await table.start(stack)
+        grains = [GrainId("G", i) for i in range(2000)]
+        for i in range(0, len(grains), 200):
+            await asyncio.gather(*(table.upsert(entry(g)) for g in grains[i : i + 200]))
+        client = connect(redis_url)
+        stack.push_async_callback(client.aclose)
+
+        async def evalsha_calls() -> int:
+            stats = await client.info("commandstats")
+            return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+        # A range inside shard 5 (of 64), cut so that filtering has work to do.
+        shard_lo = 5 << 26
+        r = RingRange(shard_lo + (1 << 24), shard_lo + (3 << 24))
+        in_range = {g.canonical for g in grains if g.uniform_hash() in r}
+        assert 0 < len(in_range) < 30
+        before = await evalsha_calls()
+        rows = await table.read_due(r, T0, 1000)
+        scripts_run = await evalsha_calls() - before
+        assert {row.grain_id.canonical for row in rows} == in_range
+        assert scripts_run == 1, "read_due asked shards outside the range"
+        fetched = {f.decode().rpartition("|")[0] for f in hmget_fields}
+        assert fetched == in_range, "read_due fetched rows outside the range"
+        assert len(hmget_fields) == len(in_range)
+
+        # A wrapping range over the last and first shard touches exactly two.
+        hmget_fields.clear()
+        r = RingRange((64 << 26) - (1 << 20), 1 << 20)
+        in_range = {g.canonical for g in grains if g.uniform_hash() in r}
+        before = await evalsha_calls()
+        rows = await table.read_due(r, T0, 1000)
+        assert await evalsha_calls() - before == 2
+        assert {row.grain_id.canonical for row in rows} == in_range
+        assert {f.decode().rpartition("|")[0] for f in hmget_fields} == in_range
+
+        # A limit caps the rows fetched, not just the rows returned.
+        hmget_fields.clear()
+        rows = await table.read_due(RingRange.full(), T0, 25)
+        assert len(rows) == 25 and len(hmget_fields) == 25
+
+
+async def test_redis_client_passed_in_is_not_closed(redis_url: str) -> None:
+    client = connect(redis_url)
+    try:
+        async with AsyncExitStack() as stack:
+            table = RedisReminderTable(client, service_id="svc")
+            await table.start(stack)
+            await table.upsert(entry(GrainId("G", 1)))
+        assert await client.ping() is True
+        assert await client.hlen("orleanspy:svc:rem:meta") == 1
+    finally:
+        await client.aclose()
+
+
+async def test_redis_unavailable_then_recovers(own_redis: RedisServer) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(own_redis.url, service_id="svc", shards=8)
+        await table.start(stack)
+        gid = GrainId("G", "down")
+        await table.upsert(entry(gid))
+        own_redis.kill()
+        with pytest.raises(StorageUnavailableError):
+            await table.upsert(entry(gid))
+        with pytest.raises(StorageUnavailableError):
+            await table.read_due(RingRange.full(), T0, 10)
+        own_redis.start()
+        # SIGKILL lost the data; the table works again once the server is back.
+        etag = await table.upsert(entry(gid))
+        row = await table.read(gid, "r")
+        assert row is not None and row.etag == etag
+        assert await table.count() == 1
+
+
+async def test_redis_changes_survive_a_server_restart(own_redis: RedisServer) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(own_redis.url, service_id="svc", shards=8)
+        await table.start(stack)
+        feed = table.changes()
+        stack.push_async_callback(feed.aclose)
+        gid = GrainId("G", "feed")
+        before_restart = asyncio.ensure_future(anext(feed))
+        await _write_until_seen(table, gid, before_restart)
+
+        own_redis.kill()
+        own_redis.start()
+        after_restart = asyncio.ensure_future(anext(feed))
+        change = await _write_until_seen(table, GrainId("G", "after"), after_restart)
+        assert change.grain_id == GrainId("G", "after")
+
+
+async def _write_until_seen(
+    table: RedisReminderTable, gid: GrainId, pending: asyncio.Future[ReminderChange]
+) -> ReminderChange:
+    """Upsert ``gid`` until ``pending`` (an ``anext`` of a feed) yields, with a
+    deadline; writes may fail while the server comes back."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while not pending.done():
+        assert loop.time() < deadline, "no change arrived"
+        with suppress(StorageUnavailableError):
+            await table.upsert(entry(gid))
+        await asyncio.wait({pending}, timeout=0.1)
+    return pending.result()
+
+
+async def test_redis_changes_end_when_the_table_closes(redis_url: str) -> None:
+    stack = AsyncExitStack()
+    table = RedisReminderTable(redis_url, service_id="svc")
+    await table.start(stack)
+    feed = table.changes()
+    await table.upsert(entry(GrainId("G", 1)))
+    reader = asyncio.ensure_future(anext(feed))
+    await asyncio.sleep(0)
+    await stack.aclose()
+    async with asyncio.timeout(10):
+        with pytest.raises(StopAsyncIteration):
+            await reader
