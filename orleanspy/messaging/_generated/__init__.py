@@ -1,0 +1,1 @@
+"""Generated from protos/orleanspy/v1 by orleanspy.messaging.protogen; do not edit."""

@@ -1,0 +1,1042 @@
+"""The gRPC transport: silo-to-silo streams, the gateway for clients, pings.
+
+This is the only module that imports ``grpc`` and the generated protobuf code.
+
+Wire shape
+    Each silo opens one ``SiloService.Connect`` stream per peer, lazily on the
+    first send, and writes only its own messages on it; the peer answers over
+    its own outbound stream (a response is just a message addressed to the
+    request's ``sender_silo``). Every stream frame is a ``Batch`` of envelopes:
+    a per-peer writer task drains up to ``max_batch`` queued messages into one
+    frame per write, so a busy stream pays gRPC's per-frame cost once for many
+    messages, while a lone message still leaves at once (no delay is added).
+
+Handshake
+    The server answers a ``Connect`` call with initial metadata naming its own
+    address before the caller writes anything, so an unreachable peer or a
+    refused secret is known before any message is committed to the stream.
+
+Failures
+    Messages that were queued and not written when a stream fails (or when
+    ``disconnect`` is called) go to ``MessageSink.undeliverable`` with
+    ``SiloUnavailableError`` (``AuthenticationError`` when the peer refused the
+    cluster secret). There are no acknowledgements: a message written just
+    before a connection broke may be lost, and the caller's response timeout
+    covers it. The next send reconnects.
+
+Untrusted input
+    A frame that does not parse aborts that stream with ``INVALID_ARGUMENT``; an
+    envelope that parses but is invalid (bad grain id, unknown kind), whose body
+    exceeds ``max_message_size``, or which names another generation of this silo
+    as its target is answered with a ``REJECTED`` response (body: the reason in
+    UTF-8) when it is a request, and dropped with a log line otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+from google.protobuf.message import DecodeError
+
+from orleanspy.errors import (
+    AuthenticationError,
+    ClosedError,
+    MessageRejectedError,
+    SiloUnavailableError,
+)
+from orleanspy.identity import GrainId, GrainKey, SiloAddress
+from orleanspy.messaging._generated import messages_pb2 as pb
+from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
+from orleanspy.messaging.transport import MessageSink
+from orleanspy.options import MessagingOptions, TlsOptions
+
+__all__ = ["GrpcGatewayConnection", "GrpcTransport", "WireStats"]
+
+log = logging.getLogger(__name__)
+
+SECRET_HEADER = "x-orleanspy-secret"
+CLIENT_HEADER = "x-orleanspy-client"
+SILO_HEADER = "x-orleanspy-silo"
+
+_SILO_CONNECT = "/orleanspy.v1.SiloService/Connect"
+_SILO_PING = "/orleanspy.v1.SiloService/Ping"
+_GATEWAY_CONNECT = "/orleanspy.v1.GatewayService/Connect"
+
+# Room for envelope fields and frame overhead on top of the largest body allowed.
+_HEADROOM = 1 << 20
+# A rough per-envelope overhead for frame budgeting; exactness does not matter.
+_ENVELOPE_OVERHEAD = 160
+_CONNECT_TIMEOUT = 5.0
+_STOP_FLUSH_TIMEOUT = 2.0
+_SINT64_MIN = -(1 << 63)
+_SINT64_MAX = (1 << 63) - 1
+_MAX_CLIENT_ID = 256
+# grpc-stubs lacks the aio EOF sentinel.
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
+_Context = grpc.aio.ServicerContext[Any, Any]
+_KINDS = (MessageKind.REQUEST, MessageKind.RESPONSE, MessageKind.ONE_WAY)
+_STATUSES = (ResponseStatus.OK, ResponseStatus.ERROR, ResponseStatus.REJECTED)
+
+
+@dataclass(slots=True)
+class WireStats:
+    """Counters of one transport or gateway connection (for tests and benchmarks)."""
+
+    frames_sent: int = 0
+    messages_sent: int = 0
+    frames_received: int = 0
+    messages_received: int = 0
+
+
+class _Invalid(Exception):
+    """An envelope that parsed but cannot become a ``Message``."""
+
+
+# --------------------------------------------------------------------- codec
+
+
+class _Codec:
+    """Message <-> Batch frames. Caches silo address text both ways, since a
+    cluster has few silos and every envelope names one or two of them."""
+
+    __slots__ = ("_addr_text", "_text_addr")
+
+    def __init__(self) -> None:
+        self._addr_text: dict[SiloAddress, str] = {}
+        self._text_addr: dict[str, SiloAddress] = {}
+
+    def text(self, address: SiloAddress) -> str:
+        text = self._addr_text.get(address)
+        if text is None:
+            if len(self._addr_text) > 4096:
+                self._addr_text.clear()
+            text = self._addr_text[address] = str(address)
+        return text
+
+    def address(self, text: str) -> SiloAddress:
+        address = self._text_addr.get(text)
+        if address is None:
+            try:
+                address = SiloAddress.parse(text)
+            except ValueError as exc:
+                raise _Invalid(f"bad silo address {text[:100]!r}") from exc
+            # Bounded: a hostile peer could otherwise grow this without limit.
+            if len(self._text_addr) > 4096:
+                self._text_addr.clear()
+            self._text_addr[text] = address
+        return address
+
+    def encode(self, messages: Iterable[Message]) -> bytes:
+        batch = pb.Batch()
+        add = batch.messages.add
+        text = self.text
+        for m in messages:
+            env: Any = add()
+            env.id = m.id
+            if m.kind:
+                env.kind = m.kind
+            grain = m.target_grain
+            if grain is not None:
+                env.grain_type = grain.type_name
+                key = grain.key
+                if isinstance(key, str):
+                    env.s = key
+                elif isinstance(key, int):
+                    env.i = key
+                else:
+                    env.uuid = key.bytes
+            if m.method:
+                env.method = m.method
+            if m.sender_silo is not None:
+                env.sender_silo = text(m.sender_silo)
+            if m.sender_client:
+                env.sender_client = m.sender_client
+            if m.target_silo is not None:
+                env.target_silo = text(m.target_silo)
+            if m.correlation_id:
+                env.correlation_id = m.correlation_id
+            if m.expires_at_ms:
+                env.expires_at_ms = m.expires_at_ms
+            if m.forward_count:
+                env.forward_count = m.forward_count
+            if m.status:
+                env.status = m.status
+            if m.body:
+                env.body = m.body
+            if m.headers:
+                env.headers.update(m.headers)
+        data: bytes = batch.SerializeToString()
+        return data
+
+    @staticmethod
+    def decode(frame: bytes) -> Sequence[Any]:
+        """The envelopes of one frame; raises ``DecodeError`` on garbage."""
+        envelopes: Sequence[Any] = pb.Batch.FromString(frame).messages
+        return envelopes
+
+    def message(self, env: Any, max_body: int) -> Message:
+        """The ``Message`` of a parsed envelope; raises ``_Invalid`` with a reason."""
+        # Indexing the member tuples is much cheaper than calling the enum classes.
+        kind = env.kind
+        if not 0 <= kind < len(_KINDS):
+            raise _Invalid(f"unknown message kind {kind}")
+        status = env.status
+        if not 0 <= status < len(_STATUSES):
+            raise _Invalid(f"unknown response status {status}")
+        body = env.body
+        if len(body) > max_body:
+            raise _Invalid(f"message body of {len(body)} bytes exceeds max_message_size {max_body}")
+        grain = None
+        if env.grain_type:
+            which = env.WhichOneof("grain_key")
+            key: GrainKey
+            try:
+                if which == "s":
+                    key = env.s
+                elif which == "i":
+                    key = env.i
+                elif which == "uuid":
+                    key = uuid.UUID(bytes=env.uuid)
+                else:
+                    raise _Invalid("target grain without a key")
+                grain = GrainId(env.grain_type, key)
+            except (ValueError, TypeError) as exc:
+                raise _Invalid(f"bad target grain: {exc}") from exc
+        sender = env.sender_silo
+        target = env.target_silo
+        return Message(
+            id=env.id,
+            kind=_KINDS[kind],
+            target_grain=grain,
+            method=env.method,
+            body=body,
+            sender_silo=self.address(sender) if sender else None,
+            sender_client=env.sender_client or None,
+            target_silo=self.address(target) if target else None,
+            correlation_id=env.correlation_id,
+            expires_at_ms=env.expires_at_ms,
+            forward_count=env.forward_count,
+            status=_STATUSES[status],
+            headers=dict(env.headers) if env.headers else {},
+        )
+
+    def rejection(self, env: Any, reason: str) -> tuple[Message, SiloAddress | None] | None:
+        """A REJECTED response to an invalid request envelope and where it goes
+        (``None`` address: back down the connection it came on), or ``None`` when
+        the envelope is not a request and is to be dropped."""
+        if env.kind != MessageKind.REQUEST:
+            return None
+        try:
+            sender = self.address(env.sender_silo) if env.sender_silo else None
+        except _Invalid:
+            return None
+        response = Message(
+            id=next_message_id(),
+            kind=MessageKind.RESPONSE,
+            method=env.method[:200],
+            body=reason.encode(),
+            target_silo=sender,
+            sender_client=env.sender_client or None,
+            correlation_id=env.id,
+            status=ResponseStatus.REJECTED,
+        )
+        return response, sender
+
+
+def _unencodable(message: Message) -> str | None:
+    """Why ``message`` cannot go on the wire, or ``None``."""
+    grain = message.target_grain
+    if grain is not None and type(grain.key) is int and not _SINT64_MIN <= grain.key <= _SINT64_MAX:
+        return "int grain keys must fit in 64 bits to travel"
+    return None
+
+
+def _frame_cost(message: Message) -> int:
+    return len(message.body) + len(message.method) + _ENVELOPE_OVERHEAD
+
+
+# -------------------------------------------------------------- frame writer
+
+
+class _Outbox:
+    """A FIFO of messages drained into ``Batch`` frames by one writer task.
+
+    ``pump`` writes until cancelled or a write fails; what was taken for a failed
+    write stays in ``in_flight`` so the owner can hand it back.
+    """
+
+    __slots__ = (
+        "_budget",
+        "_codec",
+        "_max_batch",
+        "_wakeup",
+        "idle",
+        "in_flight",
+        "queue",
+        "stats",
+    )
+
+    def __init__(self, codec: _Codec, options: MessagingOptions, stats: WireStats) -> None:
+        self.queue: deque[Message] = deque()
+        self.in_flight: list[Message] = []
+        self._wakeup = asyncio.Event()
+        # Set while everything pushed has been written; lets a stop flush first.
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._codec = codec
+        self._max_batch = options.max_batch
+        self._budget = options.max_message_size
+        self.stats = stats
+
+    def push(self, message: Message) -> None:
+        self.queue.append(message)
+        self.idle.clear()
+        self._wakeup.set()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    def take_all(self) -> list[Message]:
+        """Everything not yet written (in flight first, then queued), emptied."""
+        taken = self.in_flight + list(self.queue)
+        self.in_flight = []
+        self.queue.clear()
+        self.idle.set()
+        return taken
+
+    async def pump(
+        self, write: Callable[[bytes], Awaitable[None]], broken: Callable[[], bool]
+    ) -> None:
+        queue = self.queue
+        stats = self.stats
+        while not broken():
+            if not queue:
+                self.idle.set()
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = self.in_flight
+            cost = 0
+            # Budget the frame so the receiver's size limit is not hit by many
+            # medium messages together; one message always goes, however large.
+            while queue and len(batch) < self._max_batch:
+                cost += _frame_cost(queue[0])
+                if batch and cost > self._budget:
+                    break
+                batch.append(queue.popleft())
+            frame = self._codec.encode(batch)
+            await write(frame)
+            stats.frames_sent += 1
+            stats.messages_sent += len(batch)
+            self.in_flight = []
+
+
+# ------------------------------------------------------------ grpc plumbing
+
+
+def _read_pem(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel_options(options: MessagingOptions) -> list[tuple[str, Any]]:
+    result: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", options.max_message_size + _HEADROOM),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_timeout_ms", 10_000),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # A restarted peer should be reachable again in well under a probe interval.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+        ("grpc.enable_retries", 0),
+        # Each peer gets its own TCP connection rather than sharing a subchannel.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    if options.tls is not None and options.tls.server_name:
+        result.append(("grpc.ssl_target_name_override", options.tls.server_name))
+    return result
+
+
+def _server_options(options: MessagingOptions) -> list[tuple[str, Any]]:
+    return [
+        ("grpc.max_receive_message_length", options.max_message_size + _HEADROOM),
+        ("grpc.max_send_message_length", -1),
+        ("grpc.so_reuseport", 0),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 0),
+    ]
+
+
+def _open_channel(endpoint: str, options: MessagingOptions) -> grpc.aio.Channel:
+    tls = options.tls
+    if tls is None:
+        return grpc.aio.insecure_channel(endpoint, options=_channel_options(options))
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(tls.ca_file),
+        private_key=_read_pem(tls.key_file),
+        certificate_chain=_read_pem(tls.cert_file),
+    )
+    return grpc.aio.secure_channel(endpoint, credentials, options=_channel_options(options))
+
+
+def _bind(server: grpc.aio.Server, host: str, port: int, tls: TlsOptions | None) -> int:
+    endpoint = SiloAddress(host, port).endpoint
+    if tls is None:
+        bound = server.add_insecure_port(endpoint)
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(_read_pem(tls.key_file), _read_pem(tls.cert_file))],
+            root_certificates=_read_pem(tls.ca_file),
+            require_client_auth=True,
+        )
+        bound = server.add_secure_port(endpoint, credentials)
+    if not bound:
+        raise OSError(f"cannot listen on {endpoint}")
+    return bound
+
+
+def _metadata(options: MessagingOptions, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    if options.cluster_secret is None:
+        return extra
+    return ((SECRET_HEADER, options.cluster_secret), *extra)
+
+
+def _stream_call(channel: grpc.aio.Channel, path: str, metadata: Any) -> Any:
+    """A raw-bytes bidi call, written with ``call.write`` (no request iterator)."""
+    return channel.stream_stream(path, None, None)(None, metadata=metadata)
+
+
+def _authorized(options: MessagingOptions, context: _Context) -> bool:
+    secret = options.cluster_secret
+    if secret is None:
+        return True
+    for key, value in context.invocation_metadata() or ():
+        if key == SECRET_HEADER:
+            presented = value.encode() if isinstance(value, str) else bytes(value)
+            return hmac.compare_digest(presented, secret.encode())
+    return False
+
+
+def _header(metadata: Any, key: str) -> str | None:
+    for k, v in metadata or ():
+        if k == key:
+            return v if isinstance(v, str) else bytes(v).decode(errors="replace")
+    return None
+
+
+async def _handshake(call: Any, what: str) -> str:
+    """Wait for the server's initial metadata; return the silo it names.
+
+    Raises ``AuthenticationError`` when the server refused the secret and
+    ``SiloUnavailableError`` for anything else that ended the call first.
+    """
+    try:
+        async with asyncio.timeout(_CONNECT_TIMEOUT):
+            metadata = await call.initial_metadata()
+            silo = _header(metadata, SILO_HEADER)
+            if silo is not None:
+                return silo
+            code = await call.code()
+            details = await call.details()
+    except grpc.aio.AioRpcError as exc:
+        code, details = exc.code(), exc.details()
+    except TimeoutError:
+        call.cancel()
+        raise SiloUnavailableError(f"{what}: no answer within {_CONNECT_TIMEOUT} s") from None
+    raise _call_error(what, code, details)
+
+
+def _call_error(what: str, code: grpc.StatusCode | None, details: str | None) -> Exception:
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthenticationError(f"{what}: refused, wrong or missing cluster secret")
+    name = code.name if code is not None else "UNKNOWN"
+    return SiloUnavailableError(f"{what}: {name} {details or ''}".rstrip())
+
+
+def _error_of(exc: BaseException, what: str) -> Exception:
+    if isinstance(exc, AuthenticationError | SiloUnavailableError):
+        return exc
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return _call_error(what, exc.code(), exc.details())
+    return SiloUnavailableError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+# ------------------------------------------------------------ silo outbound
+
+
+class _PeerLink:
+    """This silo's outbound stream to one peer: connect, write frames, watch.
+
+    The link lives from the first send until the stream fails or the peer is
+    disconnected; then it hands back what it did not write and is forgotten,
+    so the next send builds a fresh link (and a fresh channel).
+    """
+
+    def __init__(self, transport: GrpcTransport, target: SiloAddress) -> None:
+        self.target = target
+        self._transport = transport
+        self.outbox = _Outbox(transport._codec, transport._options, transport.stats)
+        self._broken: Exception | None = None
+        self.closed = False
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"orleanspy-grpc-peer-{target}"
+        )
+
+    def fail(self, error: Exception) -> None:
+        """Stop the link and hand everything unwritten to the sink with ``error``."""
+        if self.closed:
+            return
+        self.closed = True
+        self._transport._forget(self)
+        self.task.cancel()
+        undelivered = self.outbox.take_all()
+        if undelivered:
+            log.info(
+                "peer link failed peer=%s dropped=%d error=%s", self.target, len(undelivered), error
+            )
+        sink = self._transport._sink
+        assert sink is not None
+        for message in undelivered:
+            sink.undeliverable(message, error)
+
+    async def _run(self) -> None:
+        what = f"silo {self.target}"
+        transport = self._transport
+        channel = _open_channel(self.target.endpoint, transport._options)
+        try:
+            call = _stream_call(channel, _SILO_CONNECT, _metadata(transport._options))
+            await _handshake(call, what)
+            watcher = asyncio.create_task(self._watch(call, what))
+            try:
+                await self.outbox.pump(call.write, lambda: self._broken is not None)
+            finally:
+                watcher.cancel()
+            error: Exception = self._broken or SiloUnavailableError(f"{what}: stream ended")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # A failed write says little; the watcher usually knows the status.
+            error = self._broken or _error_of(exc, what)
+        finally:
+            # Closing the channel is awaited even when the link is cancelled,
+            # shielded, so that no channel outlives the transport.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(channel.close(None))
+        self.fail(error)
+
+    async def _watch(self, call: Any, what: str) -> None:
+        # The server never writes on a silo stream, so read() returns only when
+        # the stream ends; that is how an idle link learns its peer is gone.
+        try:
+            await call.read()
+            self._broken = _call_error(what, await call.code(), await call.details())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._broken = _error_of(exc, what)
+        self.outbox.wake()
+
+
+# --------------------------------------------------------- gateway inbound
+
+
+class _ClientLink:
+    """The gateway's downstream half of one client's stream."""
+
+    def __init__(self, transport: GrpcTransport, client_id: str, context: Any) -> None:
+        self.client_id = client_id
+        self.outbox = _Outbox(transport._codec, transport._options, transport.stats)
+        self._context = context
+        self.task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"orleanspy-grpc-client-{client_id}"
+        )
+
+    async def _run(self) -> None:
+        try:
+            await self.outbox.pump(self._context.write, lambda: False)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("gateway client write failed client=%s error=%r", self.client_id, exc)
+            self.outbox.take_all()
+
+
+# ---------------------------------------------------------------- transport
+
+
+class GrpcTransport:
+    """``Transport`` over gRPC (see the module docstring for the wire shape).
+
+    ``port`` / ``gateway_port`` of ``0`` pick free ports; ``gateway_port=None``
+    runs no gateway. ``address`` is ``(advertised_host or host, bound port,
+    generation)``, the generation defaulting to the construction time in ms.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        gateway_port: int | None,
+        options: MessagingOptions,
+        generation: int | None = None,
+        advertised_host: str | None = None,
+    ) -> None:
+        self._host = host
+        self._port = port
+        self._gateway_port_request = gateway_port
+        self._options = options
+        self._generation = generation if generation is not None else time.time_ns() // 1_000_000
+        self._advertised_host = advertised_host or host
+        self._address: SiloAddress | None = None
+        self._gateway_port: int | None = None
+        self._codec = _Codec()
+        self._sink: MessageSink | None = None
+        self._links: dict[SiloAddress, _PeerLink] = {}
+        self._clients: dict[str, _ClientLink] = {}
+        self._channels: dict[SiloAddress, grpc.aio.Channel] = {}
+        self._stopped = False
+        self.stats = WireStats()
+
+    # -- Transport properties
+
+    @property
+    def address(self) -> SiloAddress:
+        if self._address is None:
+            raise RuntimeError("GrpcTransport.address is known once start() returned")
+        return self._address
+
+    @property
+    def gateway_port(self) -> int | None:
+        return self._gateway_port
+
+    # -- lifecycle
+
+    async def start(self, stack: AsyncExitStack, sink: MessageSink) -> None:
+        """Bind and serve; push shutdown (stop links, stop servers) onto ``stack``."""
+        if self._sink is not None:
+            raise RuntimeError("GrpcTransport.start() may be called once")
+        self._sink = sink
+        options = self._options
+        silo_server = grpc.aio.server(options=_server_options(options))
+        silo_server.add_generic_rpc_handlers(
+            (
+                grpc.method_handlers_generic_handler(
+                    "orleanspy.v1.SiloService",
+                    {
+                        "Connect": grpc.stream_stream_rpc_method_handler(self._serve_silo),
+                        "Ping": grpc.unary_unary_rpc_method_handler(self._serve_ping),
+                    },
+                ),
+            )
+        )
+        port = _bind(silo_server, self._host, self._port, options.tls)
+        self._address = SiloAddress(self._advertised_host, port, self._generation)
+        servers = [silo_server]
+        if self._gateway_port_request is not None:
+            # A separate server, so a client can never reach the silo service.
+            gateway = grpc.aio.server(options=_server_options(options))
+            gateway.add_generic_rpc_handlers(
+                (
+                    grpc.method_handlers_generic_handler(
+                        "orleanspy.v1.GatewayService",
+                        {"Connect": grpc.stream_stream_rpc_method_handler(self._serve_client)},
+                    ),
+                )
+            )
+            self._gateway_port = _bind(gateway, self._host, self._gateway_port_request, options.tls)
+            servers.append(gateway)
+        for server in servers:
+            await server.start()
+            # No grace: inbound streams never end by themselves (peers keep them
+            # open), and every frame read has already been delivered.
+            stack.push_async_callback(server.stop, None)
+        stack.push_async_callback(self._close_links)
+        log.info(
+            "grpc transport listening silo=%s gateway_port=%s", self._address, self._gateway_port
+        )
+
+    async def _close_links(self) -> None:
+        # Flush what is queued (responses above all), bounded, before cutting links.
+        outboxes = [link.outbox for link in self._links.values()]
+        outboxes += [client.outbox for client in self._clients.values()]
+        pending = [box.idle.wait() for box in outboxes if not box.idle.is_set()]
+        if pending:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_STOP_FLUSH_TIMEOUT):
+                    await asyncio.gather(*pending)
+        self._stopped = True
+        links = list(self._links.values())
+        stopped = SiloUnavailableError("transport stopped")
+        for link in links:
+            link.fail(stopped)
+        for client in list(self._clients.values()):
+            client.task.cancel()
+        tasks = [link.task for link in links] + [c.task for c in self._clients.values()]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        channels = list(self._channels.values())
+        self._channels.clear()
+        for channel in channels:
+            await channel.close(None)
+
+    # -- sending
+
+    def send(self, target: SiloAddress, message: Message) -> None:
+        """Queue ``message`` for ``target``; open the link on first use.
+
+        Never raises and never calls the sink re-entrantly: a message that cannot
+        be queued (transport stopped, unencodable, body over ``max_message_size``)
+        is handed to ``undeliverable`` on the next loop iteration.
+        """
+        sink = self._sink
+        if sink is None or self._stopped:
+            self._later(message, SiloUnavailableError("transport not running"))
+            return
+        if len(message.body) > self._options.max_message_size:
+            self._later(
+                message,
+                MessageRejectedError(
+                    f"message body of {len(message.body)} bytes exceeds max_message_size "
+                    f"{self._options.max_message_size}"
+                ),
+            )
+            return
+        reason = _unencodable(message)
+        if reason is not None:
+            self._later(message, MessageRejectedError(reason))
+            return
+        link = self._links.get(target)
+        if link is None:
+            link = self._links[target] = _PeerLink(self, target)
+        link.outbox.push(message)
+
+    def send_to_client(self, client_id: str, message: Message) -> None:
+        """Queue ``message`` down a gateway client's stream; an unknown or
+        disconnected client means the message is dropped (debug log)."""
+        client = self._clients.get(client_id)
+        if client is None or _unencodable(message) is not None:
+            log.debug("dropping message for absent client client=%s id=%d", client_id, message.id)
+            return
+        client.outbox.push(message)
+
+    def disconnect(self, target: SiloAddress) -> None:
+        """Drop the link to ``target``; its unwritten messages become undeliverable."""
+        link = self._links.get(target)
+        if link is not None:
+            link.fail(SiloUnavailableError(f"silo {target}: disconnected"))
+        channel = self._channels.pop(target, None)
+        if channel is not None:
+            task = asyncio.get_running_loop().create_task(channel.close(None))
+            task.add_done_callback(_ignore_result)
+
+    def _later(self, message: Message, error: Exception) -> None:
+        sink = self._sink
+        if sink is not None:
+            asyncio.get_running_loop().call_soon(sink.undeliverable, message, error)
+
+    def _forget(self, link: _PeerLink) -> None:
+        if self._links.get(link.target) is link:
+            del self._links[link.target]
+
+    # -- ping
+
+    async def ping(self, target: SiloAddress, timeout: float) -> bool:
+        """``True`` if ``target`` (that very generation) answered within ``timeout``."""
+        if self._stopped:
+            return False
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = _open_channel(target.endpoint, self._options)
+        request = pb.PingRequest()
+        # "from" is a Python keyword, so the field is reached by name.
+        setattr(request, "from", self._codec.text(self.address))
+        try:
+            reply_bytes: bytes = await channel.unary_unary(_SILO_PING, None, None)(
+                request.SerializeToString(), timeout=timeout, metadata=_metadata(self._options)
+            )
+            reply = pb.PingReply.FromString(reply_bytes)
+            return SiloAddress.parse(reply.silo).generation == target.generation
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("ping failed target=%s error=%r", target, exc)
+            return False
+
+    # -- serving
+
+    async def _serve_ping(self, request: bytes, context: _Context) -> bytes:
+        if not _authorized(self._options, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster secret required")
+        try:
+            pb.PingRequest.FromString(request)
+        except DecodeError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed PingRequest")
+        data: bytes = pb.PingReply(silo=self._codec.text(self.address)).SerializeToString()
+        return data
+
+    async def _serve_silo(self, _requests: Any, context: _Context) -> None:
+        if not _authorized(self._options, context):
+            log.warning("refused silo stream without the cluster secret peer=%s", context.peer())
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster secret required")
+        await context.send_initial_metadata(((SILO_HEADER, self._codec.text(self.address)),))
+        while True:
+            frame = await context.read()
+            if frame is _EOF:
+                return
+            if not self._receive_frame(frame, None):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
+
+    async def _serve_client(self, _requests: Any, context: _Context) -> None:
+        if not _authorized(self._options, context):
+            log.warning("refused gateway client without the cluster secret peer=%s", context.peer())
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster secret required")
+        client_id = _header(context.invocation_metadata(), CLIENT_HEADER)
+        if not client_id or len(client_id) > _MAX_CLIENT_ID:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{CLIENT_HEADER} header required"
+            )
+        assert client_id is not None
+        await context.send_initial_metadata(((SILO_HEADER, self._codec.text(self.address)),))
+        link = _ClientLink(self, client_id, context)
+        previous = self._clients.get(client_id)
+        if previous is not None:
+            # The same client reconnected; the newer stream wins.
+            previous.task.cancel()
+        self._clients[client_id] = link
+        log.debug("gateway client connected client=%s", client_id)
+        try:
+            while True:
+                frame = await context.read()
+                if frame is _EOF:
+                    return
+                if not self._receive_frame(frame, client_id):
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
+        finally:
+            if self._clients.get(client_id) is link:
+                del self._clients[client_id]
+            link.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await link.task
+            log.debug("gateway client disconnected client=%s", client_id)
+
+    def _receive_frame(self, frame: bytes, client_id: str | None) -> bool:
+        """Deliver one frame's messages; ``False`` if the frame does not parse.
+
+        ``client_id`` is set for gateway streams: the gateway stamps the client
+        and itself as the sender, whatever the client wrote.
+        """
+        try:
+            envelopes = _Codec.decode(frame)
+        except DecodeError:
+            log.warning("malformed frame bytes=%d client=%s", len(frame), client_id)
+            return False
+        sink = self._sink
+        assert sink is not None
+        codec = self._codec
+        me = self.address
+        generation = me.generation
+        max_body = self._options.max_message_size
+        self.stats.frames_received += 1
+        self.stats.messages_received += len(envelopes)
+        for env in envelopes:
+            try:
+                message = codec.message(env, max_body)
+                target = message.target_silo
+                if target is not None and target.generation != generation:
+                    raise _Invalid(f"message for {target}, this is {me}")
+            except _Invalid as exc:
+                self._reject(env, str(exc), client_id)
+                continue
+            if client_id is not None:
+                message.sender_client = client_id
+                message.sender_silo = me
+            try:
+                sink.receive(message)
+            except Exception:
+                # The dispatcher's bug must not take the stream (and the peer's
+                # other messages) down with it.
+                log.exception("sink.receive raised id=%d", message.id)
+        return True
+
+    def _reject(self, env: Any, reason: str, client_id: str | None) -> None:
+        rejection = self._codec.rejection(env, reason)
+        log.info("rejected message id=%d client=%s reason=%s", env.id, client_id, reason)
+        if rejection is None:
+            return
+        response, sender = rejection
+        if client_id is not None:
+            response.sender_client = client_id
+            self.send_to_client(client_id, response)
+        elif sender is not None:
+            self.send(sender, response)
+
+
+def _ignore_result(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+# ------------------------------------------------------------ client side
+
+
+class GrpcGatewayConnection:
+    """A cluster client's stream to one gateway.
+
+    ``connect`` opens it (``AuthenticationError`` if the gateway refuses the
+    secret, ``SiloUnavailableError`` if it cannot be reached). ``send`` queues a
+    message, batched as between silos. Every message arriving is passed to
+    ``on_message``; when the stream ends ``on_closed`` is called once, with the
+    error or ``None`` for a local ``aclose``. Messages still queued then are
+    dropped: the client fails its pending calls on ``on_closed``. A closed
+    connection does not reopen.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        client_id: str,
+        options: MessagingOptions,
+        on_message: Callable[[Message], None],
+        on_closed: Callable[[Exception | None], None],
+    ) -> None:
+        self._endpoint = endpoint
+        self._client_id = client_id
+        self._options = options
+        self._on_message = on_message
+        self._on_closed = on_closed
+        self._codec = _Codec()
+        self.stats = WireStats()
+        self._outbox = _Outbox(self._codec, options, self.stats)
+        self._channel: grpc.aio.Channel | None = None
+        self._call: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+        self.gateway: SiloAddress | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aenter__(self) -> GrpcGatewayConnection:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def connect(self) -> None:
+        """Open the stream and wait for the gateway to accept it."""
+        if self._closed or self._channel is not None:
+            raise ClosedError("a GrpcGatewayConnection connects once")
+        what = f"gateway {self._endpoint}"
+        self._channel = _open_channel(self._endpoint, self._options)
+        self._call = _stream_call(
+            self._channel,
+            _GATEWAY_CONNECT,
+            _metadata(self._options, (CLIENT_HEADER, self._client_id)),
+        )
+        try:
+            silo = await _handshake(self._call, what)
+        except BaseException:
+            self._closed = True
+            await self._channel.close(None)
+            raise
+        with contextlib.suppress(ValueError):
+            self.gateway = SiloAddress.parse(silo)
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._write(what), name="orleanspy-gateway-writer"),
+            loop.create_task(self._read(what), name="orleanspy-gateway-reader"),
+        ]
+
+    def send(self, message: Message) -> None:
+        """Queue ``message`` for the gateway; ``ClosedError`` once closed."""
+        if self._closed:
+            raise ClosedError("gateway connection is closed")
+        if len(message.body) > self._options.max_message_size:
+            raise MessageRejectedError(
+                f"message body of {len(message.body)} bytes exceeds max_message_size"
+            )
+        reason = _unencodable(message)
+        if reason is not None:
+            raise MessageRejectedError(reason)
+        self._outbox.push(message)
+
+    async def aclose(self) -> None:
+        """Close the stream and the channel; ``on_closed(None)`` if still open."""
+        self._finish(None)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._call is not None:
+            self._call.cancel()
+        if self._channel is not None:
+            await self._channel.close(None)
+
+    def _finish(self, error: Exception | None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._outbox.take_all()
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+        try:
+            self._on_closed(error)
+        except Exception:
+            log.exception("on_closed raised")
+
+    async def _write(self, what: str) -> None:
+        try:
+            await self._outbox.pump(self._call.write, lambda: self._closed)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._finish(_error_of(exc, what))
+
+    async def _read(self, what: str) -> None:
+        call = self._call
+        codec = self._codec
+        max_body = self._options.max_message_size
+        try:
+            while True:
+                frame = await call.read()
+                if frame is _EOF:
+                    self._finish(_call_error(what, await call.code(), await call.details()))
+                    return
+                envelopes = _Codec.decode(frame)
+                self.stats.frames_received += 1
+                self.stats.messages_received += len(envelopes)
+                for env in envelopes:
+                    try:
+                        message = codec.message(env, max_body)
+                    except _Invalid as exc:
+                        log.warning("dropping invalid message from gateway reason=%s", exc)
+                        continue
+                    try:
+                        self._on_message(message)
+                    except Exception:
+                        log.exception("on_message raised id=%d", message.id)
+        except asyncio.CancelledError:
+            raise
+        except DecodeError:
+            self._finish(SiloUnavailableError(f"{what}: malformed frame from gateway"))
+        except Exception as exc:
+            self._finish(_error_of(exc, what))
