@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
 import time
 import uuid
 from collections import deque
@@ -45,6 +46,10 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
+
+# gRPC core logs connection teardown ("Got goaway") at INFO on stderr; only
+# errors belong there. An explicit setting in the environment still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import grpc
 import grpc.aio
