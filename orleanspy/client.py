@@ -89,11 +89,14 @@ class ClusterClient:
         self._refresh_now = asyncio.Event()
         self._refresh_lock = asyncio.Lock()
         self._timeout = self._options.response_timeout.total_seconds()
+        self._last_connect_error: Exception | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect to the gateways; ``SiloUnavailableError`` if none can be reached."""
+        """Connect to the gateways; ``SiloUnavailableError`` if none can be reached,
+        chained (``__cause__``) to the last connection error, e.g. the
+        ``AuthenticationError`` of a refused cluster secret."""
         if self._state is not _State.CREATED:
             raise ClosedError("a ClusterClient starts once")
         self._state = _State.OPEN
@@ -110,7 +113,11 @@ class ClusterClient:
             self._stack.push_async_callback(self._close_connections)
             await self._refresh()
             if not self._connections:
-                raise SiloUnavailableError("no gateway of the cluster could be reached")
+                # Chain why the last gateway failed: a refused cluster secret
+                # (AuthenticationError) must not read as a mere outage.
+                raise SiloUnavailableError(
+                    "no gateway of the cluster could be reached"
+                ) from self._last_connect_error
             task = asyncio.get_running_loop().create_task(self._refresher())
             self._stack.push_async_callback(_cancel, task)
         except BaseException:
@@ -243,6 +250,7 @@ class ClusterClient:
                     await conn.connect()
                 except Exception as exc:
                     log.info("gateway unreachable endpoint=%s error=%r", endpoint, exc)
+                    self._last_connect_error = exc
                     return
                 self._connections[endpoint] = conn
 

@@ -1,0 +1,55 @@
+"""One cluster silo as an OS process, for the multi-process tests.
+
+Run: ``python tests/cluster/silo_process.py --redis-url URL --name NAME``.
+Prints ``READY <silo address> <gateway port>`` once the silo is Active, then
+serves until SIGTERM or SIGINT (graceful stop) or SIGKILL (a crash).
+Failure detection uses the short ``FAST_MEMBERSHIP`` options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+
+from orleanspy import Grain, Silo, SiloOptions, run
+from orleanspy.testing.cluster import FAST_MEMBERSHIP
+
+
+class ProcWhereGrain(Grain):
+    """Says which silo and which OS process it runs in."""
+
+    async def on_activate(self) -> None:
+        self.calls = 0
+
+    async def where(self) -> str:
+        return str(self._activation.runtime.address)
+
+    async def hit(self) -> tuple[str, int, int]:
+        self.calls += 1
+        return str(self._activation.runtime.address), os.getpid(), self.calls
+
+
+async def main(redis_url: str, name: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    options = SiloOptions(
+        redis_url=redis_url, name=name, gateway_port=0, membership=FAST_MEMBERSHIP
+    )
+    async with Silo(options) as silo:
+        assert silo.membership is not None
+        row = silo.membership.snapshot.get(silo.address)
+        assert row is not None
+        print(f"READY {silo.address} {row.gateway_port}", flush=True)
+        await stop.wait()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--name", required=True)
+    args = parser.parse_args()
+    run(main(args.redis_url, args.name))

@@ -1,0 +1,261 @@
+"""The cluster end to end in one process: real Redis, real gRPC on loopback.
+
+Three silos join through the Redis membership table; a ``ClusterClient`` calls
+grains through their gateways. Failure detection runs with short options
+(``FAST_MEMBERSHIP``) so a crash is found in about two seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from contextlib import AsyncExitStack
+
+import grpc
+import grpc.aio
+import pytest
+
+from orleanspy import ClusterClient, Grain
+from orleanspy.errors import (
+    AuthenticationError,
+    GrainMethodNotFoundError,
+    SiloUnavailableError,
+    UnknownGrainTypeError,
+)
+from orleanspy.identity import GrainId
+from orleanspy.membership.redis import RedisMembershipTable
+from orleanspy.membership.table import SiloStatus
+from orleanspy.options import MembershipOptions, MessagingOptions, SiloOptions
+from orleanspy.runtime.silo import SiloState
+from orleanspy.testing.cluster import FAST_MEMBERSHIP, InProcessCluster
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class ClusterWhereGrain(Grain):
+    """Says where it runs and which activation answered."""
+
+    async def on_activate(self) -> None:
+        self.activation = uuid.uuid4().hex
+        self.calls = 0
+
+    async def where(self) -> str:
+        return str(self._activation.runtime.address)
+
+    async def hit(self) -> tuple[str, str, int]:
+        self.calls += 1
+        return str(self._activation.runtime.address), self.activation, self.calls
+
+
+def detection_bound(m: MembershipOptions) -> float:
+    """A generous upper bound on crash-to-Dead for ``m``: enough missed probes
+    to suspect, a vote round from each peer, table reads to see the result,
+    all tripled for a loaded test machine."""
+    probe_round = (m.probe_interval + m.probe_timeout).total_seconds()
+    suspect = (m.num_missed_probes_limit + 1) * probe_round
+    return 3 * (suspect + 2 * m.table_refresh_interval.total_seconds())
+
+
+async def hits(client: ClusterClient, keys: range) -> list[tuple[str, str, int]]:
+    return list(await asyncio.gather(*(client.get_grain(ClusterWhereGrain, k).hit() for k in keys)))
+
+
+async def test_calls_from_a_client_reach_grains_on_all_three_silos(redis_url: str) -> None:
+    async with InProcessCluster(redis_url, size=3, membership=FAST_MEMBERSHIP) as cluster:
+        addresses = {str(s.address) for s in cluster.silos}
+        assert all(len(s.membership.active_silos()) == 3 for s in cluster.silos)  # type: ignore[union-attr]
+        client = await cluster.client()
+        assert len(client.gateways) == 3
+
+        where = [h[0] for h in await hits(client, range(60))]
+
+        # Random placement over 3 silos: all 60 on two silos has odds ~1e-10.
+        assert set(where) == addresses
+        assert sum(s.activation_count for s in cluster.silos) >= 60
+
+
+async def test_one_activation_cluster_wide_whatever_the_gateway(redis_url: str) -> None:
+    async with InProcessCluster(redis_url, size=3, membership=FAST_MEMBERSHIP) as cluster:
+        client = await cluster.client()
+        # The client round-robins over its three gateways, so consecutive calls
+        # enter the cluster at different silos.
+        seen = [await client.get_grain(ClusterWhereGrain, "one").hit() for _ in range(6)]
+        # And from inside each silo, through its own locator.
+        for silo in cluster.silos:
+            seen.append(await silo.client.get_grain(ClusterWhereGrain, "one").hit())
+
+        assert len({(where, act) for where, act, _ in seen}) == 1
+        assert [calls for _, _, calls in seen] == list(range(1, 10))
+        hosting = [s for s in cluster.silos if s.activation_count]
+        assert len(hosting) == 1
+
+
+async def test_graceful_stop_hands_grains_on_and_writes_dead(redis_url: str) -> None:
+    async with InProcessCluster(redis_url, size=3, membership=FAST_MEMBERSHIP) as cluster:
+        client = await cluster.client()
+        before = await hits(client, range(30))
+        victim = cluster.index_of(Counter(h[0] for h in before).most_common(1)[0][0])
+        moved = [
+            k
+            for k, h in zip(range(30), before, strict=True)
+            if cluster.silos[victim].address.__str__() == h[0]
+        ]
+        assert moved
+
+        await cluster.stop(victim)
+
+        assert cluster.silos[victim].state is SiloState.STOPPED
+        after = await hits(client, range(30))
+        gone = str(cluster.silos[victim].address)
+        assert gone not in {h[0] for h in after}
+        for k in moved:
+            _where, activation, calls = after[k]
+            # A fresh activation elsewhere: new identity, call count restarted.
+            assert activation != before[k][1]
+            assert calls == 1
+        observer = cluster.running[0]
+        assert observer.membership is not None
+        snap = await observer.membership.refresh()
+        assert snap.status(cluster.silos[victim].address) is SiloStatus.DEAD
+
+
+async def test_killed_silo_is_declared_dead_within_the_bound_and_calls_reroute(
+    redis_url: str,
+) -> None:
+    async with InProcessCluster(redis_url, size=3, membership=FAST_MEMBERSHIP) as cluster:
+        client = await cluster.client()
+        before = await hits(client, range(30))
+        victim = cluster.index_of(Counter(h[0] for h in before).most_common(1)[0][0])
+        gone = str(cluster.silos[victim].address)
+
+        await cluster.kill(victim)
+        took = await cluster.wait_for(
+            lambda: cluster.everyone_sees_dead(victim),
+            timeout=detection_bound(FAST_MEMBERSHIP),
+            what="the survivors declare the killed silo Dead",
+        )
+
+        assert took < detection_bound(FAST_MEMBERSHIP)
+        # The Dead row was written by the survivors' votes, not by the victim.
+        assert not cluster.silos[victim].declared_dead
+        after = await hits(client, range(30))
+        assert gone not in {h[0] for h in after}
+        assert {h[0] for h in after} <= {str(s.address) for s in cluster.running}
+        moved = [k for k in range(30) if before[k][0] == gone]
+        assert moved and all(after[k][2] == 1 for k in moved)
+
+
+async def test_silo_declared_dead_while_running_stops_itself(redis_url: str) -> None:
+    async with InProcessCluster(redis_url, size=2, membership=FAST_MEMBERSHIP) as cluster:
+        victim = cluster.silos[1]
+        async with AsyncExitStack() as stack:
+            table = RedisMembershipTable(redis_url, cluster_id="dev", service_id="default")
+            await table.start(stack)
+            snap = await table.read_all()
+            row, etag = snap.get(victim.address), snap.etag(victim.address)
+            assert row is not None and etag is not None
+            assert await table.update_row(
+                row.with_status(SiloStatus.DEAD), etag, snap.version.next()
+            )
+
+        await cluster.wait_for(
+            lambda: victim.declared_dead and victim.state is SiloState.STOPPED,
+            timeout=10,
+            what="the silo reads itself Dead and stops",
+        )
+
+        assert victim.membership is not None and victim.membership.declared_dead
+        # The survivor still serves and places new grains on itself only.
+        survivor = cluster.silos[0]
+        await cluster.wait_for(
+            lambda: cluster.status_seen_by(survivor, 1) is SiloStatus.DEAD, timeout=5
+        )
+        where = await survivor.client.get_grain(ClusterWhereGrain, "after-death").where()
+        assert where == str(survivor.address)
+
+
+# -- security and bad input --------------------------------------------------------------
+
+SECRET = MessagingOptions(cluster_secret="s3cret")
+
+
+@pytest.mark.parametrize("presented", [None, "wrong"])
+async def test_client_without_the_cluster_secret_is_refused(
+    redis_url: str, presented: str | None
+) -> None:
+    async with InProcessCluster(redis_url, size=2, membership=FAST_MEMBERSHIP, messaging=SECRET):
+        client = ClusterClient(
+            redis_url=redis_url, options=MessagingOptions(cluster_secret=presented)
+        )
+        with pytest.raises(SiloUnavailableError) as caught:
+            await client.start()
+        # The refusal is the reason, chained, not lost.
+        assert isinstance(caught.value.__cause__, AuthenticationError)
+        with pytest.raises(Exception, match="not open"):
+            client.get_grain(ClusterWhereGrain, "x")
+
+
+async def test_client_with_the_cluster_secret_works(redis_url: str) -> None:
+    async with InProcessCluster(
+        redis_url, size=2, membership=FAST_MEMBERSHIP, messaging=SECRET
+    ) as cluster:
+        async with ClusterClient(redis_url=redis_url, options=SECRET) as client:
+            where = {await client.get_grain(ClusterWhereGrain, k).where() for k in range(20)}
+        # Silo-to-silo traffic carries the secret too: both silos host grains.
+        assert where == {str(s.address) for s in cluster.silos}
+
+
+async def test_garbage_frame_to_the_gateway_is_refused_and_the_silo_keeps_serving(
+    redis_url: str,
+) -> None:
+    async with InProcessCluster(
+        redis_url, size=1, membership=FAST_MEMBERSHIP, messaging=SECRET
+    ) as cluster:
+        silo = cluster.silos[0]
+        assert silo.membership is not None
+        row = silo.membership.snapshot.get(silo.address)
+        assert row is not None and row.gateway_port is not None
+        port = row.gateway_port
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.stream_stream("/orleanspy.v1.GatewayService/Connect")(
+                metadata=(("x-orleanspy-secret", "s3cret"), ("x-orleanspy-client", "raw"))
+            )
+            await call.write(b"\xff\xfe this is not a protobuf Batch \x00\x01")
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async with asyncio.timeout(5):
+                    await call.read()
+            assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+        assert silo.state is SiloState.RUNNING
+        client = await cluster.client()
+        assert await client.get_grain(ClusterWhereGrain, "still").where() == str(silo.address)
+
+
+async def test_unknown_grain_type_and_method_are_errors_and_the_silo_stays_up(
+    redis_url: str,
+) -> None:
+    async with InProcessCluster(redis_url, size=2, membership=FAST_MEMBERSHIP) as cluster:
+        client = await cluster.client()
+        # Straight through the invoker: the client-side proxy would refuse an
+        # unknown method before sending, and this proves the silo refuses it.
+        with pytest.raises(UnknownGrainTypeError):
+            await client.invoke(GrainId("NoSuchGrainType", "x"), "where", (), {})
+        with pytest.raises(GrainMethodNotFoundError):
+            await client.invoke(GrainId("ClusterWhereGrain", "x"), "no_such_method", (), {})
+        with pytest.raises(GrainMethodNotFoundError):
+            await client.invoke(GrainId("ClusterWhereGrain", "x"), "on_activate", (), {})
+
+        assert all(s.state is SiloState.RUNNING for s in cluster.silos)
+        assert await client.get_grain(ClusterWhereGrain, "x").hit() is not None
+
+
+async def test_in_process_cluster_add_joins_a_new_silo(redis_url: str) -> None:
+    options = SiloOptions(gateway_port=0, membership=FAST_MEMBERSHIP)
+    async with InProcessCluster(redis_url, size=1, options=options) as cluster:
+        added = await cluster.add()
+        assert len(cluster.running) == 2
+        assert all(cluster.status_seen_by(s, 1) is SiloStatus.ACTIVE for s in cluster.running)
+        assert added.address in cluster.silos[0].membership.active_silos()  # type: ignore[union-attr]
+        with pytest.raises(TimeoutError, match="never"):
+            await cluster.wait_for(lambda: False, timeout=0.1, what="never")

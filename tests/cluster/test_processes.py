@@ -1,0 +1,148 @@
+"""Silos as separate OS processes: one is SIGKILLed, the rest carry on.
+
+Each silo runs ``silo_process.py`` in its own interpreter; the test holds only
+a ``ClusterClient`` and a membership-table reader. Every child is terminated
+(then killed) in ``finally``, so none outlives the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from pathlib import Path
+
+import pytest
+
+from orleanspy import ClusterClient
+from orleanspy.identity import SiloAddress
+from orleanspy.membership.redis import RedisMembershipTable
+from orleanspy.membership.table import SiloStatus
+from orleanspy.testing.cluster import wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+SILO = Path(__file__).with_name("silo_process.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class SiloProcess:
+    def __init__(self, proc: subprocess.Popen[str], address: SiloAddress) -> None:
+        self.proc = proc
+        self.address = address
+
+
+def _start(redis_url: str, name: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SILO), "--redis-url", redis_url, "--name", name],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+def _ready(proc: subprocess.Popen[str], timeout: float = 20) -> SiloAddress:
+    """Read the child's READY line (blocking; the silos start in parallel)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if line.startswith("READY "):
+            return SiloAddress.parse(line.split()[1])
+        if time.monotonic() > deadline:
+            break
+    raise RuntimeError(f"silo process exited or never got ready (rc={proc.poll()})")
+
+
+@contextmanager
+def silo_processes(redis_url: str, count: int) -> Iterator[list[SiloProcess]]:
+    procs = [_start(redis_url, f"proc-{i}") for i in range(count)]
+    try:
+        yield [SiloProcess(p, _ready(p)) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+async def test_sigkilled_silo_process_is_declared_dead_and_calls_keep_working(
+    redis_url: str,
+) -> None:
+    with silo_processes(redis_url, 3) as silos:
+        async with AsyncExitStack() as stack:
+            table = RedisMembershipTable(redis_url, cluster_id="dev", service_id="default")
+            await table.start(stack)
+
+            async def all_active() -> bool:
+                return len((await table.read_all()).active_silos()) == 3
+
+            await wait_for(all_active, timeout=10, what="three Active silos")
+            client = await stack.enter_async_context(ClusterClient(redis_url=redis_url))
+            await wait_for(lambda: len(client.gateways) == 3, timeout=10)
+
+            async def hits() -> list[tuple[str, int, int]]:
+                calls = (client.get_grain("ProcWhereGrain", k).hit() for k in range(30))
+                return list(await asyncio.gather(*calls))
+
+            before = await hits()
+            by_pid = {pid for _, pid, _ in before}
+            assert by_pid == {s.proc.pid for s in silos}
+
+            victim = silos[0]
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(5)
+            killed_at = time.monotonic()
+
+            async def victim_dead() -> bool:
+                return (await table.read_all()).status(victim.address) is SiloStatus.DEAD
+
+            await wait_for(victim_dead, timeout=15, what="the killed silo Dead in the table")
+            detection = time.monotonic() - killed_at
+            assert detection < 15
+
+            # The client drops the dead gateway; a survivor whose send to the
+            # dead silo fails re-reads the table, finds it Dead and re-places.
+            await wait_for(lambda: len(client.gateways) == 2, timeout=5)
+            after = await hits()
+            assert {pid for _, pid, _ in after} == {s.proc.pid for s in silos[1:]}
+            moved = [k for k in range(30) if before[k][1] == victim.proc.pid]
+            assert moved
+            assert all(after[k][2] == 1 for k in moved)
+
+
+def test_cluster_demo_runs_and_spreads_calls_over_three_silos() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "samples.cluster_demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=40,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr
+    rounds = {}
+    for line in result.stdout.splitlines():
+        match = re.search(r"round (\d+): per-silo ((?:silo-\d+=\d+ ?)+)", line)
+        if match:
+            pairs = (p.split("=") for p in match.group(2).split())
+            rounds[int(match.group(1))] = {name: int(n) for name, n in pairs}
+    assert set(rounds) == {1, 2, 3}
+    assert len(rounds[1]) == 3 and all(n > 0 for n in rounds[1].values())
+    assert sum(rounds[1].values()) == 60
+    # After the graceful stop exactly one silo serves nothing and the rest serve all.
+    assert sorted(rounds[3].values())[0] == 0
+    assert sum(rounds[3].values()) == 60
+    assert "done" in result.stdout.splitlines()[-1]
