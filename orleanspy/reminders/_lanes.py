@@ -1,0 +1,134 @@
+"""Priority lanes and delivery permits.
+
+Due rows wait in three lanes — critical (priority >= 50), normal, background
+(priority <= -50). One dispatcher task takes from critical first, then normal,
+then background, and starts a delivery task for each row while fewer than
+``permits`` deliveries are in flight. Under overload critical rows keep their
+lateness low and background rows absorb the lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+
+from orleanspy.reminders._window import Row
+
+__all__ = ["BACKGROUND_AT_MOST", "CRITICAL_AT_LEAST", "Dispatcher", "Lanes"]
+
+log = logging.getLogger(__name__)
+
+CRITICAL_AT_LEAST = 50
+BACKGROUND_AT_MOST = -50
+
+
+class Lanes:
+    """Three FIFO lanes (one when priorities are disabled)."""
+
+    def __init__(self, enable_priority: bool = True) -> None:
+        self._enable = enable_priority
+        self._lanes: tuple[deque[Row], deque[Row], deque[Row]] = (deque(), deque(), deque())
+
+    def __len__(self) -> int:
+        return sum(len(lane) for lane in self._lanes)
+
+    def put(self, row: Row) -> None:
+        self._lanes[self._lane_of(row)].append(row)
+
+    def pop(self) -> Row | None:
+        """The oldest row of the highest non-empty lane."""
+        for lane in self._lanes:
+            if lane:
+                return lane.popleft()
+        return None
+
+    def remove(self, row: Row) -> bool:
+        lane = self._lanes[self._lane_of(row)]
+        try:
+            lane.remove(row)
+        except ValueError:
+            return False
+        return True
+
+    def retain(self, keep: Callable[[Row], bool]) -> int:
+        """Drop every waiting row for which ``keep`` is false; return how many."""
+        removed = 0
+        for lane in self._lanes:
+            kept = [row for row in lane if keep(row)]
+            removed += len(lane) - len(kept)
+            lane.clear()
+            lane.extend(kept)
+        return removed
+
+    def _lane_of(self, row: Row) -> int:
+        if not self._enable:
+            return 1
+        p = row.priority
+        if p >= CRITICAL_AT_LEAST:
+            return 0
+        if p <= BACKGROUND_AT_MOST:
+            return 2
+        return 1
+
+
+class Dispatcher:
+    """Runs ``deliver(row)`` for queued rows, at most ``permits`` at a time.
+
+    ``deliver`` must handle its own errors; anything escaping it is logged.
+    """
+
+    def __init__(
+        self,
+        permits: int,
+        deliver: Callable[[Row], Awaitable[None]],
+        *,
+        enable_priority: bool = True,
+    ) -> None:
+        self.lanes = Lanes(enable_priority)
+        self._permits = asyncio.Semaphore(permits)
+        self._deliver = deliver
+        self._ready = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def queued(self) -> int:
+        return len(self.lanes)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._tasks)
+
+    def put(self, rows: Iterable[Row]) -> None:
+        for row in rows:
+            self.lanes.put(row)
+        if self.lanes:
+            self._ready.set()
+
+    async def run(self) -> None:
+        """Dispatch until cancelled; then cancel and reap the deliveries in flight."""
+        try:
+            while True:
+                await self._permits.acquire()
+                row = self.lanes.pop()
+                while row is None:
+                    self._ready.clear()
+                    await self._ready.wait()
+                    row = self.lanes.pop()
+                task = asyncio.create_task(self._one(row))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _one(self, row: Row) -> None:
+        try:
+            await self._deliver(row)
+        except Exception:
+            log.exception("reminder delivery failed unexpectedly key=%s", row.key)
+        finally:
+            self._permits.release()

@@ -1,0 +1,52 @@
+"""Which ring ranges this silo owns, and what a change of them means."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orleanspy.identity import GrainId
+from orleanspy.ring import RingRange
+
+__all__ = ["Ownership"]
+
+
+class Ownership:
+    """The ranges a silo owns. Nothing is owned until the first ``update``."""
+
+    def __init__(self) -> None:
+        self._ranges: tuple[RingRange, ...] = ()
+
+    @property
+    def ranges(self) -> tuple[RingRange, ...]:
+        return self._ranges
+
+    def owns_hash(self, h: int) -> bool:
+        return any(h in r for r in self._ranges)
+
+    def owns(self, grain_id: GrainId) -> bool:
+        return self.owns_hash(grain_id.uniform_hash())
+
+    def update(self, ranges: Sequence[RingRange]) -> list[RingRange]:
+        """Replace the owned ranges; return those that must be loaded now.
+
+        A new range that lies inside one range owned before needs no load: its
+        rows were already eligible. Anything else is returned whole — a range
+        that only partly overlaps the old ones is re-read, which is harmless
+        because the window never loads a row it already holds.
+        """
+        old = self._ranges
+        self._ranges = tuple(dict.fromkeys(ranges))
+        return [r for r in self._ranges if not any(_inside(r, o) for o in old)]
+
+
+def _inside(inner: RingRange, outer: RingRange) -> bool:
+    """Whether every hash of ``inner`` lies in ``outer``."""
+    if outer.begin == outer.end:
+        return True
+    if inner.begin == inner.end:
+        return False
+    # Measure both ranges from outer.begin; inner fits when it starts and ends
+    # within outer's span without wrapping past outer.begin.
+    span = outer.size
+    start = (inner.begin - outer.begin) % (1 << 32)
+    return start < span and start + inner.size <= span

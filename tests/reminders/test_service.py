@@ -1,0 +1,608 @@
+"""The adaptive reminder service against the in-memory table and a manual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from orleanspy.clock import to_ms
+from orleanspy.errors import SiloUnavailableError, StorageUnavailableError
+from orleanspy.identity import GrainId
+from orleanspy.options import ReminderOptions
+from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.model import (
+    MissedReminder,
+    MissedReminderAction,
+    ReminderChange,
+    ReminderEntry,
+    ReminderPriority,
+    TickStatus,
+)
+from orleanspy.reminders.service import ReminderService
+from orleanspy.reminders.spec import new_entry
+from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.testing.clock import ManualClock
+
+START = datetime(2030, 1, 1, tzinfo=UTC)
+S = timedelta(seconds=1)
+OPTIONS = ReminderOptions(
+    look_ahead=timedelta(minutes=5),
+    poll_interval=timedelta(seconds=30),
+    base_bucket_size=64,
+    permits=4,
+    retry_initial=timedelta(milliseconds=100),
+    retry_max=timedelta(seconds=1),
+    adaptive=False,
+)
+
+
+class Recorder:
+    """A fake ``deliver``: records acknowledged ticks; can fail or block on demand."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[ReminderEntry, TickStatus]] = []
+        self.attempts = 0
+        self.failures: dict[str, list[BaseException]] = {}
+        self.gate: asyncio.Event | None = None
+        self.blocked = 0
+        self.on_call: Callable[[], None] | None = None
+
+    async def __call__(self, entry: ReminderEntry, status: TickStatus) -> None:
+        self.attempts += 1
+        if self.on_call is not None:
+            self.on_call()
+        queue = self.failures.get(entry.name)
+        if queue:
+            raise queue.pop(0)
+        if self.gate is not None:
+            self.blocked += 1
+            await self.gate.wait()
+        self.calls.append((entry, status))
+
+    def slots(self, name: str | None = None) -> list[datetime]:
+        return [s.current_tick_time for e, s in self.calls if name is None or e.name == name]
+
+    def keys(self) -> list[str]:
+        return [e.key for e, _ in self.calls]
+
+
+async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Poll ``pred`` on every loop turn until it holds (fails after ``timeout``)."""
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0)
+
+
+async def advance(clock: ManualClock, delta: float | timedelta) -> None:
+    """Let the service's tasks register their sleeps, then move the clock.
+
+    A sleep is registered with the clock only once the sleeping task runs; a
+    jump made before that would not see the deadline.
+    """
+    await clock.settle()
+    await clock.advance(delta)
+
+
+def entry(clock: ManualClock, key: int | str = 1, name: str = "r", **kw: Any) -> ReminderEntry:
+    kw.setdefault("period", 10)
+    return new_entry(
+        service_id="default",
+        grain_id=GrainId("G", key),
+        name=name,
+        now=kw.pop("now", clock.now()),
+        options=OPTIONS,
+        **kw,
+    )
+
+
+@asynccontextmanager
+async def running(
+    table: Any,
+    clock: ManualClock,
+    recorder: Recorder,
+    *,
+    options: ReminderOptions = OPTIONS,
+    ranges: tuple[RingRange, ...] = (RingRange.full(),),
+    **kw: Any,
+) -> AsyncIterator[ReminderService]:
+    async with AsyncExitStack() as stack:
+        service = ReminderService(table, deliver=recorder, clock=clock, options=options, **kw)
+        service.set_ranges(ranges)
+        await service.start(stack)
+        await service.refill_now()
+        yield service
+
+
+@pytest.fixture
+async def table() -> AsyncIterator[InMemoryReminderTable]:
+    async with AsyncExitStack() as stack:
+        t = InMemoryReminderTable()
+        await t.start(stack)
+        yield t
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+# -- schedules -------------------------------------------------------------------------
+
+
+async def test_interval_ticks_stay_on_the_grid(table, clock) -> None:
+    await table.upsert(entry(clock, due=10, period=10))
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        for k in range(1, 31):
+            await advance(clock, 10)
+            await until(lambda k=k: len(rec.calls) == k)
+        assert rec.slots() == [START + 10 * k * S for k in range(1, 31)]
+        assert all(s.delivered_at == s.current_tick_time for _, s in rec.calls)
+        assert all(
+            s.missed_ticks == 0 and s.first_tick_time == START + 10 * S for _, s in rec.calls
+        )
+        await svc.wait_persisted()
+        row = await table.read(GrainId("G", 1), "r")
+        assert row.next_due == START + 310 * S
+        assert row.last_fire == START + 300 * S
+        # One sleeper for all rows, not a timer per reminder.
+        assert clock.sleepers <= 3
+
+
+async def test_cron_ticks_follow_the_expression(table, clock) -> None:
+    await table.upsert(entry(clock, period=None, cron="0 0 * * * *"))  # hourly, seconds first
+    rec = Recorder()
+    async with running(table, clock, rec):
+        await until(lambda: len(rec.calls) == 1)  # 00:00 is due at once
+        for h in range(1, 25):
+            await advance(clock, timedelta(hours=1))
+            await until(lambda h=h: len(rec.calls) == h + 1)
+        assert rec.slots() == [START + timedelta(hours=h) for h in range(25)]
+        assert rec.calls[0][1].cron == "0 0 * * * *" and rec.calls[0][1].period is None
+
+
+# -- ownership -------------------------------------------------------------------------
+
+
+async def test_complementary_ranges_deliver_each_row_once(table, clock) -> None:
+    half = HASH_SPACE // 2
+    low, high = RingRange(0, half), RingRange(half, 0)
+    for i in range(60):
+        await table.upsert(entry(clock, i, due=10))
+    a, b = Recorder(), Recorder()
+    async with (
+        running(table, clock, a, ranges=(low,), name="a"),
+        running(table, clock, b, ranges=(high,), name="b"),
+    ):
+        await advance(clock, 10)
+        await until(lambda: len(a.calls) + len(b.calls) == 60)
+    assert a.calls and b.calls
+    assert all(e.hash in low for e, _ in a.calls)
+    assert all(e.hash in high for e, _ in b.calls)
+    assert len(set(a.keys()) | set(b.keys())) == 60
+
+
+async def test_set_ranges_drops_unowned_rows_and_loads_new_ones(table, clock) -> None:
+    half = HASH_SPACE // 2
+    low, high = RingRange(0, half), RingRange(half, 0)
+    entries = [entry(clock, i, due=60) for i in range(40)]
+    for e in entries:
+        await table.upsert(e)
+    in_low = {e.key for e in entries if e.hash in low}
+    rec = Recorder()
+    async with running(table, clock, rec, ranges=(low,)) as svc:
+        assert svc.stats.loaded == len(in_low)
+        svc.set_ranges([high])
+        assert svc.stats.loaded == 0  # dropped at once
+        await until(lambda: svc.stats.loaded == 40 - len(in_low))  # loaded without a poll
+        await advance(clock, 60)
+        await until(lambda: len(rec.calls) == 40 - len(in_low))
+    assert not in_low & set(rec.keys())
+
+
+# -- the bounded window ----------------------------------------------------------------
+
+
+async def test_window_never_exceeds_bucket_size_under_a_large_backlog(table, clock) -> None:
+    bucket = 32
+    for i in range(10 * bucket):
+        await table.upsert(entry(clock, i, due=0, period=3600))
+    options = replace(OPTIONS, base_bucket_size=bucket)
+    rec = Recorder()
+    seen: list[tuple[int, int]] = []
+    svc_ref: list[ReminderService] = []
+
+    def sample() -> None:
+        st = svc_ref[0].stats
+        seen.append((st.loaded, st.resident))
+
+    rec.on_call = sample
+    async with AsyncExitStack() as stack:
+        svc = ReminderService(table, deliver=rec, clock=clock, options=options)
+        svc_ref.append(svc)
+        svc.set_ranges([RingRange.full()])
+        await svc.start(stack)
+
+        def done() -> bool:
+            sample()
+            return len(rec.calls) == 10 * bucket
+
+        await until(done)
+        stats = svc.stats
+    assert stats.high_water <= bucket
+    assert max(loaded for loaded, _ in seen) <= bucket
+    assert max(resident for _, resident in seen) <= bucket
+    assert max(resident for _, resident in seen) == bucket  # the window was used fully
+    assert len(set(rec.keys())) == 10 * bucket  # every row, each once
+    assert stats.delivered == 10 * bucket
+
+
+async def test_rows_beyond_the_look_ahead_are_not_loaded(table, clock) -> None:
+    await table.upsert(entry(clock, 1, due=60, period=3600))
+    await table.upsert(entry(clock, 2, due=600, period=3600))
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        assert svc.stats.loaded == 1
+        await advance(clock, 600)
+        await until(lambda: len(rec.calls) == 2)
+        assert rec.slots() == [START + 60 * S, START + 600 * S]
+
+
+# -- change feed -----------------------------------------------------------------------
+
+
+async def test_row_inserted_after_start_is_delivered_without_waiting_for_the_poll(
+    table, clock
+) -> None:
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await table.upsert(entry(clock, due=20))
+        await until(lambda: svc.stats.loaded == 1)
+        await advance(clock, 20)  # less than poll_interval (30 s)
+        await until(lambda: len(rec.calls) == 1)
+        assert rec.slots() == [START + 20 * S]
+        assert svc.stats.refills == 1  # only the one at start
+
+
+async def test_local_hint_schedules_a_row_without_the_feed(clock) -> None:
+    table = QuietTable()
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        e = entry(clock, due=5)
+        await table.upsert(e)
+        svc.notify_change(ReminderChange(e.grain_id, e.name, e.next_due))
+        await until(lambda: svc.stats.loaded == 1)
+        await advance(clock, 5)
+        await until(lambda: len(rec.calls) == 1)
+
+
+async def test_removal_through_the_feed_stops_ticks(table, clock) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await advance(clock, 10)
+        await until(lambda: len(rec.calls) == 1)
+        await svc.wait_persisted()
+        row = await table.read(e.grain_id, e.name)
+        assert await table.remove(e.grain_id, e.name, row.etag)
+        await until(lambda: svc.stats.resident == 0)
+        await advance(clock, 60)
+        assert len(rec.calls) == 1
+
+
+async def test_reregistration_by_another_writer_moves_the_schedule(table, clock) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await table.upsert(entry(clock, due=25, period=100))  # same row, new schedule
+        await until(lambda: svc.stats.loaded == 1 and svc._window.head_due() == START + 25 * S)
+        await advance(clock, 30)
+        await until(lambda: len(rec.calls) == 1)
+        assert rec.slots() == [START + 25 * S]
+
+
+# -- missed ticks ----------------------------------------------------------------------
+
+
+async def _late_start(table, clock, action) -> ReminderEntry:
+    e = entry(clock, due=10, period=10, action=action)
+    await table.upsert(e)
+    await advance(clock, 95)  # slots +10 .. +90 pass with no service running
+    return e
+
+
+async def test_missed_fire_immediately_coalesces_then_resumes_the_grid(table, clock) -> None:
+    e = await _late_start(table, clock, MissedReminderAction.FIRE_IMMEDIATELY)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await until(lambda: len(rec.calls) == 1)
+        status = rec.calls[0][1]
+        assert status.current_tick_time == START + 10 * S  # the first missed slot
+        assert status.missed_ticks == 8  # +20 .. +90 folded into it
+        assert status.delivered_at == START + 95 * S
+        await svc.wait_persisted()
+        assert (await table.read(e.grain_id, e.name)).next_due == START + 100 * S
+        await advance(clock, 5)
+        await until(lambda: len(rec.calls) == 2)
+        assert rec.calls[1][1].current_tick_time == START + 100 * S
+        assert rec.calls[1][1].missed_ticks == 0
+        assert svc.stats.missed == 1
+
+
+async def test_missed_skip_moves_to_the_next_slot(table, clock) -> None:
+    e = await _late_start(table, clock, MissedReminderAction.SKIP)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await until(lambda: svc.stats.skipped == 1)
+        await svc.wait_persisted()
+        row = await table.read(e.grain_id, e.name)
+        assert row.next_due == START + 100 * S and row.last_fire is None
+        assert rec.calls == []
+        await advance(clock, 5)
+        await until(lambda: len(rec.calls) == 1)
+        assert rec.slots() == [START + 100 * S]
+
+
+async def test_missed_notify_publishes_and_skips(table, clock) -> None:
+    e = await _late_start(table, clock, MissedReminderAction.NOTIFY)
+    rec = Recorder()
+    events: list[MissedReminder] = []
+
+    async def publish(event: MissedReminder) -> None:
+        events.append(event)
+
+    async with running(table, clock, rec, publish_missed=publish) as svc:
+        await until(lambda: len(events) == 1)
+        ev = events[0]
+        assert (ev.grain_id, ev.name) == (e.grain_id, e.name)
+        assert ev.scheduled == START + 10 * S
+        assert ev.detected_at == START + 95 * S
+        assert ev.missed_ticks == 9  # +10 .. +90, none delivered
+        assert ev.next_due == START + 100 * S
+        assert rec.calls == []
+        assert svc.stats.notified == 1 and svc.stats.skipped == 1
+
+
+async def test_late_tick_within_grace_is_delivered_on_its_slot(table, clock) -> None:
+    await table.upsert(entry(clock, due=10, period=10, action=MissedReminderAction.SKIP))
+    await advance(clock, 25)  # slot +10 is 15 s late (< 30 s grace), slot +20 5 s late
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await until(lambda: len(rec.calls) == 2)
+        assert rec.slots() == [START + 10 * S, START + 20 * S]
+        assert svc.stats.missed == 0
+
+
+async def test_repair_skips_long_overdue_rows_the_window_has_no_room_for(table, clock) -> None:
+    options = replace(OPTIONS, base_bucket_size=4, permits=4)
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    for i in range(4):
+        await table.upsert(entry(clock, i, name="busy", due=0, period=3600))
+    async with running(table, clock, rec, options=options) as svc:
+        await until(lambda: rec.blocked == 4)  # the window is full of deliveries
+        stale = [
+            entry(clock, 100 + i, name="old", due=0, period=60, now=START - timedelta(hours=1))
+            for i in range(3)
+        ]
+        for e in stale:
+            await table.upsert(e)
+        await advance(clock, timedelta(minutes=1))  # one repair pass
+        await until(lambda: svc.stats.repaired == 3)
+        await svc.wait_persisted()
+        for e in stale:
+            row = await table.read(e.grain_id, e.name)
+            assert row.next_due == START + timedelta(minutes=2)
+        assert svc.stats.resident == 4
+        rec.gate.set()
+        await until(lambda: len(rec.calls) == 4)
+        assert {e.name for e, _ in rec.calls} == {"busy"}
+
+
+# -- priority lanes --------------------------------------------------------------------
+
+
+def _backlog(clock: ManualClock) -> list[ReminderEntry]:
+    # Background rows are due first and critical rows last, so only the lanes
+    # (not the heap order) can put critical first.
+    rows = []
+    for i in range(10):
+        for offset, prio in ((-20, ReminderPriority.BACKGROUND), (-15, 0), (-10, 100)):
+            rows.append(
+                entry(
+                    clock,
+                    f"{int(prio)}-{i}",
+                    due=0,
+                    period=3600,
+                    priority=prio,
+                    now=START + offset * S,
+                )
+            )
+    return rows
+
+
+async def test_backlog_is_delivered_critical_first_background_last(table, clock) -> None:
+    for e in _backlog(clock):
+        await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec, options=replace(OPTIONS, permits=1)):
+        await until(lambda: len(rec.calls) == 30)
+    prios = [int(e.priority) for e, _ in rec.calls]
+    assert prios == [100] * 10 + [0] * 10 + [-100] * 10
+
+
+async def test_without_priorities_the_backlog_goes_in_due_order(table, clock) -> None:
+    for e in _backlog(clock):
+        await table.upsert(e)
+    rec = Recorder()
+    options = replace(OPTIONS, permits=1, enable_priority=False)
+    async with running(table, clock, rec, options=options):
+        await until(lambda: len(rec.calls) == 30)
+    prios = [int(e.priority) for e, _ in rec.calls]
+    assert prios == [-100] * 10 + [0] * 10 + [100] * 10
+
+
+# -- delivery and persistence ----------------------------------------------------------
+
+
+async def test_transient_failure_is_retried_and_persisted_only_after_ack(table, clock) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    rec.failures["r"] = [SiloUnavailableError("down"), SiloUnavailableError("down")]
+    async with running(table, clock, rec) as svc:
+        await advance(clock, 10)
+        await until(lambda: rec.attempts == 1)
+        before = await table.read(e.grain_id, e.name)
+        assert before.next_due == START + 10 * S and before.last_fire is None
+        assert svc.stats.in_flight == 1
+        while not rec.calls:
+            await advance(clock, 0.5)  # through the retry backoff
+        assert rec.attempts == 3 and svc.stats.retries == 2
+        status = rec.calls[0][1]
+        assert status.current_tick_time == START + 10 * S
+        await svc.wait_persisted()
+        after = await table.read(e.grain_id, e.name)
+        assert after.next_due == START + 20 * S
+        assert status.delivered_at > START + 10 * S
+        assert to_ms(after.last_fire) == to_ms(status.delivered_at)  # stored in ms
+        assert svc.stats.delivered == 1
+
+
+async def test_grain_error_advances_the_schedule_and_is_counted(table, clock) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    rec.failures["r"] = [ValueError("grain bug")]
+    async with running(table, clock, rec) as svc:
+        await advance(clock, 10)
+        await until(lambda: svc.stats.grain_errors == 1)
+        await svc.wait_persisted()
+        assert (await table.read(e.grain_id, e.name)).next_due == START + 20 * S
+        assert svc.stats.retries == 0 and rec.attempts == 1
+        await advance(clock, 10)
+        await until(lambda: len(rec.calls) == 1)
+        assert rec.slots() == [START + 20 * S]
+
+
+async def test_cas_conflict_drops_the_local_copy(clock) -> None:
+    table = QuietTable()  # no feed: the service learns of the other writer by its CAS
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        assert svc.stats.loaded == 1
+        row = await table.read(e.grain_id, e.name)
+        moved = START + timedelta(days=1)
+        assert await table.update_schedule(e.grain_id, e.name, row.etag, moved, None)
+        await advance(clock, 10)
+        await until(lambda: svc.stats.cas_conflicts == 1)
+        assert svc.stats.resident == 0
+        assert (await table.read(e.grain_id, e.name)).next_due == moved
+        await advance(clock, 60)
+        assert len(rec.calls) == 1
+
+
+async def test_storage_outage_ticks_continue_and_persistence_catches_up(clock) -> None:
+    table = FlakyTable()
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        table.down = True
+        for k in range(1, 7):
+            await advance(clock, 10)
+            await until(lambda k=k: len(rec.calls) == k)
+        assert svc.stats.persist_failures > 0 and svc.stats.load_errors > 0
+        assert (await table.inner.read(e.grain_id, e.name)).next_due == START + 10 * S
+        table.down = False
+        await advance(clock, 1)  # past the persistence backoff (retry_max)
+        await svc.wait_persisted()
+        row = await table.inner.read(e.grain_id, e.name)
+        assert row.next_due == START + 70 * S
+        assert row.last_fire == START + 60 * S
+        await advance(clock, 10)
+        await until(lambda: len(rec.calls) == 7)
+    assert rec.slots() == [START + 10 * k * S for k in range(1, 8)]
+
+
+# -- adaptive bucket size --------------------------------------------------------------
+
+
+async def test_bucket_size_follows_the_load_signals(table, clock) -> None:
+    from orleanspy.reminders._adaptive import LoadSignals
+
+    signals = [LoadSignals(cpu_count=16, memory_load=0.6, active_grains=40_000)]
+    rec = Recorder()
+    options = replace(OPTIONS, adaptive=True, base_bucket_size=1024)
+    async with running(table, clock, rec, options=options, load=lambda: signals[0]) as svc:
+        assert svc.stats.bucket_size == 1638
+        signals[0] = LoadSignals(cpu_count=4, memory_load=0.0, active_grains=100_000)
+        await svc.refill_now()
+        assert svc.stats.bucket_size == 512
+
+
+# -- table wrappers ----------------------------------------------------------------------
+
+
+class _Delegate:
+    def __init__(self) -> None:
+        self.inner = InMemoryReminderTable()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _Silent:
+    def __aiter__(self) -> _Silent:
+        return self
+
+    async def __anext__(self) -> ReminderChange:
+        await asyncio.Event().wait()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        pass
+
+
+class QuietTable(_Delegate):
+    """The in-memory table with a change feed that never says anything."""
+
+    def changes(self) -> _Silent:
+        return _Silent()
+
+
+class FlakyTable(_Delegate):
+    """The in-memory table that raises ``StorageUnavailableError`` while ``down``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise StorageUnavailableError("redis unreachable")
+
+    async def read(self, *a: Any) -> Any:
+        self._check()
+        return await self.inner.read(*a)
+
+    async def read_due(self, *a: Any) -> Any:
+        self._check()
+        return await self.inner.read_due(*a)
+
+    async def update_schedule(self, *a: Any) -> Any:
+        self._check()
+        return await self.inner.update_schedule(*a)
+
+    async def update_schedule_many(self, *a: Any) -> Any:
+        self._check()
+        return await self.inner.update_schedule_many(*a)

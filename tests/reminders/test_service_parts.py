@@ -1,0 +1,152 @@
+"""The reminder service's private parts: bucket formula, ownership, window, backoff."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from orleanspy.identity import GrainId
+from orleanspy.reminders._adaptive import LoadSignals, bucket_size, read_memory_load
+from orleanspy.reminders._lanes import Lanes
+from orleanspy.reminders._ownership import Ownership
+from orleanspy.reminders._ticker import Backoff, plan_tick
+from orleanspy.reminders._window import DueWindow, Row, RowState
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.schedule import schedule_for
+from orleanspy.ring import HASH_SPACE, RingRange
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+S = timedelta(seconds=1)
+
+
+def _row(i: int, due_s: float, priority: int = 0, action: MissedReminderAction = 2) -> Row:
+    entry = ReminderEntry(
+        service_id="default",
+        grain_id=GrainId("G", i),
+        name="r",
+        start_at=T0,
+        next_due=T0 + due_s * S,
+        period=10 * S,
+        priority=priority,
+        action=MissedReminderAction(action),
+        etag="1",
+    )
+    return Row(entry, schedule_for(entry), entry.next_due, None)
+
+
+# -- adaptive ----------------------------------------------------------------------------
+
+
+def test_bucket_size_matches_the_design_example() -> None:
+    # 16 cores, 60 % memory, 40 000 grains -> 1024 x 4 x 0.4 x 1
+    assert bucket_size(1024, LoadSignals(16, 0.6, 40_000)) == 1638
+
+
+@pytest.mark.parametrize(
+    ("signals", "expected"),
+    [
+        (LoadSignals(2, 0.0, 0), 1024),  # fewer than 4 cores count as one
+        (LoadSignals(8, 0.0, 100_000), 1024),  # 2 x 0.5
+        (LoadSignals(4, 0.95, 0), 256),  # memory factor floors at 0.25
+        (LoadSignals(4, 0.0, 10), 1024),  # few grains never enlarge the window
+        (LoadSignals(1, 1.0, 10**9), 1),  # never below one row
+    ],
+)
+def test_bucket_size_factors(signals: LoadSignals, expected: int) -> None:
+    assert bucket_size(1024, signals) == expected
+
+
+def test_memory_load_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  1000 kB\nMemFree: 100 kB\nMemAvailable:  250 kB\n")
+    assert read_memory_load(str(meminfo)) == pytest.approx(0.75)
+    assert read_memory_load(str(tmp_path / "missing")) == 0.0
+
+
+# -- ownership ---------------------------------------------------------------------------
+
+
+def test_ownership_loads_only_ranges_not_held_before() -> None:
+    own = Ownership()
+    half = HASH_SPACE // 2
+    assert own.update([RingRange(0, half)]) == [RingRange(0, half)]
+    # A split of an owned range needs no load; a range beyond it does.
+    assert own.update([RingRange(0, 100), RingRange(100, half)]) == []
+    assert own.update([RingRange(0, 100), RingRange(half, half + 5)]) == [RingRange(half, half + 5)]
+    assert own.update([RingRange(0, 0)]) == [RingRange(0, 0)]
+    assert own.update([RingRange(7, 3)]) == []  # everything was owned
+    g = GrainId("G", 1)
+    assert own.owns(g) == (g.uniform_hash() in RingRange(7, 3))
+
+
+# -- window ------------------------------------------------------------------------------
+
+
+def test_window_keeps_the_earliest_rows_and_evicts_later_queued_ones() -> None:
+    w = DueWindow(3)
+    loaded, evicted = w.merge([_row(1, 30), _row(2, 20), _row(3, 40)])
+    assert (loaded, evicted) == (3, [])
+    loaded, evicted = w.merge([_row(4, 10), _row(5, 50)])
+    assert loaded == 1 and [r.entry.grain_id.key for r in evicted] == [3]
+    assert len(w) == 3 and w.head_due() == T0 + 10 * S
+    assert [r.entry.grain_id.key for r in w.pop_due(T0 + 25 * S)] == [4, 2]
+    # Due rows keep their room: nothing can evict them.
+    loaded, evicted = w.merge([_row(6, 1), _row(7, 2)])
+    assert loaded == 1 and [r.entry.grain_id.key for r in evicted] == [1]
+    assert len(w) == 3 and w.high_water == 3
+
+
+def test_window_shrinks_to_a_lower_capacity() -> None:
+    w = DueWindow(4)
+    w.merge([_row(i, i) for i in range(4)])
+    w.capacity = 2
+    _, evicted = w.merge([])
+    assert [r.entry.grain_id.key for r in evicted] == [2, 3] and len(w) == 2
+
+
+def test_window_orders_equal_due_times_by_priority() -> None:
+    w = DueWindow(10)
+    w.merge([_row(1, 5, priority=-100), _row(2, 5, priority=100), _row(3, 5)])
+    assert [r.priority for r in w.pop_due(T0 + 5 * S)] == [100, 0, -100]
+
+
+def test_released_rows_leave_the_heap() -> None:
+    w = DueWindow(10)
+    rows = [_row(i, i) for i in range(5)]
+    w.merge(rows)
+    w.release(rows[0])
+    assert w.head_due() == T0 + 1 * S and len(w) == 4 and rows[0].state is RowState.GONE
+
+
+# -- ticks and lanes ---------------------------------------------------------------------
+
+
+def test_plan_tick_within_grace_delivers_the_slot() -> None:
+    plan = plan_tick(_row(1, 10), T0 + 35 * S, 30 * S)
+    assert plan.deliver and not plan.missed and plan.slot == T0 + 10 * S
+
+
+def test_plan_tick_past_grace_applies_the_action() -> None:
+    now = T0 + 95 * S
+    fire = plan_tick(_row(1, 10, action=MissedReminderAction.FIRE_IMMEDIATELY), now, 30 * S)
+    assert (fire.deliver, fire.missed_ticks, fire.resume) == (True, 8, T0 + 100 * S)
+    skip = plan_tick(_row(1, 10, action=MissedReminderAction.SKIP), now, 30 * S)
+    assert (skip.deliver, skip.missed_ticks, skip.resume) == (False, 9, T0 + 100 * S)
+
+
+def test_lanes_take_critical_first() -> None:
+    lanes = Lanes()
+    for i, p in enumerate([-100, 0, 100, -50, 50, 49]):
+        lanes.put(_row(i, 0, priority=p))
+    order = [lanes.pop().priority for _ in range(6)]  # type: ignore[union-attr]
+    assert order == [100, 50, 0, 49, -100, -50]
+    assert lanes.pop() is None
+
+
+def test_backoff_doubles_up_to_the_maximum_with_jitter() -> None:
+    b = Backoff(timedelta(milliseconds=100), timedelta(seconds=1), rng=lambda: 1.0)
+    assert [round(b.next(), 3) for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    low = Backoff(timedelta(milliseconds=100), timedelta(seconds=1), rng=lambda: 0.0)
+    assert low.next() == pytest.approx(0.05)
