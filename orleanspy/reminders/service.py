@@ -65,7 +65,14 @@ from orleanspy.reminders._adaptive import LoadSignals, bucket_size, default_load
 from orleanspy.reminders._lanes import Dispatcher
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister, update_key
-from orleanspy.reminders._ticker import Backoff, Ticker, TickPlan, plan_tick, sleep_or_wake
+from orleanspy.reminders._ticker import (
+    MISSED_COUNT_CAP,
+    Backoff,
+    Ticker,
+    TickPlan,
+    plan_tick,
+    sleep_or_wake,
+)
 from orleanspy.reminders._window import DueWindow, Row, RowState
 from orleanspy.reminders.model import (
     MissedReminder,
@@ -656,7 +663,7 @@ class ReminderService:
             except ReminderError:
                 continue
             resume = schedule.next_after(now)
-            missed = schedule.slots_between(entry.next_due, now) + 1
+            missed = schedule.slots_between(entry.next_due, now, cap=MISSED_COUNT_CAP) + 1
             self._n["missed"] += 1
             self._n["skipped"] += 1
             self._n["repaired"] += 1
