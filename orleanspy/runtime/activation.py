@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from orleanspy.clock import Clock
 from orleanspy.errors import ActivationError
 from orleanspy.grain import Grain, GrainDefinition
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
 from orleanspy.runtime.remote_errors import error_payload
@@ -52,6 +52,8 @@ class ActivationHost(Protocol):
 
     clock: Clock
     codec: Codec
+    # The hosting silo's address; grain code may read it (where am I running?).
+    address: SiloAddress
     activation_timeout: float
     deactivation_timeout: float
 

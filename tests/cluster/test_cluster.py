@@ -139,6 +139,8 @@ async def test_killed_silo_is_declared_dead_within_the_bound_and_calls_reroute(
         assert took < detection_bound(FAST_MEMBERSHIP)
         # The Dead row was written by the survivors' votes, not by the victim.
         assert not cluster.silos[victim].declared_dead
+        # The client saw the victim's gateway stream end; calls now enter at live silos.
+        await cluster.wait_for(lambda: len(client.gateways) == 2, timeout=5)
         after = await hits(client, range(30))
         assert gone not in {h[0] for h in after}
         assert {h[0] for h in after} <= {str(s.address) for s in cluster.running}
