@@ -23,13 +23,14 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
-from orleanspy.errors import ClosedError, GrainCallTimeoutError, SiloUnavailableError
+from orleanspy.errors import ClosedError, SiloUnavailableError
 from orleanspy.grain import Grain
 from orleanspy.identity import GrainId, GrainKey
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
 from orleanspy.options import MessagingOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.reminders.management import ReminderManagementGrain
+from orleanspy.runtime.pending import PendingCalls
 from orleanspy.runtime.remote_errors import rebuild_error
 from orleanspy.serialization import Codec
 
@@ -83,7 +84,9 @@ class ClusterClient:
         self._client_id = f"client-{os.getpid()}-{os.urandom(6).hex()}"
         self._connections: dict[str, GrpcGatewayConnection] = {}
         self._round_robin = itertools.count()
-        self._pending: dict[int, tuple[asyncio.Future[Message], str]] = {}
+        self._pending: PendingCalls[Message] = PendingCalls(
+            self._options.response_timeout.total_seconds()
+        )
         self._factory = GrainFactory(self)
         self._codec = Codec(reference_factory=self._factory.reference)
         self._refresh_now = asyncio.Event()
@@ -130,7 +133,7 @@ class ClusterClient:
             return
         self._state = _State.CLOSED
         await self._stack.aclose()
-        self._fail_pending(lambda _: True, ClosedError("the client was closed"))
+        await self._pending.close(ClosedError("the client was closed"))
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -190,18 +193,12 @@ class ClusterClient:
         if one_way:
             conn.send(msg)
             return None
-        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._pending[msg.id] = (fut, endpoint)
+        fut = self._pending.add(msg.id, f"{grain_id}.{method}", endpoint)
         try:
             conn.send(msg)
-            async with asyncio.timeout(self._timeout):
-                response = await fut
-        except TimeoutError:
-            raise GrainCallTimeoutError(
-                f"{grain_id}.{method}: no response within {self._timeout:g}s"
-            ) from None
+            response = await fut
         finally:
-            self._pending.pop(msg.id, None)
+            self._pending.discard(msg.id)
         if response.status is ResponseStatus.OK:
             return self._codec.decode(response.body)
         raise rebuild_error(self._codec.decode(response.body))
@@ -268,26 +265,18 @@ class ClusterClient:
     def _on_message(self, message: Message) -> None:
         if message.kind is not MessageKind.RESPONSE:
             return
-        entry = self._pending.pop(message.correlation_id, None)
-        if entry is not None and not entry[0].done():
-            entry[0].set_result(message)
+        self._pending.resolve(message.correlation_id, message)
 
     def _on_closed(self, endpoint: str, error: Exception | None) -> None:
         conn = self._connections.get(endpoint)
         if conn is not None and conn.closed:
             del self._connections[endpoint]
         if self._state is _State.OPEN:
-            self._fail_pending(
-                lambda e: e == endpoint,
+            self._pending.fail_where(
+                lambda tag: tag == endpoint,
                 SiloUnavailableError(f"gateway {endpoint} went away: {error!r}"),
             )
             self._refresh_now.set()
-
-    def _fail_pending(self, which: Any, error: Exception) -> None:
-        for msg_id, (fut, endpoint) in list(self._pending.items()):
-            if which(endpoint) and not fut.done():
-                fut.set_exception(error)
-                self._pending.pop(msg_id, None)
 
     async def _close_connections(self) -> None:
         conns = list(self._connections.values())

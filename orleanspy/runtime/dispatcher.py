@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from orleanspy.clock import Clock
 from orleanspy.errors import (
-    GrainCallTimeoutError,
     GrainMethodNotFoundError,
     MessageRejectedError,
     SiloUnavailableError,
@@ -33,6 +32,7 @@ from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
 from orleanspy.runtime.locator import Locator
+from orleanspy.runtime.pending import PendingCalls
 from orleanspy.runtime.remote_errors import error_payload, rebuild_error
 from orleanspy.serialization import Codec
 
@@ -68,7 +68,7 @@ class Dispatcher:
         self._locator = locator
         self._types = grain_types
         self._transport = transport
-        self._pending: dict[int, asyncio.Future[Message]] = {}
+        self._pending: PendingCalls[Message] = PendingCalls(self._response_timeout)
         self._background: set[asyncio.Task[Any]] = set()
         self.factory = GrainFactory(self)
         self.catalog = Catalog(
@@ -129,18 +129,12 @@ class Dispatcher:
         if one_way:
             self.route(msg)
             return None
-        fut: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
-        self._pending[msg.id] = fut
+        fut = self._pending.add(msg.id, f"{grain_id}.{method}")
         try:
             self.route(msg)
-            async with asyncio.timeout(self._response_timeout):
-                response = await fut
-        except TimeoutError:
-            raise GrainCallTimeoutError(
-                f"{grain_id}.{method}: no response within {self._response_timeout:g}s"
-            ) from None
+            response = await fut
         finally:
-            self._pending.pop(msg.id, None)
+            self._pending.discard(msg.id)
         if response.status is ResponseStatus.OK:
             return self.codec.decode(response.body)
         raise rebuild_error(self.codec.decode(response.body))
@@ -238,9 +232,7 @@ class Dispatcher:
             self._transport.send(target, response)
 
     def _complete(self, response: Message) -> None:
-        fut = self._pending.pop(response.correlation_id, None)
-        if fut is not None and not fut.done():
-            fut.set_result(response)
+        self._pending.resolve(response.correlation_id, response)
 
     # -- MessageSink --------------------------------------------------------------------
 
@@ -326,9 +318,6 @@ class Dispatcher:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def fail_pending(self, exc: Exception) -> None:
-        """Fail every call still waiting (silo stopping)."""
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(exc)
-        self._pending.clear()
+    async def close(self, exc: Exception) -> None:
+        """Fail every call still waiting and stop the timeout sweeper (silo stopped)."""
+        await self._pending.close(exc)

@@ -180,7 +180,7 @@ class Silo:
                 await self._stack.aclose()
         finally:
             if self._dispatcher is not None:
-                self._dispatcher.fail_pending(ClosedError(f"silo {self.name} stopped"))
+                await self._dispatcher.close(ClosedError(f"silo {self.name} stopped"))
             self.state = SiloState.STOPPED
             log.info("silo stopped name=%s", self.name)
 
