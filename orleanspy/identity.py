@@ -39,6 +39,23 @@ class GrainId:
     type_name: str
     key: GrainKey
     _hash: int = field(default=-1, init=False, compare=False, repr=False)
+    _py_hash: int = field(default=0, init=False, compare=False, repr=False)
+
+    # Grain ids key every hot dictionary (catalog, directory cache, pending
+    # calls): a cached hash and an identity shortcut beat the generated methods.
+    def __hash__(self) -> int:
+        h = self._py_hash
+        if not h:
+            h = hash((self.type_name, self.key)) or 1
+            object.__setattr__(self, "_py_hash", h)
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not GrainId:
+            return NotImplemented
+        return self.key == other.key and self.type_name == other.type_name
 
     def __post_init__(self) -> None:
         if not self.type_name or "/" in self.type_name or "|" in self.type_name:
@@ -93,6 +110,20 @@ class SiloAddress:
     host: str
     port: int
     generation: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if type(other) is not SiloAddress:
+            return NotImplemented
+        return (
+            self.port == other.port
+            and self.generation == other.generation
+            and self.host == other.host
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.port, self.generation, self.host))
 
     @property
     def endpoint(self) -> str:

@@ -50,6 +50,8 @@ class ClusterLocator:
         self._directory = directory
         self._membership = membership
         self._last_refresh = 0.0
+        self._alive_for: MembershipSnapshot | None = None
+        self._alive_set: set[SiloAddress] = set()
         self._refreshing: asyncio.Future[MembershipSnapshot] | None = None
 
     @property
@@ -57,10 +59,15 @@ class ClusterLocator:
         return False
 
     def _alive(self, silo: SiloAddress) -> bool:
-        if silo == self._address():
-            return True
-        status = self._membership.snapshot.status(silo)
-        return status is not None and status <= SiloStatus.ACTIVE
+        # Asked on every call: answer from a set rebuilt once per snapshot.
+        snapshot = self._membership.snapshot
+        if snapshot is not self._alive_for:
+            self._alive_for = snapshot
+            self._alive_set = {
+                s for s, (entry, _etag) in snapshot.entries.items()
+                if entry.status <= SiloStatus.ACTIVE
+            }  # fmt: skip
+        return silo in self._alive_set or silo == self._address()
 
     def cached(self, grain_id: GrainId) -> SiloAddress | None:
         hit = self._directory.peek(grain_id)
