@@ -22,7 +22,7 @@ from datetime import datetime
 
 from orleanspy.clock import Clock
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._ticker import Backoff
+from orleanspy.reminders._ticker import Backoff, raise_if_cancelled
 from orleanspy.reminders.model import ScheduleUpdate
 from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
 
@@ -97,7 +97,9 @@ class Persister:
             while not self._pending:
                 self._ready.clear()
                 await self._ready.wait()
-            if await self._write_batch():
+            ok = await self._write_batch()
+            raise_if_cancelled()
+            if ok:
                 backoff.reset()
             else:
                 await self._clock.sleep(backoff.next())

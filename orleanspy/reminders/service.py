@@ -71,6 +71,7 @@ from orleanspy.reminders._ticker import (
     Ticker,
     TickPlan,
     plan_tick,
+    raise_if_cancelled,
     sleep_or_wake,
 )
 from orleanspy.reminders._window import DueWindow, Row, RowState
@@ -511,10 +512,12 @@ class ReminderService:
                     next_repair = now + opts.repair_interval
                 backoff.reset()
             except Exception as exc:
+                raise_if_cancelled()
                 self._n["load_errors"] += 1
                 log.warning("reminder load failed name=%s error=%r", self._name, exc)
                 await self._clock.sleep(backoff.next())
                 continue
+            raise_if_cancelled()
             await sleep_or_wake(self._clock, min(next_poll, next_repair), self._loader_wake)
 
     async def _full_refill(self) -> None:

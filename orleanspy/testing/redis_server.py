@@ -22,19 +22,30 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class RedisServer:
-    """A ``redis-server`` child process on a free loopback port, no persistence.
+    """A ``redis-server`` child process on a free loopback port.
 
-    ``kill()`` sends SIGKILL (the store's content is lost, as after a crash);
-    ``stop()`` shuts down politely; ``start()`` brings it back on the same port.
+    Without persistence (the default) ``kill()`` (SIGKILL) loses the store's
+    content, as after a crash of a cache. With ``appendonly=True`` every write
+    is fsynced to an append-only file before it is acknowledged, so a restart
+    after ``kill()`` comes back with every acknowledged write (an outage, not a
+    data loss). ``stop()`` shuts down politely; ``start()`` brings the server
+    back on the same port.
     """
 
-    def __init__(self, port: int | None = None, *, executable: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        executable: str | None = None,
+        appendonly: bool = False,
+    ) -> None:
         exe = executable or shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not on PATH; install Redis (apt-get install redis)")
         self.executable = exe
         self.port = port or free_port()
         self.host = "127.0.0.1"
+        self.appendonly = appendonly
         self._dir = tempfile.mkdtemp(prefix="orleanspy-redis-")
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -56,7 +67,11 @@ class RedisServer:
                 "--port", str(self.port),
                 "--bind", self.host,
                 "--save", "",
-                "--appendonly", "no",
+                *(
+                    ("--appendonly", "yes", "--appendfsync", "always")
+                    if self.appendonly
+                    else ("--appendonly", "no")
+                ),
                 "--dir", self._dir,
                 "--protected-mode", "no",
                 "--loglevel", "warning",

@@ -1,0 +1,277 @@
+"""Reminder service start-up time and memory versus table size, beside the classic
+load-everything start-up measured in the same run.
+
+Run: ``python -m benchmarks.bench_reminder_startup [--rows 1000000] [--due-fraction 0.01]``.
+
+A private redis-server is filled with ``--rows`` reminder rows in the
+``RedisReminderTable`` layout (written directly, shard by shard, with
+multi-member commands: the fill is timed separately). About ``--due-fraction``
+of them fall due inside the look-ahead window, the earliest right away; the rest
+are due a day or more later. Then, each in a fresh child process so that memory
+figures do not share an allocator:
+
+- ``adaptive``: a ``ReminderService`` owning the whole ring starts; measured are
+  the time until its first tick is delivered and until its window is full, and
+  the process RSS growth.
+- ``classic``: what Orleans' ``LocalReminderService`` does at start-up: read
+  every owned row (``read_range`` of the whole ring) into memory and arm one
+  timer (``loop.call_at``) per row; measured are the time until the first timer
+  fires and the RSS growth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psutil
+
+from benchmarks._util import loop_name, print_report, ratio, run
+from orleanspy.clock import SystemClock, to_ms
+from orleanspy.identity import GrainId
+from orleanspy.options import ReminderOptions
+from orleanspy.reminders.model import ReminderEntry, TickStatus
+from orleanspy.reminders.redis import RedisReminderTable
+from orleanspy.reminders.service import ReminderService
+from orleanspy.ring import RingRange
+from orleanspy.serialization import pack
+from orleanspy.testing.redis_server import RedisServer
+
+SERVICE = "bench-startup"
+TYPE = "BenchReminderGrain"
+SHARDS = 256
+LOOK_AHEAD = timedelta(minutes=5)
+OPTIONS = ReminderOptions(
+    look_ahead=LOOK_AHEAD, poll_interval=timedelta(seconds=30), base_bucket_size=1024
+)
+#: Members per Redis command while filling (multi-member HSET / ZADD).
+CHUNK = 2000
+
+
+def _rss() -> int:
+    return int(psutil.Process().memory_info().rss)
+
+
+# -- fill ---------------------------------------------------------------------------------
+
+
+async def fill(url: str, rows: int, due_fraction: float, seed: int) -> dict[str, Any]:
+    """Write ``rows`` rows straight into the table's layout; return fill figures."""
+    rng = random.Random(seed)
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(url, service_id=SERVICE, shards=SHARDS)
+        await table.start(stack)  # writes the shard-count meta key
+        client = table._c
+        now_ms = to_ms(datetime.now(UTC))
+        window_ms = LOOK_AHEAD // timedelta(milliseconds=1)
+        period_ms = 3_600_000
+        started = time.perf_counter()
+        per_shard: dict[int, tuple[dict[str, bytes], dict[str, int], dict[str, int]]] = {}
+        due_rows = 0
+        for i in range(rows):
+            gid = GrainId(TYPE, i)
+            h = gid.uniform_hash()
+            if rng.random() < due_fraction:
+                # Spread over the first half of the window; the first ones are due now.
+                next_due = now_ms + (0 if due_rows < 10 else rng.randrange(window_ms // 2))
+                due_rows += 1
+            else:
+                next_due = now_ms + 86_400_000 + rng.randrange(86_400_000)
+            canonical = gid.canonical
+            key = f"{canonical}|r"
+            record = {
+                "s": SERVICE,
+                "g": canonical,
+                "n": "r",
+                "a": next_due,
+                "d": next_due,
+                "p": period_ms,
+                "c": None,
+                "z": None,
+                "l": None,
+                "r": 0,
+                "x": 2,
+                "e": f"bulk{i}",
+            }
+            hrows, hdue, hgrain = per_shard.setdefault(table.shard_of(h), ({}, {}, {}))
+            hrows[key] = pack(record)
+            hdue[f"{h:08x}|{key}"] = next_due
+            hgrain[key] = 0
+        built = time.perf_counter()
+        pipe = client.pipeline(transaction=False)
+        queued = 0
+        for shard, (hrows, hdue, hgrain) in per_shard.items():
+            # The table's own key layout (its private helper, so the two cannot drift).
+            rows_key, due_key, grain_key = (table._key(shard, k) for k in ("rows", "due", "grain"))
+            row_items, due_items, grain_items = (
+                list(hrows.items()),
+                list(hdue.items()),
+                list(hgrain.items()),
+            )
+            for j in range(0, len(row_items), CHUNK):
+                pipe.hset(rows_key, mapping=dict(row_items[j : j + CHUNK]))
+                pipe.zadd(due_key, dict(due_items[j : j + CHUNK]))
+                pipe.zadd(grain_key, dict(grain_items[j : j + CHUNK]))
+                queued += 3
+                if queued >= 192:
+                    await pipe.execute()
+                    queued = 0
+        await pipe.execute()
+        done = time.perf_counter()
+        stored = await table.count()
+        used_mb = float((await client.info("memory"))["used_memory"]) / 2**20
+    return {
+        "rows": stored,
+        "due_rows": due_rows,
+        "build_s": built - started,
+        "write_s": done - built,
+        "fill_s": done - started,
+        "rows_per_s": rows / (done - started),
+        "redis_used_mb": used_mb,
+    }
+
+
+# -- the two start-ups, each in its own process ---------------------------------------------
+
+
+async def adaptive(url: str) -> dict[str, Any]:
+    gc.collect()
+    rss0 = _rss()
+    first_tick: list[float] = []
+    started = time.perf_counter()
+
+    async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+        if not first_tick:
+            first_tick.append(time.perf_counter())
+
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(url, service_id=SERVICE, shards=SHARDS)
+        await table.start(stack)
+        service = ReminderService(
+            table, deliver=deliver, clock=SystemClock(), options=OPTIONS, name="bench"
+        )
+        await service.start(stack)
+        service.set_ranges([RingRange.full()])
+        while not first_tick:
+            await asyncio.sleep(0.001)
+        await service.refill_now()
+        loaded = time.perf_counter()
+        stats = service.stats
+        gc.collect()
+        rss1 = _rss()
+    return {
+        "first_tick_s": first_tick[0] - started,
+        "window_loaded_s": loaded - started,
+        "rows_in_memory": stats.resident,
+        "bucket_size": stats.bucket_size,
+        "rss_delta_mb": (rss1 - rss0) / 2**20,
+    }
+
+
+async def classic(url: str) -> dict[str, Any]:
+    gc.collect()
+    rss0 = _rss()
+    loop = asyncio.get_running_loop()
+    fired = asyncio.Event()
+    first_tick: list[float] = []
+
+    def on_timer(entry: ReminderEntry) -> None:
+        if not first_tick:
+            first_tick.append(time.perf_counter())
+            fired.set()
+
+    started = time.perf_counter()
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(url, service_id=SERVICE, shards=SHARDS)
+        await table.start(stack)
+        rows = await table.read_range(RingRange.full())
+        loaded = time.perf_counter()
+        now_wall, now_loop = time.time(), loop.time()
+        timers = [
+            loop.call_at(now_loop + (row.next_due.timestamp() - now_wall), on_timer, row)
+            for row in rows
+        ]
+        await fired.wait()
+        gc.collect()
+        rss1 = _rss()
+        for t in timers:
+            t.cancel()
+    return {
+        "first_tick_s": first_tick[0] - started,
+        "window_loaded_s": loaded - started,
+        "rows_in_memory": len(rows),
+        "bucket_size": None,
+        "rss_delta_mb": (rss1 - rss0) / 2**20,
+    }
+
+
+def _child(phase: str, url: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_reminder_startup", "--phase", phase, "--url", url],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(rows: int, due_fraction: float, seed: int) -> None:
+    with RedisServer() as server:
+        fill_stats = run(fill(server.url, rows, due_fraction, seed))
+        results = [
+            {"startup": "adaptive (orleanspy)", **_child("adaptive", server.url)},
+            {"startup": "classic: load every row", **_child("classic", server.url)},
+        ]
+    adaptive_row, classic_row = results
+    # How many times the classic start-up's figure is the adaptive one's.
+    for key in ("first_tick_s", "rss_delta_mb"):
+        adaptive_row[f"classic_{key}_ratio"] = ratio(classic_row[key], adaptive_row[key])
+    print_report(
+        "reminder_startup",
+        results,
+        [
+            "startup",
+            "first_tick_s",
+            "window_loaded_s",
+            "rows_in_memory",
+            "rss_delta_mb",
+            "classic_first_tick_s_ratio",
+            "classic_rss_delta_mb_ratio",
+        ],
+        loop=loop_name(),
+        table_rows=fill_stats["rows"],
+        due_in_window=fill_stats["due_rows"],
+        fill=fill_stats,
+    )
+    print(
+        f"\nfill: {fill_stats['rows']:,} rows in {fill_stats['fill_s']:.1f} s "
+        f"({fill_stats['rows_per_s']:,.0f} rows/s; build {fill_stats['build_s']:.1f} s, "
+        f"write {fill_stats['write_s']:.1f} s); redis used {fill_stats['redis_used_mb']:.0f} MB"
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--due-fraction", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--phase", choices=("adaptive", "classic"), help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.phase is not None:
+        phase = adaptive if args.phase == "adaptive" else classic
+        print(json.dumps(run(phase(args.url))))
+    else:
+        main(args.rows, args.due_fraction, args.seed)

@@ -1,0 +1,384 @@
+"""The adaptive reminder service across a real cluster: three silos in one process
+over real gRPC, membership, directory and reminder table in a real Redis.
+
+Time is real here, so periods are a few hundred milliseconds and every wait is a
+poll with a deadline. Deliveries are recorded by the grain with the address of
+the silo that hosts it; the silo that *fired* a tick is told apart by the
+services' own ``delivered`` counters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import pytest
+
+from orleanspy import (
+    Grain,
+    MembershipOptions,
+    MissedReminderAction,
+    Remindable,
+    ReminderOptions,
+    Silo,
+    SiloOptions,
+    TickStatus,
+)
+from orleanspy.identity import GrainId
+from orleanspy.reminders.service import ReminderServiceStats
+from orleanspy.runtime.silo import SiloState
+
+MS = timedelta(milliseconds=1)
+TYPE = "test_reminders_cluster.Tick"
+
+MEMBERSHIP = MembershipOptions(
+    table_refresh_interval=timedelta(milliseconds=300),
+    probe_interval=timedelta(milliseconds=300),
+    probe_timeout=timedelta(milliseconds=300),
+    num_missed_probes_limit=2,
+    i_am_alive_interval=timedelta(seconds=1),
+    shutdown_timeout=timedelta(seconds=5),
+)
+FAST = ReminderOptions(
+    look_ahead=timedelta(seconds=2),
+    poll_interval=timedelta(seconds=1),
+    minimum_period=100 * MS,
+    base_bucket_size=256,
+    permits=16,
+    retry_initial=50 * MS,
+    retry_max=500 * MS,
+    repair_interval=timedelta(seconds=5),
+    adaptive=False,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    key: int
+    name: str
+    slot: datetime
+    missed_ticks: int
+    host: str
+    at: float  # time.monotonic() when received
+
+
+DELIVERIES: list[Delivery] = []
+
+
+class ClusterTickGrain(Grain, Remindable, type_name=TYPE):
+    """Records every tick with the silo it runs on."""
+
+    def _host(self) -> str:
+        return str(self._activation.runtime.address)
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        DELIVERIES.append(
+            Delivery(
+                int(self.grain_key),
+                name,
+                status.current_tick_time,
+                status.missed_ticks,
+                self._host(),
+                time.monotonic(),
+            )
+        )
+
+    async def start(self, name: str, period_ms: int, due_ms: int, action: int) -> str:
+        await self.register_or_update_reminder(
+            name,
+            due=due_ms * MS,
+            period=period_ms * MS,
+            action=MissedReminderAction(action),
+        )
+        return self._host()
+
+    async def where(self) -> str:
+        return self._host()
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> Iterator[None]:
+    DELIVERIES.clear()
+    yield
+    DELIVERIES.clear()
+
+
+Cluster = Callable[..., Awaitable[Silo]]
+
+
+@pytest.fixture
+async def cluster(redis_url: str) -> AsyncIterator[tuple[list[Silo], Cluster]]:
+    """``(silos, add)``: ``await add(reminders=...)`` starts one more silo; every
+    silo still running at the end is stopped."""
+    silos: list[Silo] = []
+
+    async def add(reminders: ReminderOptions = FAST) -> Silo:
+        silo = Silo(
+            SiloOptions(
+                redis_url=redis_url,
+                name=f"s{len(silos)}",
+                membership=MEMBERSHIP,
+                reminders=reminders,
+                grain_types=(ClusterTickGrain,),
+            )
+        )
+        await silo.start()
+        silos.append(silo)
+        return silo
+
+    try:
+        yield silos, add
+    finally:
+        for silo in reversed(silos):
+            await silo.stop()
+
+
+def _running(silos: list[Silo]) -> list[Silo]:
+    return [s for s in silos if s.state is SiloState.RUNNING]
+
+
+async def until(pred: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``pred`` until it holds; fail with ``what`` after ``timeout`` seconds."""
+    try:
+        async with asyncio.timeout(timeout):
+            while not pred():
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+
+
+async def converged(silos: list[Silo], timeout: float = 15.0) -> None:
+    """Wait until every running silo's ring holds exactly the running silos."""
+    live = _running(silos)
+    want = {s.address for s in live}
+
+    async def refresh() -> None:
+        for s in live:
+            assert s.membership is not None
+            await s.membership.refresh()
+
+    async with asyncio.timeout(timeout):
+        while True:
+            await refresh()
+            if all(s.ring is not None and set(s.ring.ring.silos) == want for s in live):
+                return
+            await asyncio.sleep(0.05)
+
+
+def owner_of(silos: list[Silo], key: int) -> Silo:
+    h = GrainId(TYPE, key).uniform_hash()
+    live = _running(silos)
+    owners = [s for s in live if s.ring is not None and s.ring.ring.owner(h) == s.address]
+    assert len(owners) == 1
+    return owners[0]
+
+
+def slots_by_reminder(since: float = 0.0) -> dict[tuple[int, str], list[datetime]]:
+    out: dict[tuple[int, str], list[datetime]] = defaultdict(list)
+    for d in DELIVERIES:
+        if d.at >= since:
+            out[(d.key, d.name)].append(d.slot)
+    return out
+
+
+async def register(silos: list[Silo], keys: range, period_ms: int, action: int = 2) -> None:
+    live = _running(silos)
+    await asyncio.gather(
+        *(
+            live[i % len(live)]
+            .client.get_grain(ClusterTickGrain, k)
+            .start("r", period_ms, 0, action)
+            for i, k in enumerate(keys)
+        )
+    )
+
+
+def stats(silo: Silo) -> ReminderServiceStats:
+    assert silo.reminder_service is not None
+    return silo.reminder_service.stats
+
+
+def delivered(silo: Silo) -> int:
+    return stats(silo).delivered
+
+
+async def test_every_reminder_fires_once_per_slot_on_one_owner(
+    cluster: tuple[list[Silo], Cluster],
+) -> None:
+    silos, add = cluster
+    for _ in range(3):
+        await add()
+    await converged(silos)
+    keys = range(30)
+    period = 300
+    await register(silos, keys, period)
+
+    await until(
+        lambda: len(by := slots_by_reminder()) == 30 and all(len(v) >= 5 for v in by.values()),
+        timeout=20,
+        what="five ticks of each of 30 reminders",
+    )
+    triples = Counter((d.key, d.name, d.slot) for d in DELIVERIES)
+    dupes = {t: n for t, n in triples.items() if n > 1}
+    assert dupes == {}
+    # No slot skipped: each reminder's slots are consecutive points of its grid.
+    for slots in slots_by_reminder().values():
+        ordered = sorted(slots)
+        gaps = {b - a for a, b in itertools.pairwise(ordered)}
+        assert gaps == {period * MS}
+    # The work is partitioned: every silo fired some ticks.
+    assert all(delivered(s) > 0 for s in silos)
+    assert all(stats(s).cas_conflicts == 0 for s in silos)
+
+
+async def test_ranges_move_on_join_and_graceful_leave_and_reminders_keep_firing(
+    cluster: tuple[list[Silo], Cluster],
+) -> None:
+    silos, add = cluster
+    await add()
+    await add()
+    await converged(silos)
+    keys = range(30)
+    await register(silos, keys, 300)
+    await until(
+        lambda: len(by := slots_by_reminder()) == 30 and all(len(v) >= 2 for v in by.values()),
+        timeout=15,
+        what="ticks of every reminder on two silos",
+    )
+
+    newcomer = await add()
+    await converged(silos)
+    joined = time.monotonic()
+    await until(
+        lambda: (
+            len(by := slots_by_reminder(joined)) == 30 and all(len(v) >= 3 for v in by.values())
+        ),
+        timeout=15,
+        what="every reminder ticking after a silo joined",
+    )
+    assert newcomer.reminder_service is not None
+    assert newcomer.reminder_service.ranges
+    assert delivered(newcomer) > 0  # it took over a share of the rows
+
+    leaver = silos[0]
+    await leaver.stop()
+    await converged(silos)
+    left = time.monotonic()
+    count_at_leave = delivered(leaver)
+    await until(
+        lambda: len(by := slots_by_reminder(left)) == 30 and all(len(v) >= 3 for v in by.values()),
+        timeout=15,
+        what="every reminder ticking after a silo left",
+    )
+    assert delivered(leaver) == count_at_leave  # a stopped silo fires nothing more
+    assert all(d.host != str(leaver.address) for d in DELIVERIES if d.at >= left + 0.5)
+
+
+async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
+    redis_url: str, cluster: tuple[list[Silo], Cluster]
+) -> None:
+    silos, add = cluster
+    opts = ReminderOptions(
+        look_ahead=timedelta(seconds=2),
+        poll_interval=timedelta(seconds=1),
+        minimum_period=100 * MS,
+        # Failure detection takes about half a second here: several 100 ms slots
+        # pass unowned, so the catch-up tick coalesces at least one of them.
+        missed_tick_grace=50 * MS,
+        base_bucket_size=256,
+        permits=16,
+        retry_initial=50 * MS,
+        retry_max=300 * MS,
+        adaptive=False,
+    )
+    for _ in range(3):
+        await add(opts)
+    await converged(silos)
+    victim = silos[2]
+    # Rows owned by the victim, of grains hosted elsewhere: the test is about the
+    # row moving to a new owner, not about re-activating a grain.
+    keys: list[int] = []
+    for k in range(400):
+        if len(keys) == 5:
+            break
+        if owner_of(silos, k) is not victim:
+            continue
+        if await silos[0].client.get_grain(ClusterTickGrain, k).where() != str(victim.address):
+            keys.append(k)
+    assert len(keys) == 5
+    for k in keys:
+        await (
+            silos[0]
+            .client.get_grain(ClusterTickGrain, k)
+            .start("r", 100, 100, int(MissedReminderAction.FIRE_IMMEDIATELY))
+        )
+    await until(
+        lambda: len(by := slots_by_reminder()) == 5 and all(len(v) >= 2 for v in by.values()),
+        timeout=10,
+        what="the victim's reminders ticking",
+    )
+
+    await victim.abort()
+    crashed = time.monotonic()
+    await converged(silos, timeout=20)
+    await until(
+        lambda: {d.key for d in DELIVERIES if d.at > crashed and d.missed_ticks >= 1} == set(keys),
+        timeout=10,
+        what="a catch-up tick for every reminder of the crashed owner",
+    )
+    for k in keys:
+        catch_up = next(d for d in DELIVERIES if d.key == k and d.at > crashed and d.missed_ticks)
+        # Delivered once, coalescing every slot that passed while no one owned it.
+        later = [d for d in DELIVERIES if d.key == k and d.at > crashed and d.slot > catch_up.slot]
+        assert all(d.missed_ticks == 0 for d in later)
+    survivors_missed = sum(stats(s).missed for s in silos[:2])
+    assert survivors_missed >= 5
+
+
+async def test_a_row_written_on_another_silo_is_picked_up_from_the_change_feed(
+    cluster: tuple[list[Silo], Cluster],
+) -> None:
+    silos, add = cluster
+    slow_poll = ReminderOptions(
+        look_ahead=timedelta(seconds=60),
+        poll_interval=timedelta(seconds=30),
+        minimum_period=100 * MS,
+        base_bucket_size=256,
+        permits=16,
+        adaptive=False,
+    )
+    for _ in range(3):
+        await add(slow_poll)
+    await converged(silos)
+    # Let the refills caused by the joins finish: from now on only the feed
+    # (or the 30 s poll) can bring a new row in.
+    for s in silos:
+        assert s.reminder_service is not None
+        await s.reminder_service.refill_now()
+
+    # A grain hosted on one silo whose reminder row is owned by another.
+    chosen: tuple[int, Silo, Silo] | None = None
+    for k in range(100):
+        host = await silos[k % 3].client.get_grain(ClusterTickGrain, k).where()
+        owner = owner_of(silos, k)
+        if host != str(owner.address):
+            chosen = (k, next(s for s in silos if str(s.address) == host), owner)
+            break
+    assert chosen is not None
+    key, host_silo, owner = chosen
+    refills = [stats(s).refills for s in silos]
+
+    started = time.monotonic()
+    await host_silo.client.get_grain(ClusterTickGrain, key).start("feed", 5000, 500, 2)
+    await until(lambda: any(d.key == key for d in DELIVERIES), timeout=5, what="the first tick")
+    first = next(d for d in DELIVERIES if d.key == key)
+    assert first.at - started < 3.0
+    assert first.missed_ticks == 0
+    assert delivered(owner) == 1
+    # No refill ran: the owner learnt of the row from the change feed alone.
+    assert [stats(s).refills for s in silos] == refills

@@ -1,0 +1,385 @@
+"""Reminders in the embedded silo, end to end: grain API, ticks, declared reminders,
+the management grain and missed-tick notification, all on a manual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from orleanspy import (
+    Grain,
+    MissedReminder,
+    MissedReminderAction,
+    Remindable,
+    ReminderEntry,
+    ReminderError,
+    ReminderPriority,
+    Silo,
+    SiloOptions,
+    TickStatus,
+    register_reminder,
+)
+from orleanspy import grain as grain_module
+from orleanspy.identity import GrainId
+from orleanspy.options import ReminderOptions
+from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.spec import new_entry
+from orleanspy.streams.provider import MISSED_REMINDERS_STREAM
+from orleanspy.testing.clock import ManualClock
+
+S = timedelta(seconds=1)
+REMINDERS = ReminderOptions(
+    look_ahead=timedelta(minutes=5),
+    poll_interval=timedelta(seconds=30),
+    base_bucket_size=64,
+    permits=4,
+    adaptive=False,
+)
+
+#: Ticks received by ``TickGrain``: (key, reminder name, status).
+TICKS: list[tuple[Any, str, TickStatus]] = []
+
+
+class TickGrain(Grain, Remindable, type_name="test_silo_reminders.Tick"):
+    """Registers reminders on request and records every tick it receives."""
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        TICKS.append((self.grain_key, name, status))
+
+    async def register(self, name: str, kwargs: dict[str, Any]) -> ReminderEntry:
+        return await self.register_or_update_reminder(name, **kwargs)
+
+    async def unregister(self, name: str) -> bool:
+        return await self.unregister_reminder(name)
+
+    async def get_one(self, name: str) -> ReminderEntry | None:
+        return await self.get_reminder(name)
+
+    async def get_all(self) -> list[ReminderEntry]:
+        return await self.get_reminders()
+
+
+class PlainGrain(Grain, type_name="test_silo_reminders.Plain"):
+    """Not Remindable: registering a reminder must fail."""
+
+    async def try_register(self) -> ReminderEntry:
+        return await self.register_or_update_reminder("nope", period=timedelta(minutes=1))
+
+
+@pytest.fixture(autouse=True)
+def _clear_ticks() -> Iterator[None]:
+    TICKS.clear()
+    yield
+    TICKS.clear()
+
+
+def _options(*types: type[Grain]) -> SiloOptions:
+    # Only the test's own grain types: declared reminders of classes defined in
+    # other test modules must not appear in these silos' tables.
+    return SiloOptions(grain_types=types or (TickGrain, PlainGrain), reminders=REMINDERS)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+async def silo(clock: ManualClock) -> AsyncIterator[Silo]:
+    async with Silo.local(_options(), clock=clock) as s:
+        yield s
+
+
+async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
+    """Run the loop until ``pred`` holds (real-time bound, no fixed sleep)."""
+    async with asyncio.timeout(timeout):
+        while not pred():
+            await asyncio.sleep(0)
+
+
+async def _loaded(silo: Silo, n: int) -> None:
+    svc = silo.reminder_service
+    assert svc is not None
+    await until(lambda: svc.stats.loaded + svc.stats.queued + svc.stats.in_flight >= n)
+
+
+def _ticks(name: str) -> list[TickStatus]:
+    return [status for _, n, status in TICKS if n == name]
+
+
+async def test_registered_reminder_ticks_on_its_grid_with_tick_status(
+    silo: Silo, clock: ManualClock
+) -> None:
+    t0 = clock.now()
+    g = silo.client.get_grain(TickGrain, "a")
+    entry = await g.register(
+        "beat",
+        {"due": 10 * S, "period": 60 * S, "priority": ReminderPriority.CRITICAL},
+    )
+    assert entry.etag is not None and entry.next_due == t0 + 10 * S
+    await _loaded(silo, 1)
+
+    await clock.advance(9 * S)
+    await clock.settle()
+    assert _ticks("beat") == []
+    await clock.advance(1 * S)
+    await until(lambda: len(_ticks("beat")) == 1)
+    await clock.advance(60 * S)
+    await until(lambda: len(_ticks("beat")) == 2)
+
+    first, second = _ticks("beat")
+    assert first.current_tick_time == t0 + 10 * S
+    assert second.current_tick_time == t0 + 70 * S
+    assert first.first_tick_time == t0 + 10 * S
+    assert first.period == 60 * S and first.cron is None
+    assert first.missed_ticks == 0 and second.missed_ticks == 0
+    assert first.priority == ReminderPriority.CRITICAL
+    assert first.delivered_at >= first.current_tick_time
+
+    svc = silo.reminder_service
+    assert svc is not None
+    await svc.wait_persisted()
+    stored = await g.get_one("beat")
+    assert stored is not None
+    assert stored.next_due == t0 + 130 * S
+    assert stored.last_fire == second.delivered_at
+
+
+async def test_unregister_stops_ticks(silo: Silo, clock: ManualClock) -> None:
+    g = silo.client.get_grain(TickGrain, "u")
+    await g.register("r", {"due": 5 * S, "period": 5 * S})
+    await _loaded(silo, 1)
+    await clock.advance(5 * S)
+    await until(lambda: len(_ticks("r")) == 1)
+
+    assert await g.unregister("r") is True
+    assert await g.unregister("r") is False
+    for _ in range(6):
+        await clock.advance(5 * S)
+    await clock.settle()
+    assert len(_ticks("r")) == 1
+    assert await g.get_one("r") is None
+
+
+async def test_get_reminder_and_get_reminders(silo: Silo) -> None:
+    g = silo.client.get_grain(TickGrain, "g")
+    assert await g.get_one("x") is None
+    assert await g.get_all() == []
+    await g.register("x", {"period": 60 * S})
+    await g.register("y", {"cron": "0 0 9 * * 1-5", "tz": "Europe/Berlin"})
+    await silo.client.get_grain(TickGrain, "other").register("x", {"period": 60 * S})
+
+    x = await g.get_one("x")
+    assert x is not None and x.period == 60 * S and x.cron is None
+    rows = await g.get_all()
+    assert sorted(r.name for r in rows) == ["x", "y"]
+    y = next(r for r in rows if r.name == "y")
+    assert y.cron == "0 0 9 * * 1-5" and y.tz == "Europe/Berlin" and y.period is None
+
+
+async def test_registering_again_replaces_and_reanchors(silo: Silo, clock: ManualClock) -> None:
+    g = silo.client.get_grain(TickGrain, "re")
+    first = await g.register("r", {"due": 10 * S, "period": 60 * S})
+    await clock.advance(3 * S)
+    second = await g.register("r", {"due": 20 * S, "period": 30 * S})
+    assert second.etag != first.etag
+    assert second.start_at == clock.now() + 20 * S
+    rows = await g.get_all()
+    assert len(rows) == 1 and rows[0].period == 30 * S
+
+
+async def test_registering_on_a_grain_that_is_not_remindable_raises(silo: Silo) -> None:
+    with pytest.raises(ReminderError, match="Remindable"):
+        await silo.client.get_grain(PlainGrain, "p").try_register()
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "match"),
+    [
+        ("c", {"cron": "not a cron"}, "cron"),
+        ("b", {"period": 60, "cron": "0 * * * *"}, None),
+        ("n", {}, None),
+        ("m", {"period": 0.5}, "minimum"),
+        ("z", {"cron": "0 * * * *", "tz": "Mars/Olympus"}, None),
+        ("x" * 300, {"period": 60}, None),
+        ("p", {"period": 60, "priority": 128}, "priority"),
+        ("q", {"period": 60, "priority": -129}, "priority"),
+        ("", {"period": 60}, None),
+        ("d", {"due": -1, "period": 60}, None),
+    ],
+    ids=[
+        "bad-cron",
+        "both",
+        "neither",
+        "below-minimum",
+        "unknown-zone",
+        "long-name",
+        "priority-high",
+        "priority-low",
+        "empty-name",
+        "negative-due",
+    ],
+)
+async def test_validation_errors_surface_as_reminder_error(
+    silo: Silo, name: str, kwargs: dict[str, Any], match: str
+) -> None:
+    g = silo.client.get_grain(TickGrain, "v")
+    with pytest.raises(ReminderError, match=match):
+        await g.register(name, kwargs)
+    assert await g.get_all() == []
+
+
+@pytest.fixture
+def declared_grain() -> Iterator[type[Grain]]:
+    """A grain class with declared reminders, removed from the global registry
+    afterwards so that other tests' silos do not create its rows."""
+
+    @register_reminder("daily", period=timedelta(days=1), priority=ReminderPriority.BACKGROUND)
+    @register_reminder("soon", due=5, period=60, action=MissedReminderAction.FIRE_IMMEDIATELY)
+    class DeclaredGrain(
+        Grain, Remindable, type_name="test_silo_reminders.Declared", reminder_keys=("k1", "k2")
+    ):
+        async def receive_reminder(self, name: str, status: TickStatus) -> None:
+            TICKS.append((self.grain_key, name, status))
+
+    try:
+        yield DeclaredGrain
+    finally:
+        grain_module._registry.pop("test_silo_reminders.Declared", None)
+
+
+async def test_declared_reminders_are_created_at_start_without_activation(
+    clock: ManualClock, declared_grain: type[Grain]
+) -> None:
+    table = InMemoryReminderTable("default")
+    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table) as silo:
+        assert silo.activation_count == 0
+        assert await silo.client.reminders.count_all() == 4
+        gid = GrainId("test_silo_reminders.Declared", "k1")
+        rows = {r.name: r for r in await silo.client.reminders.list_for_grain(gid)}
+        assert set(rows) == {"daily", "soon"}
+        assert rows["daily"].priority == ReminderPriority.BACKGROUND
+        assert rows["soon"].action is MissedReminderAction.FIRE_IMMEDIATELY
+        assert rows["soon"].next_due == clock.now() + 5 * S
+        # Reading rows activated the management grain only.
+        catalog = silo.dispatcher.catalog
+        assert catalog.get(gid) is None
+        assert catalog.get(GrainId("test_silo_reminders.Declared", "k2")) is None
+
+        # The declared rows tick like any other: the grain activates on its tick.
+        await _loaded(silo, 2)  # the daily rows fall outside the look-ahead
+        await clock.advance(5 * S)
+        await until(lambda: len(_ticks("soon")) == 2)
+        assert sorted(k for k, _, _ in TICKS) == ["k1", "k2"]
+        assert catalog.get(gid) is not None
+
+
+async def test_declared_reminders_leave_existing_rows_alone(
+    clock: ManualClock, declared_grain: type[Grain]
+) -> None:
+    table = InMemoryReminderTable("default")
+    gid = GrainId("test_silo_reminders.Declared", "k1")
+    existing = new_entry(
+        service_id="default",
+        grain_id=gid,
+        name="soon",
+        now=clock.now(),
+        options=REMINDERS,
+        due=timedelta(hours=2),
+        period=timedelta(hours=3),
+    )
+    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table) as silo:
+        pass  # the first start creates every declared row
+    etag = await table.upsert(existing)
+    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table) as silo:
+        row = await table.read(gid, "soon")
+        assert row is not None
+        assert row.etag == etag and row.period == timedelta(hours=3)
+        assert await silo.client.reminders.count_all() == 4
+
+
+async def test_management_grain_operations(silo: Silo, clock: ManualClock) -> None:
+    mgmt = silo.client.reminders
+    a = silo.client.get_grain(TickGrain, "ma")
+    b = silo.client.get_grain(TickGrain, "mb")
+    await a.register("soon", {"due": 30 * S, "period": 60 * S})
+    await a.register("later", {"due": 20 * 60 * S, "period": 3600 * S})
+    await b.register("mid", {"due": 5 * 60 * S, "period": 3600 * S})
+    gid_a = GrainId("test_silo_reminders.Tick", "ma")
+    gid_b = GrainId("test_silo_reminders.Tick", "mb")
+
+    assert await mgmt.count_all() == 3
+    upcoming = await mgmt.upcoming(timedelta(minutes=10))
+    assert [(r.grain_id, r.name) for r in upcoming] == [(gid_a, "soon"), (gid_b, "mid")]
+    assert [r.name for r in await mgmt.upcoming(timedelta(minutes=10), 1)] == ["soon"]
+    assert sorted(r.name for r in await mgmt.list_for_grain(gid_a)) == ["later", "soon"]
+
+    updated = await mgmt.set_priority(gid_a, "soon", ReminderPriority.CRITICAL)
+    assert updated.priority == ReminderPriority.CRITICAL
+    with pytest.raises(ReminderError):
+        await mgmt.set_priority(gid_a, "soon", 500)
+    updated = await mgmt.set_action(gid_a, "soon", MissedReminderAction.NOTIFY)
+    assert updated.action is MissedReminderAction.NOTIFY
+    stored = await a.get_one("soon")
+    assert stored is not None
+    assert stored.priority == ReminderPriority.CRITICAL
+    assert stored.action is MissedReminderAction.NOTIFY
+    with pytest.raises(ReminderError):
+        await mgmt.set_action(gid_a, "missing", MissedReminderAction.SKIP)
+
+    # repair moves next_due to the first slot after now.
+    row = await a.get_one("later")
+    assert row is not None
+    await silo.dispatcher.reminders.store(replace(row, next_due=row.next_due - timedelta(days=3)))
+    repaired = await mgmt.repair(gid_a, "later")
+    assert clock.now() < repaired.next_due <= clock.now() + 3600 * S
+    assert (repaired.next_due - row.start_at) % timedelta(hours=1) == timedelta(0)
+
+    assert await mgmt.delete(gid_b, "mid") is True
+    assert await mgmt.delete(gid_b, "mid") is False
+    assert await mgmt.count_all() == 2
+
+
+async def test_notify_publishes_missed_reminder_on_the_stream(clock: ManualClock) -> None:
+    table = InMemoryReminderTable("default")
+    gid = GrainId("test_silo_reminders.Tick", "late")
+    entry = new_entry(
+        service_id="default",
+        grain_id=gid,
+        name="n",
+        now=clock.now() - timedelta(minutes=10),
+        options=REMINDERS,
+        due=timedelta(minutes=1),
+        period=timedelta(minutes=1),
+        action=MissedReminderAction.NOTIFY,
+    )
+    # The row was due nine minutes ago: far beyond the grace (poll_interval).
+    await table.upsert(entry)
+    async with Silo.local(_options(), clock=clock, reminder_table=table) as silo:
+        events: list[MissedReminder] = []
+
+        async def poll() -> None:
+            while not events:
+                items = await silo.streams.read(MISSED_REMINDERS_STREAM)
+                events.extend(i.item for i in items)
+                await asyncio.sleep(0)
+
+        async with asyncio.timeout(5):
+            await poll()
+        event = events[0]
+        assert isinstance(event, MissedReminder)
+        assert event.grain_id == gid and event.name == "n"
+        assert event.scheduled == entry.next_due
+        assert event.missed_ticks >= 9
+        assert event.next_due > clock.now()
+        assert _ticks("n") == []  # NOTIFY skips: no delivery
+        svc = silo.reminder_service
+        assert svc is not None
+        await svc.wait_persisted()
+        stored = await table.read(gid, "n")
+        assert stored is not None and stored.next_due == event.next_due
