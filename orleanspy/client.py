@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 from orleanspy.errors import ClosedError, SiloUnavailableError
 from orleanspy.grain import Grain
 from orleanspy.identity import GrainId, GrainKey
-from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
+from orleanspy.messaging.message import Message, MessageKind
 from orleanspy.options import MessagingOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.reminders.management import ReminderManagementGrain
 from orleanspy.runtime.pending import PendingCalls
-from orleanspy.runtime.remote_errors import rebuild_error
+from orleanspy.runtime.remote_errors import result_of
 from orleanspy.serialization import Codec
 
 if TYPE_CHECKING:
@@ -182,12 +182,11 @@ class ClusterClient:
         if self._state is not _State.OPEN:
             raise ClosedError("the client is not open")
         endpoint, conn = await self._pick()
-        msg = Message(
-            id=next_message_id(),
-            kind=MessageKind.ONE_WAY if one_way else MessageKind.REQUEST,
-            target_grain=grain_id,
-            method=method,
-            body=self._codec.encode((args, kwargs)),
+        msg = Message.request(
+            grain_id,
+            method,
+            self._codec.encode((args, kwargs)),
+            one_way=one_way,
             expires_at_ms=time.time_ns() // 1_000_000 + int(self._timeout * 1000),
         )
         if one_way:
@@ -199,9 +198,7 @@ class ClusterClient:
             response = await fut
         finally:
             self._pending.discard(msg.id)
-        if response.status is ResponseStatus.OK:
-            return self._codec.decode(response.body)
-        raise rebuild_error(self._codec.decode(response.body))
+        return result_of(response, self._codec)
 
     # -- gateways -----------------------------------------------------------------------
 

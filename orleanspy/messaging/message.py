@@ -61,6 +61,28 @@ class Message:
     status: ResponseStatus = ResponseStatus.OK
     headers: dict[str, str] = field(default_factory=dict)
 
+    @classmethod
+    def request(
+        cls,
+        grain_id: GrainId,
+        method: str,
+        body: bytes,
+        *,
+        one_way: bool,
+        expires_at_ms: int,
+        sender_silo: SiloAddress | None = None,
+    ) -> Message:
+        """A new request (or one-way message) for ``grain_id.method``."""
+        return cls(
+            id=next_message_id(),
+            kind=MessageKind.ONE_WAY if one_way else MessageKind.REQUEST,
+            target_grain=grain_id,
+            method=method,
+            body=body,
+            sender_silo=sender_silo,
+            expires_at_ms=expires_at_ms,
+        )
+
     def response(self, status: ResponseStatus, body: bytes) -> Message:
         """The response to this request, addressed back to its sender."""
         return Message(

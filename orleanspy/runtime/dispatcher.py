@@ -24,7 +24,7 @@ from orleanspy.errors import (
 )
 from orleanspy.grain import GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
+from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.transport import Transport
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
@@ -33,7 +33,7 @@ from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
 from orleanspy.runtime.locator import Locator
 from orleanspy.runtime.pending import PendingCalls
-from orleanspy.runtime.remote_errors import error_payload, rebuild_error
+from orleanspy.runtime.remote_errors import error_payload, result_of
 from orleanspy.serialization import Codec
 
 if TYPE_CHECKING:
@@ -78,7 +78,6 @@ class Dispatcher:
             check_interval=options.collection_check_interval,
         )
         self._reminders: Any = None
-        self.calls_made = 0
 
     # -- wiring -------------------------------------------------------------------------
 
@@ -113,15 +112,13 @@ class Dispatcher:
         one_way: bool = False,
     ) -> Any:
         """Send a call from this silo and wait for its result (see ``CallInvoker``)."""
-        self.calls_made += 1
-        msg = Message(
-            id=next_message_id(),
-            kind=MessageKind.ONE_WAY if one_way else MessageKind.REQUEST,
-            target_grain=grain_id,
-            method=method,
-            body=self.codec.encode((args, kwargs)),
-            sender_silo=self.address,
+        msg = Message.request(
+            grain_id,
+            method,
+            self.codec.encode((args, kwargs)),
+            one_way=one_way,
             expires_at_ms=self.clock.now_ms() + int(self._response_timeout * 1000),
+            sender_silo=self.address,
         )
         chain = current_chain.get()
         if chain:
@@ -135,9 +132,7 @@ class Dispatcher:
             response = await fut
         finally:
             self._pending.discard(msg.id)
-        if response.status is ResponseStatus.OK:
-            return self.codec.decode(response.body)
-        raise rebuild_error(self.codec.decode(response.body))
+        return result_of(response, self.codec)
 
     # -- routing ------------------------------------------------------------------------
 

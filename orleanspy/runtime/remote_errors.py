@@ -17,8 +17,10 @@ from typing import Any
 
 from orleanspy import errors
 from orleanspy.errors import RemoteGrainError
+from orleanspy.messaging.message import Message, ResponseStatus
+from orleanspy.serialization import Codec
 
-__all__ = ["error_payload", "rebuild_error"]
+__all__ = ["error_payload", "rebuild_error", "result_of"]
 
 
 def error_payload(exc: BaseException) -> dict[str, Any]:
@@ -81,3 +83,10 @@ def rebuild_error(payload: Any) -> Exception:
                 exc.add_note(f"remote traceback:\n{tb.rstrip()}")
             return exc
     return RemoteGrainError(type_name, message, tb)
+
+
+def result_of(response: Message, codec: Codec) -> Any:
+    """The call's result carried by ``response``, or its error raised."""
+    if response.status is ResponseStatus.OK:
+        return codec.decode(response.body)
+    raise rebuild_error(codec.decode(response.body))

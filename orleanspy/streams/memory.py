@@ -16,7 +16,11 @@ from typing import Any, Self
 
 from orleanspy.errors import ConfigurationError
 from orleanspy.serialization import pack
-from orleanspy.streams.provider import ProviderState, StreamItem, decode_item
+from orleanspy.streams.provider import (
+    ProviderLifecycle,
+    StreamItem,
+    decode_item,
+)
 
 __all__ = ["InMemoryStreamProvider"]
 
@@ -103,7 +107,7 @@ class _MemorySubscription:
         await self.aclose()
 
 
-class InMemoryStreamProvider:
+class InMemoryStreamProvider(ProviderLifecycle):
     """Streams held in this process; history bounded to ``max_len`` items per stream.
 
     Implements ``orleanspy.streams.provider.StreamProvider``. It never raises
@@ -114,38 +118,13 @@ class InMemoryStreamProvider:
     def __init__(self, max_len: int = 10_000) -> None:
         if max_len < 1:
             raise ConfigurationError(f"max_len must be at least 1, got {max_len}")
+        super().__init__()
         self._max_len = max_len
         self._streams: dict[str, _Stream] = {}
-        self._subscriptions: set[_MemorySubscription] = set()
-        self._state = ProviderState.CREATED
-        self._own_stack = AsyncExitStack()
 
     async def start(self, stack: AsyncExitStack) -> None:
-        if self._state is not ProviderState.CREATED:
-            raise RuntimeError(f"the stream provider cannot start: it is {self._state.value}")
-        self._state = ProviderState.STARTED
-        stack.push_async_callback(self._close)
-
-    async def _close(self) -> None:
-        self._state = ProviderState.CLOSED
-        for sub in list(self._subscriptions):
-            await sub.aclose()
-
-    async def __aenter__(self) -> Self:
-        await self.start(self._own_stack)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._own_stack.aclose()
-
-    def forget(self, sub: _MemorySubscription) -> None:
-        """Called by a subscription that closed itself."""
-        self._subscriptions.discard(sub)
+        self._check_startable()
+        self._started(stack)
 
     def _stream(self, name: str) -> _Stream:
         stream = self._streams.get(name)

@@ -151,6 +151,55 @@ class ProviderState(enum.Enum):
             raise ClosedError(f"{what}: the stream provider is closed")
 
 
+class ProviderLifecycle:
+    """What both backends share: the state, the open subscriptions, and use as
+    ``async with provider`` (started on a stack of its own).
+
+    A backend calls ``_started(stack)`` from its ``start`` and registers every
+    subscription it hands out in ``_subscriptions``.
+    """
+
+    def __init__(self) -> None:
+        self._state = ProviderState.CREATED
+        self._subscriptions: set[Subscription] = set()
+        self._own_stack = AsyncExitStack()
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Each backend starts itself and then calls ``_started``."""
+        raise NotImplementedError
+
+    def _check_startable(self) -> None:
+        if self._state is not ProviderState.CREATED:
+            raise RuntimeError(f"the stream provider cannot start: it is {self._state.value}")
+
+    def _started(self, stack: AsyncExitStack) -> None:
+        # Pushed last, so it runs first on unwind: subscriptions give their
+        # connections back before an owned client is closed.
+        stack.push_async_callback(self._close)
+        self._state = ProviderState.STARTED
+
+    async def _close(self) -> None:
+        self._state = ProviderState.CLOSED
+        for sub in list(self._subscriptions):
+            await sub.aclose()
+
+    def forget(self, sub: Subscription) -> None:
+        """Called by a subscription that closed itself."""
+        self._subscriptions.discard(sub)
+
+    async def __aenter__(self) -> Self:
+        await self.start(self._own_stack)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._own_stack.aclose()
+
+
 def decode_item(stream: str, item_id: str, data: bytes) -> StreamItem | None:
     """The decoded item, or ``None`` (logged) when it cannot be decoded here."""
     try:

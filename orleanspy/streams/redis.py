@@ -31,7 +31,11 @@ from typing import Any, Self
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy.errors import ConfigurationError, StorageError
 from orleanspy.serialization import pack
-from orleanspy.streams.provider import ProviderState, StreamItem, decode_item
+from orleanspy.streams.provider import (
+    ProviderLifecycle,
+    StreamItem,
+    decode_item,
+)
 
 __all__ = ["RedisStreamProvider"]
 
@@ -176,7 +180,7 @@ class _RedisSubscription:
                 self._buffer.append(decoded)
 
 
-class RedisStreamProvider:
+class RedisStreamProvider(ProviderLifecycle):
     """Streams in Redis, for a cluster. Implements ``StreamProvider``.
 
     ``url_or_client`` is a Redis URL (the provider creates a client at ``start``
@@ -193,13 +197,11 @@ class RedisStreamProvider:
             raise ConfigurationError("service_id must not be empty")
         if max_len < 1:
             raise ConfigurationError(f"max_len must be at least 1, got {max_len}")
+        super().__init__()
         self._source = url_or_client
         self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
         self._service_id = service_id
         self._max_len = max_len
-        self._subscriptions: set[_RedisSubscription] = set()
-        self._state = ProviderState.CREATED
-        self._own_stack = AsyncExitStack()
 
     @property
     def client(self) -> Redis:
@@ -214,36 +216,11 @@ class RedisStreamProvider:
         return f"{key_prefix(sid)}stream:{{{sid}:stream:{stream}}}"
 
     async def start(self, stack: AsyncExitStack) -> None:
-        if self._state is not ProviderState.CREATED:
-            raise RuntimeError(f"the stream provider cannot start: it is {self._state.value}")
+        self._check_startable()
         if isinstance(self._source, str):
             client = self._client = connect(self._source)
             stack.push_async_callback(client.aclose)
-        # Pushed after the client's cleanup so it runs first: subscriptions
-        # give their connections back before an owned client is closed.
-        stack.push_async_callback(self._close)
-        self._state = ProviderState.STARTED
-
-    async def _close(self) -> None:
-        self._state = ProviderState.CLOSED
-        for sub in list(self._subscriptions):
-            await sub.aclose()
-
-    async def __aenter__(self) -> Self:
-        await self.start(self._own_stack)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._own_stack.aclose()
-
-    def forget(self, sub: _RedisSubscription) -> None:
-        """Called by a subscription that closed itself."""
-        self._subscriptions.discard(sub)
+        self._started(stack)
 
     async def publish(self, stream: str, item: Any) -> str:
         self._state.check_usable("publish")
