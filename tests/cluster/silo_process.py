@@ -1,7 +1,8 @@
 """One cluster silo as an OS process, for the multi-process tests.
 
 Run: ``python tests/cluster/silo_process.py --redis-url URL --name NAME``.
-Prints ``READY <silo address> <gateway port>`` once the silo is Active, then
+Prints ``READY <silo address> <gateway port>`` once the silo is Active and sees
+``--expect`` Active silos (so its placement already spreads over all of them), then
 serves until SIGTERM or SIGINT (graceful stop) or SIGKILL (a crash).
 Failure detection uses the short ``FAST_MEMBERSHIP`` options.
 """
@@ -31,7 +32,7 @@ class ProcWhereGrain(Grain):
         return str(self._activation.runtime.address), os.getpid(), self.calls
 
 
-async def main(redis_url: str, name: str) -> None:
+async def main(redis_url: str, name: str, expect: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -40,8 +41,12 @@ async def main(redis_url: str, name: str) -> None:
         redis_url=redis_url, name=name, gateway_port=0, membership=FAST_MEMBERSHIP
     )
     async with Silo(options) as silo:
-        assert silo.membership is not None
-        row = silo.membership.snapshot.get(silo.address)
+        membership = silo.membership
+        assert membership is not None
+        while len(membership.active_silos()) < expect:
+            await membership.refresh()
+            await asyncio.sleep(0.05)  # a poll interval: nothing to await here
+        row = membership.snapshot.get(silo.address)
         assert row is not None
         print(f"READY {silo.address} {row.gateway_port}", flush=True)
         await stop.wait()
@@ -51,5 +56,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--expect", type=int, default=1, help="Active silos to wait for")
     args = parser.parse_args()
-    run(main(args.redis_url, args.name))
+    run(main(args.redis_url, args.name, args.expect))

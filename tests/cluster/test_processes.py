@@ -37,9 +37,12 @@ class SiloProcess:
         self.address = address
 
 
-def _start(redis_url: str, name: str) -> subprocess.Popen[str]:
+def _start(redis_url: str, name: str, expect: int) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(SILO), "--redis-url", redis_url, "--name", name],
+        [
+            *(sys.executable, str(SILO)),
+            *("--redis-url", redis_url, "--name", name, "--expect", str(expect)),
+        ],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -60,7 +63,9 @@ def _ready(proc: subprocess.Popen[str], timeout: float = 20) -> SiloAddress:
 
 @contextmanager
 def silo_processes(redis_url: str, count: int) -> Iterator[list[SiloProcess]]:
-    procs = [_start(redis_url, f"proc-{i}") for i in range(count)]
+    # Each silo reports ready once it sees all of them, so the first calls
+    # already spread over the whole cluster.
+    procs = [_start(redis_url, f"proc-{i}", count) for i in range(count)]
     try:
         yield [SiloProcess(p, _ready(p)) for p in procs]
     finally:
