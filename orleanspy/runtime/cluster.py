@@ -39,20 +39,25 @@ class ClusterLocator:
     with its class's strategy among the Active silos.
     """
 
-    def __init__(
-        self,
-        *,
-        address: Callable[[], SiloAddress],
-        directory: CachedDirectory,
-        membership: MembershipService,
-    ) -> None:
+    def __init__(self, *, address: Callable[[], SiloAddress], directory: CachedDirectory) -> None:
         self._address = address
         self._directory = directory
-        self._membership = membership
+        self._membership_service: MembershipService | None = None
         self._last_refresh = 0.0
         self._alive_for: MembershipSnapshot | None = None
         self._alive_set: set[SiloAddress] = set()
         self._refreshing: asyncio.Future[MembershipSnapshot] | None = None
+
+    def attach(self, membership: MembershipService) -> None:
+        """Wire the membership service (it needs the transport's bound address,
+        so it is created after the dispatcher that owns this locator)."""
+        self._membership_service = membership
+
+    @property
+    def _membership(self) -> MembershipService:
+        if self._membership_service is None:
+            raise RuntimeError("ClusterLocator used before attach(membership)")
+        return self._membership_service
 
     @property
     def local_only(self) -> bool:

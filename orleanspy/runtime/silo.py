@@ -115,6 +115,7 @@ class Silo:
         self.ring: RingFollower | None = None
         self.declared_dead = False
         self._aborted = False
+        self._stop_task: asyncio.Task[None] | None = None
         self._clustered = self.options.redis_url is not None or transport is not None
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
@@ -274,16 +275,12 @@ class Silo:
         def address() -> SiloAddress:
             return self.address
 
-        membership_box: list[MembershipService] = []
+        locator = ClusterLocator(address=address, directory=directory)
         dispatcher = Dispatcher(
             address=self.address,
             clock=self.clock,
             options=o,
-            locator=ClusterLocator(
-                address=address,
-                directory=directory,
-                membership=_Deferred(membership_box),  # type: ignore[arg-type]
-            ),
+            locator=locator,
             grain_types=types,
             transport=transport,
         )
@@ -301,7 +298,7 @@ class Silo:
             options=o.membership,
             on_declared_dead=self._on_declared_dead,
         )
-        membership_box.append(membership)
+        locator.attach(membership)
         self.membership = membership
         stack.push_async_callback(self._final_membership_write, membership)
         await dispatcher.catalog.start(stack)
@@ -402,14 +399,3 @@ class Silo:
     def activation_count(self) -> int:
         """How many activations this silo holds right now."""
         return 0 if self._dispatcher is None else len(self._dispatcher.catalog)
-
-
-class _Deferred:
-    """Forwards attribute access to an object created later (the membership
-    service needs the transport's bound address; the locator needs the service)."""
-
-    def __init__(self, box: list[Any]) -> None:
-        self._box = box
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._box[0], name)
