@@ -114,6 +114,8 @@ class Silo:
         self.membership: MembershipService | None = None
         self.ring: RingFollower | None = None
         self.declared_dead = False
+        self.gateway_port: int | None = None
+        """The port clients connect to (a cluster silo with a gateway), once started."""
         self._aborted = False
         self._stop_task: asyncio.Task[None] | None = None
         self._clustered = self.options.redis_url is not None or transport is not None
@@ -287,6 +289,7 @@ class Silo:
         self._dispatcher = dispatcher
         await transport.start(stack, dispatcher)
         self.address = transport.address
+        self.gateway_port = transport.gateway_port
         dispatcher.address = self.address
         membership = MembershipService(
             table,

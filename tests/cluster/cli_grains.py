@@ -1,0 +1,18 @@
+"""Grains imported by the ``orleanspy silo --import`` test."""
+
+from __future__ import annotations
+
+import os
+
+from orleanspy import Grain, Remindable, TickStatus
+
+
+class CliEchoGrain(Grain, Remindable):
+    async def pid(self) -> int:
+        return os.getpid()
+
+    async def remind_me(self) -> None:
+        await self.register_or_update_reminder("hourly", cron="0 0 * * * *")
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        return None
