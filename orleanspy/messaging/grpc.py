@@ -40,11 +40,8 @@ import hmac
 import logging
 import os
 import time
-import uuid
-from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from typing import Any
 
 # gRPC core logs connection teardown ("Got goaway") at INFO on stderr; only
@@ -61,9 +58,16 @@ from orleanspy.errors import (
     MessageRejectedError,
     SiloUnavailableError,
 )
-from orleanspy.identity import GrainId, GrainKey, SiloAddress
+from orleanspy.identity import SiloAddress
 from orleanspy.messaging._generated import messages_pb2 as pb
-from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
+from orleanspy.messaging.frames import (
+    FrameCodec,
+    InvalidEnvelope,
+    Outbox,
+    WireStats,
+    unencodable,
+)
+from orleanspy.messaging.message import Message
 from orleanspy.messaging.transport import MessageSink
 from orleanspy.options import MessagingOptions, TlsOptions
 
@@ -81,274 +85,12 @@ _GATEWAY_CONNECT = "/orleanspy.v1.GatewayService/Connect"
 
 # Room for envelope fields and frame overhead on top of the largest body allowed.
 _HEADROOM = 1 << 20
-# A rough per-envelope overhead for frame budgeting; exactness does not matter.
-_ENVELOPE_OVERHEAD = 160
 _CONNECT_TIMEOUT = 5.0
 _STOP_FLUSH_TIMEOUT = 2.0
-_SINT64_MIN = -(1 << 63)
-_SINT64_MAX = (1 << 63) - 1
 _MAX_CLIENT_ID = 256
 # grpc-stubs lacks the aio EOF sentinel.
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 _Context = grpc.aio.ServicerContext[Any, Any]
-_KINDS = (MessageKind.REQUEST, MessageKind.RESPONSE, MessageKind.ONE_WAY)
-_STATUSES = (ResponseStatus.OK, ResponseStatus.ERROR, ResponseStatus.REJECTED)
-
-
-@dataclass(slots=True)
-class WireStats:
-    """Counters of one transport or gateway connection (for tests and benchmarks)."""
-
-    frames_sent: int = 0
-    messages_sent: int = 0
-    frames_received: int = 0
-    messages_received: int = 0
-
-
-class _Invalid(Exception):
-    """An envelope that parsed but cannot become a ``Message``."""
-
-
-# --------------------------------------------------------------------- codec
-
-
-class _Codec:
-    """Message <-> Batch frames. Caches silo address text both ways, since a
-    cluster has few silos and every envelope names one or two of them."""
-
-    __slots__ = ("_addr_text", "_text_addr")
-
-    def __init__(self) -> None:
-        self._addr_text: dict[SiloAddress, str] = {}
-        self._text_addr: dict[str, SiloAddress] = {}
-
-    def text(self, address: SiloAddress) -> str:
-        text = self._addr_text.get(address)
-        if text is None:
-            if len(self._addr_text) > 4096:
-                self._addr_text.clear()
-            text = self._addr_text[address] = str(address)
-        return text
-
-    def address(self, text: str) -> SiloAddress:
-        address = self._text_addr.get(text)
-        if address is None:
-            try:
-                address = SiloAddress.parse(text)
-            except ValueError as exc:
-                raise _Invalid(f"bad silo address {text[:100]!r}") from exc
-            # Bounded: a hostile peer could otherwise grow this without limit.
-            if len(self._text_addr) > 4096:
-                self._text_addr.clear()
-            self._text_addr[text] = address
-        return address
-
-    def encode(self, messages: Iterable[Message]) -> bytes:
-        batch = pb.Batch()
-        add = batch.messages.add
-        text = self.text
-        for m in messages:
-            env: Any = add()
-            env.id = m.id
-            if m.kind:
-                env.kind = m.kind
-            grain = m.target_grain
-            if grain is not None:
-                env.grain_type = grain.type_name
-                key = grain.key
-                if isinstance(key, str):
-                    env.s = key
-                elif isinstance(key, int):
-                    env.i = key
-                else:
-                    env.uuid = key.bytes
-            if m.method:
-                env.method = m.method
-            if m.sender_silo is not None:
-                env.sender_silo = text(m.sender_silo)
-            if m.sender_client:
-                env.sender_client = m.sender_client
-            if m.target_silo is not None:
-                env.target_silo = text(m.target_silo)
-            if m.correlation_id:
-                env.correlation_id = m.correlation_id
-            if m.expires_at_ms:
-                env.expires_at_ms = m.expires_at_ms
-            if m.forward_count:
-                env.forward_count = m.forward_count
-            if m.status:
-                env.status = m.status
-            if m.body:
-                env.body = m.body
-            if m.headers:
-                env.headers.update(m.headers)
-        data: bytes = batch.SerializeToString()
-        return data
-
-    @staticmethod
-    def decode(frame: bytes) -> Sequence[Any]:
-        """The envelopes of one frame; raises ``DecodeError`` on garbage."""
-        envelopes: Sequence[Any] = pb.Batch.FromString(frame).messages
-        return envelopes
-
-    def message(self, env: Any, max_body: int) -> Message:
-        """The ``Message`` of a parsed envelope; raises ``_Invalid`` with a reason."""
-        # Indexing the member tuples is much cheaper than calling the enum classes.
-        kind = env.kind
-        if not 0 <= kind < len(_KINDS):
-            raise _Invalid(f"unknown message kind {kind}")
-        status = env.status
-        if not 0 <= status < len(_STATUSES):
-            raise _Invalid(f"unknown response status {status}")
-        body = env.body
-        if len(body) > max_body:
-            raise _Invalid(f"message body of {len(body)} bytes exceeds max_message_size {max_body}")
-        grain = None
-        if env.grain_type:
-            which = env.WhichOneof("grain_key")
-            key: GrainKey
-            try:
-                if which == "s":
-                    key = env.s
-                elif which == "i":
-                    key = env.i
-                elif which == "uuid":
-                    key = uuid.UUID(bytes=env.uuid)
-                else:
-                    raise _Invalid("target grain without a key")
-                grain = GrainId(env.grain_type, key)
-            except (ValueError, TypeError) as exc:
-                raise _Invalid(f"bad target grain: {exc}") from exc
-        sender = env.sender_silo
-        target = env.target_silo
-        return Message(
-            id=env.id,
-            kind=_KINDS[kind],
-            target_grain=grain,
-            method=env.method,
-            body=body,
-            sender_silo=self.address(sender) if sender else None,
-            sender_client=env.sender_client or None,
-            target_silo=self.address(target) if target else None,
-            correlation_id=env.correlation_id,
-            expires_at_ms=env.expires_at_ms,
-            forward_count=env.forward_count,
-            status=_STATUSES[status],
-            headers=dict(env.headers) if env.headers else {},
-        )
-
-    def rejection(self, env: Any, reason: str) -> tuple[Message, SiloAddress | None] | None:
-        """A REJECTED response to an invalid request envelope and where it goes
-        (``None`` address: back down the connection it came on), or ``None`` when
-        the envelope is not a request and is to be dropped."""
-        if env.kind != MessageKind.REQUEST:
-            return None
-        try:
-            sender = self.address(env.sender_silo) if env.sender_silo else None
-        except _Invalid:
-            return None
-        response = Message(
-            id=next_message_id(),
-            kind=MessageKind.RESPONSE,
-            method=env.method[:200],
-            body=reason.encode(),
-            target_silo=sender,
-            sender_client=env.sender_client or None,
-            correlation_id=env.id,
-            status=ResponseStatus.REJECTED,
-        )
-        return response, sender
-
-
-def _unencodable(message: Message) -> str | None:
-    """Why ``message`` cannot go on the wire, or ``None``."""
-    grain = message.target_grain
-    if grain is not None and type(grain.key) is int and not _SINT64_MIN <= grain.key <= _SINT64_MAX:
-        return "int grain keys must fit in 64 bits to travel"
-    return None
-
-
-def _frame_cost(message: Message) -> int:
-    return len(message.body) + len(message.method) + _ENVELOPE_OVERHEAD
-
-
-# -------------------------------------------------------------- frame writer
-
-
-class _Outbox:
-    """A FIFO of messages drained into ``Batch`` frames by one writer task.
-
-    ``pump`` writes until cancelled or a write fails; what was taken for a failed
-    write stays in ``in_flight`` so the owner can hand it back.
-    """
-
-    __slots__ = (
-        "_budget",
-        "_codec",
-        "_max_batch",
-        "_wakeup",
-        "idle",
-        "in_flight",
-        "queue",
-        "stats",
-    )
-
-    def __init__(self, codec: _Codec, options: MessagingOptions, stats: WireStats) -> None:
-        self.queue: deque[Message] = deque()
-        self.in_flight: list[Message] = []
-        self._wakeup = asyncio.Event()
-        # Set while everything pushed has been written; lets a stop flush first.
-        self.idle = asyncio.Event()
-        self.idle.set()
-        self._codec = codec
-        self._max_batch = options.max_batch
-        self._budget = options.max_message_size
-        self.stats = stats
-
-    def push(self, message: Message) -> None:
-        self.queue.append(message)
-        self.idle.clear()
-        self._wakeup.set()
-
-    def wake(self) -> None:
-        self._wakeup.set()
-
-    def take_all(self) -> list[Message]:
-        """Everything not yet written (in flight first, then queued), emptied."""
-        taken = self.in_flight + list(self.queue)
-        self.in_flight = []
-        self.queue.clear()
-        self.idle.set()
-        return taken
-
-    async def pump(
-        self, write: Callable[[bytes], Awaitable[None]], broken: Callable[[], bool]
-    ) -> None:
-        queue = self.queue
-        stats = self.stats
-        while not broken():
-            if not queue:
-                self.idle.set()
-                self._wakeup.clear()
-                await self._wakeup.wait()
-                continue
-            batch = self.in_flight
-            cost = 0
-            # Budget the frame so the receiver's size limit is not hit by many
-            # medium messages together; one message always goes, however large.
-            while queue and len(batch) < self._max_batch:
-                cost += _frame_cost(queue[0])
-                if batch and cost > self._budget:
-                    break
-                batch.append(queue.popleft())
-            frame = self._codec.encode(batch)
-            await write(frame)
-            stats.frames_sent += 1
-            stats.messages_sent += len(batch)
-            self.in_flight = []
-
-
-# ------------------------------------------------------------ grpc plumbing
 
 
 def _read_pem(path: str) -> bytes:
@@ -496,7 +238,7 @@ class _PeerLink:
     def __init__(self, transport: GrpcTransport, target: SiloAddress) -> None:
         self.target = target
         self._transport = transport
-        self.outbox = _Outbox(transport._codec, transport._options, transport.stats)
+        self.outbox = Outbox(transport._codec, transport._options, transport.stats)
         self._broken: Exception | None = None
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(
@@ -566,7 +308,7 @@ class _ClientLink:
 
     def __init__(self, transport: GrpcTransport, client_id: str, context: Any) -> None:
         self.client_id = client_id
-        self.outbox = _Outbox(transport._codec, transport._options, transport.stats)
+        self.outbox = Outbox(transport._codec, transport._options, transport.stats)
         self._context = context
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"orleanspy-grpc-client-{client_id}"
@@ -611,7 +353,7 @@ class GrpcTransport:
         self._advertised_host = advertised_host or host
         self._address: SiloAddress | None = None
         self._gateway_port: int | None = None
-        self._codec = _Codec()
+        self._codec = FrameCodec()
         self._sink: MessageSink | None = None
         self._links: dict[SiloAddress, _PeerLink] = {}
         self._clients: dict[str, _ClientLink] = {}
@@ -722,7 +464,7 @@ class GrpcTransport:
                 ),
             )
             return
-        reason = _unencodable(message)
+        reason = unencodable(message)
         if reason is not None:
             self._later(message, MessageRejectedError(reason))
             return
@@ -735,7 +477,7 @@ class GrpcTransport:
         """Queue ``message`` down a gateway client's stream; an unknown or
         disconnected client means the message is dropped (debug log)."""
         client = self._clients.get(client_id)
-        if client is None or _unencodable(message) is not None:
+        if client is None or unencodable(message) is not None:
             log.debug("dropping message for absent client client=%s id=%d", client_id, message.id)
             return
         client.outbox.push(message)
@@ -847,7 +589,7 @@ class GrpcTransport:
         and itself as the sender, whatever the client wrote.
         """
         try:
-            envelopes = _Codec.decode(frame)
+            envelopes = FrameCodec.decode(frame)
         except DecodeError:
             log.warning("malformed frame bytes=%d client=%s", len(frame), client_id)
             return False
@@ -864,8 +606,8 @@ class GrpcTransport:
                 message = codec.message(env, max_body)
                 target = message.target_silo
                 if target is not None and target.generation != generation:
-                    raise _Invalid(f"message for {target}, this is {me}")
-            except _Invalid as exc:
+                    raise InvalidEnvelope(f"message for {target}, this is {me}")
+            except InvalidEnvelope as exc:
                 self._reject(env, str(exc), client_id)
                 continue
             if client_id is not None:
@@ -926,9 +668,9 @@ class GrpcGatewayConnection:
         self._options = options
         self._on_message = on_message
         self._on_closed = on_closed
-        self._codec = _Codec()
+        self._codec = FrameCodec()
         self.stats = WireStats()
-        self._outbox = _Outbox(self._codec, options, self.stats)
+        self._outbox = Outbox(self._codec, options, self.stats)
         self._channel: grpc.aio.Channel | None = None
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -979,7 +721,7 @@ class GrpcGatewayConnection:
             raise MessageRejectedError(
                 f"message body of {len(message.body)} bytes exceeds max_message_size"
             )
-        reason = _unencodable(message)
+        reason = unencodable(message)
         if reason is not None:
             raise MessageRejectedError(reason)
         self._outbox.push(message)
@@ -1026,13 +768,13 @@ class GrpcGatewayConnection:
                 if frame is _EOF:
                     self._finish(_call_error(what, await call.code(), await call.details()))
                     return
-                envelopes = _Codec.decode(frame)
+                envelopes = FrameCodec.decode(frame)
                 self.stats.frames_received += 1
                 self.stats.messages_received += len(envelopes)
                 for env in envelopes:
                     try:
                         message = codec.message(env, max_body)
-                    except _Invalid as exc:
+                    except InvalidEnvelope as exc:
                         log.warning("dropping invalid message from gateway reason=%s", exc)
                         continue
                     try:
