@@ -2,8 +2,11 @@
 
 Layout (``S`` = ``shards``, default 256), one HASH per shard ``s``::
 
-    orleanspy:<service_id>:dir:{<service_id>:dir:<s>}
+    orleanspy:<service_id>:dir:{<service_id>:<cluster_id>:dir:<s>}
         grain canonical -> msgpack [silo, activation_id]
+
+Activations belong to one cluster, so the cluster id is part of the key: two
+clusters of one service (a blue/green deployment) keep separate directories.
 
 A grain's shard ``s`` is the top bits of its uniform hash (``h * S >> 32``, which
 is exactly the top ``log2 S`` bits when ``S`` is a power of two). Each shard key
@@ -73,8 +76,8 @@ class RedisGrainDirectory:
 
     ``url_or_client``: a URL (the directory creates its client in ``start`` and
     closes it when the stack unwinds) or a ``redis.asyncio.Redis`` client (used
-    as is, never closed here). ``cluster_id`` names the deployment in logs and
-    errors; the keys are per service (see the module doc). At most
+    as is, never closed here). The keys are per service and cluster (see the
+    module doc). At most
     ``max_in_flight`` commands are outstanding at once; keep it at or below the
     client's pool size.
     """
@@ -92,8 +95,8 @@ class RedisGrainDirectory:
             raise ConfigurationError(f"shards must be in 1..{_MAX_SHARDS}, got {shards}")
         if max_in_flight < 1:
             raise ConfigurationError(f"max_in_flight must be at least 1, got {max_in_flight}")
-        if not service_id:
-            raise ConfigurationError("service_id must not be empty")
+        if not service_id or not cluster_id:
+            raise ConfigurationError("service_id and cluster_id must not be empty")
         self._url = url_or_client if isinstance(url_or_client, str) else None
         self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
         self.cluster_id = cluster_id
@@ -113,7 +116,7 @@ class RedisGrainDirectory:
 
     def key_of(self, shard: int) -> str:
         """The HASH key of ``shard`` (its own cluster hash tag)."""
-        return f"{self._prefix}{{{self.service_id}:dir:{shard}}}"
+        return f"{self._prefix}{{{self.service_id}:{self.cluster_id}:dir:{shard}}}"
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Create the client if given a URL (closed on ``stack``), load the scripts and

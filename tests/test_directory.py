@@ -248,12 +248,26 @@ async def test_redis_layout_and_sharding(redis_url: str) -> None:
         await d.register(g, a)
         shard = g.uniform_hash() >> 24  # 256 shards: the top 8 bits
         assert d.shard_of(g) == shard
-        key = f"orleanspy:shop:dir:{{shop:dir:{shard}}}"
+        key = f"orleanspy:shop:dir:{{shop:dev:dir:{shard}}}"
         assert d.key_of(shard) == key
         client = _redis.connect(redis_url)
         stack.push_async_callback(client.aclose)
         assert await client.keys("*") == [key.encode()]
         assert await client.hkeys(key) == [g.canonical.encode()]
+
+
+async def test_redis_clusters_of_one_service_keep_separate_directories(redis_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        blue = RedisGrainDirectory(redis_url, cluster_id="blue", service_id="shop")
+        green = RedisGrainDirectory(redis_url, cluster_id="green", service_id="shop")
+        await blue.start(stack)
+        await green.start(stack)
+        g = GrainId("G", "k")
+        a, b = addr(), addr()
+        assert await blue.register(g, a) == a
+        assert await green.register(g, b) == b  # not blue's winner
+        assert await blue.lookup(g) == a
+        assert await green.lookup(g) == b
 
 
 async def test_redis_uses_a_given_client_without_closing_it(redis_url: str) -> None:
