@@ -4,12 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck check cluster-demo bench protos clean
+.PHONY: demo test lint typecheck cluster-demo bench protos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@echo "installing orleanspy and its test tools into $(VENV) (log: $(VENV)/install.log)"
+	@( $(BIN)/python -m pip install --upgrade pip && \
+	   $(BIN)/python -m pip install -e '.[dev]' ) > $(VENV)/install.log 2>&1 \
+	   || { tail -n 30 $(VENV)/install.log; exit 1; }
 	touch $(STAMP)
 
 demo: $(STAMP)
