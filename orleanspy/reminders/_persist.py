@@ -23,7 +23,7 @@ from datetime import datetime
 from orleanspy.clock import Clock
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._ticker import Backoff, raise_if_cancelled
-from orleanspy.reminders.model import ScheduleUpdate
+from orleanspy.reminders.model import ScheduleUpdate, row_key
 from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
 
 __all__ = ["Persister", "update_key"]
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def update_key(update: ScheduleUpdate) -> str:
     """The row key of an update (same form as ``ReminderEntry.key``)."""
-    return f"{update.grain_id.canonical}|{update.name}"
+    return row_key(update.grain_id, update.name)
 
 
 class Persister:

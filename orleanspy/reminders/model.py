@@ -19,7 +19,14 @@ __all__ = [
     "ReminderPriority",
     "ScheduleUpdate",
     "TickStatus",
+    "row_key",
 ]
+
+
+def row_key(grain_id: GrainId, name: str) -> str:
+    """``grain_id.canonical|name``: a row's key inside its shard, and its identity in
+    the service's memory. (Names cannot contain ``|``; registration refuses them.)"""
+    return f"{grain_id.canonical}|{name}"
 
 
 class ReminderPriority(enum.IntEnum):
@@ -73,7 +80,7 @@ class ReminderEntry:
     @property
     def key(self) -> str:
         """``grain_id.canonical|name``: the row's key inside its shard."""
-        return f"{self.grain_id.canonical}|{self.name}"
+        return row_key(self.grain_id, self.name)
 
     @property
     def hash(self) -> int:

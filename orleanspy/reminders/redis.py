@@ -33,7 +33,7 @@ from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate, row_key
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, unpack
 
@@ -288,7 +288,7 @@ class RedisReminderTable:
     ) -> tuple[list[str], list[Any]]:
         h = grain_id.uniform_hash()
         s = self.shard_of(h)
-        key = f"{grain_id.canonical}|{name}"
+        key = row_key(grain_id, name)
         due_ms = to_ms(next_due)
         keys = [self._key(s, "rows"), self._key(s, "due"), self._key(s, "etag")]
         args: list[Any] = [
@@ -343,7 +343,7 @@ class RedisReminderTable:
         """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
         h = grain_id.uniform_hash()
         s = self.shard_of(h)
-        key = f"{grain_id.canonical}|{name}"
+        key = row_key(grain_id, name)
         with translate_errors("reminder remove"):
             done = await self._script("remove")(
                 keys=[self._key(s, "rows"), self._key(s, "due"), self._key(s, "grain")],
@@ -362,7 +362,7 @@ class RedisReminderTable:
     async def read(self, grain_id: GrainId, name: str) -> ReminderEntry | None:
         s = self.shard_of(grain_id.uniform_hash())
         with translate_errors("reminder read"):
-            raw = await self._c.hget(self._key(s, "rows"), f"{grain_id.canonical}|{name}")
+            raw = await self._c.hget(self._key(s, "rows"), row_key(grain_id, name))
         return None if raw is None else _decode_row(raw)
 
     async def read_grain(self, grain_id: GrainId) -> list[ReminderEntry]:

@@ -82,6 +82,7 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     ScheduleUpdate,
     TickStatus,
+    row_key,
 )
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.table import ReminderTable
@@ -263,7 +264,7 @@ class ReminderService:
         grain_id, name, next_due = change.grain_id, change.name, change.next_due
         if not self._ownership.owns(grain_id):
             return
-        key = f"{grain_id.canonical}|{name}"
+        key = row_key(grain_id, name)
         if self._reading:
             self._touched.add(key)
         row = self._window.get(key)
