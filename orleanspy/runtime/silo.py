@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-import os
 import time
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Self, TypeVar, overload
 
@@ -27,7 +27,7 @@ from orleanspy.membership.table import MembershipTable, SiloStatus
 from orleanspy.messaging.transport import Transport
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
-from orleanspy.reminders._adaptive import LoadSignals, read_memory_load
+from orleanspy.reminders._adaptive import LoadSignals, default_load
 from orleanspy.reminders.management import MANAGEMENT_TYPE, ReminderManagementGrain
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
 from orleanspy.reminders.registration import register_declared_reminders
@@ -365,11 +365,10 @@ class Silo:
         async def publish_missed(event: MissedReminder) -> None:
             await streams.publish(MISSED_REMINDERS_STREAM, event)
 
-        memory_load = read_memory_load()
-        cpus = os.cpu_count() or 1
-
         def load() -> LoadSignals:
-            return LoadSignals(cpus, memory_load, len(dispatcher.catalog))
+            # Read at every refill (the adaptive bucket follows memory pressure as it
+            # changes), with this silo's activation count as the grain signal.
+            return replace(default_load(), active_grains=len(dispatcher.catalog))
 
         service = ReminderService(
             table,
