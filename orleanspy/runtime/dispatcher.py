@@ -97,9 +97,6 @@ class Dispatcher:
     def get_grain(self, grain: Any, key: Any) -> Any:
         return self.factory.get_grain(grain, key)
 
-    def set_transport(self, transport: Transport) -> None:
-        self._transport = transport
-
     # -- outgoing calls (CallInvoker) ---------------------------------------------------
 
     async def invoke(
