@@ -13,6 +13,7 @@ from contextlib import contextmanager
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
 
+from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import StorageError, StorageUnavailableError
 
 __all__ = ["Redis", "connect", "key_prefix", "translate_errors"]
@@ -44,10 +45,14 @@ def key_prefix(service_id: str) -> str:
 
 @contextmanager
 def translate_errors(what: str) -> Iterator[None]:
-    """Re-raise redis errors as the project's storage errors, naming ``what``."""
+    """Re-raise redis errors as the project's storage errors, naming ``what``; and
+    re-raise a cancellation redis-py swallowed (see ``orleanspy._tasks``)."""
     try:
         yield
     except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+        raise_if_cancelled()  # the failure may be how the client ended a cancelled call
         raise StorageUnavailableError(f"redis unavailable during {what}: {exc}") from exc
     except rexc.RedisError as exc:
+        raise_if_cancelled()
         raise StorageError(f"redis error during {what}: {exc}") from exc
+    raise_if_cancelled()

@@ -52,6 +52,7 @@ import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
 
+from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import (
     AuthenticationError,
     ClosedError,
@@ -522,6 +523,7 @@ class GrpcTransport:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            raise_if_cancelled()  # grpc.aio reports a cancelled call as a CANCELLED error
             log.debug("ping failed target=%s error=%r", target, exc)
             return False
 

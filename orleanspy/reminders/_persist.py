@@ -20,9 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import datetime
 
+from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._ticker import Backoff, raise_if_cancelled
+from orleanspy.reminders._ticker import Backoff
 from orleanspy.reminders.model import ScheduleUpdate, row_key
 from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
 

@@ -19,7 +19,7 @@ from orleanspy.clock import Clock
 from orleanspy.reminders._window import DueWindow, Row
 from orleanspy.reminders.model import MissedReminderAction
 
-__all__ = ["Backoff", "TickPlan", "Ticker", "plan_tick", "raise_if_cancelled", "sleep_or_wake"]
+__all__ = ["Backoff", "TickPlan", "Ticker", "plan_tick", "sleep_or_wake"]
 
 
 async def sleep_or_wake(clock: Clock, deadline: datetime | None, wake: asyncio.Event) -> None:
@@ -39,18 +39,6 @@ async def sleep_or_wake(clock: Clock, deadline: datetime | None, wake: asyncio.E
             w.cancel()
         # Reap the helpers so none outlives this call (no "pending task" at exit).
         await asyncio.gather(*waiters, return_exceptions=True)
-
-
-def raise_if_cancelled() -> None:
-    """Raise ``CancelledError`` if this task was asked to stop.
-
-    A store client may finish a call that was cancelled instead of raising
-    (redis-py's pooled pipelines do at times): a loop that awaits only such calls
-    would then never see its cancellation and a stopping silo would wait on it forever.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 class Ticker:

@@ -50,6 +50,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
 from orleanspy.errors import (
     ActivationError,
@@ -71,7 +72,6 @@ from orleanspy.reminders._ticker import (
     Ticker,
     TickPlan,
     plan_tick,
-    raise_if_cancelled,
     sleep_or_wake,
 )
 from orleanspy.reminders._window import DueWindow, Row, RowState
