@@ -106,6 +106,9 @@ async def test_graceful_stop_hands_grains_on_and_writes_dead(redis_url: str) -> 
         await cluster.stop(victim)
 
         assert cluster.silos[victim].state is SiloState.STOPPED
+        # The client learns of the closed gateway stream asynchronously; calls
+        # already on that stream fail (never silently re-sent), so wait for it.
+        await cluster.wait_for(lambda: len(client.gateways) == 2, timeout=5)
         after = await hits(client, range(30))
         gone = str(cluster.silos[victim].address)
         assert gone not in {h[0] for h in after}
