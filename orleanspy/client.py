@@ -192,7 +192,7 @@ class ClusterClient:
         if one_way:
             conn.send(msg)
             return None
-        fut = self._pending.add(msg.id, f"{grain_id}.{method}", endpoint)
+        fut = self._pending.add(msg.id, grain_id, method, endpoint)
         try:
             conn.send(msg)
             response = await fut

@@ -110,7 +110,10 @@ class SiloAddress:
     host: str
     port: int
     generation: int = 0
+    _py_hash: int = field(default=0, init=False, compare=False, repr=False)
 
+    # Silo addresses key the hot dictionaries of every send (links, liveness,
+    # address text): cache the hash, as GrainId does.
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
@@ -123,7 +126,11 @@ class SiloAddress:
         )
 
     def __hash__(self) -> int:
-        return hash((self.port, self.generation, self.host))
+        h = self._py_hash
+        if not h:
+            h = hash((self.port, self.generation, self.host)) or 1
+            object.__setattr__(self, "_py_hash", h)
+        return h
 
     @property
     def endpoint(self) -> str:

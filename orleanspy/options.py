@@ -74,7 +74,7 @@ class MessagingOptions:
     response_timeout: timedelta = timedelta(seconds=30)
     max_message_size: int = 4 * 1024 * 1024
     max_forward_count: int = 2
-    max_batch: int = 512
+    max_batch: int = 32
     cluster_secret: str | None = None
     tls: TlsOptions | None = None
 

@@ -99,7 +99,39 @@ class GrainReference:
 
 def make_reference(invoker: CallInvoker, grain_id: GrainId) -> GrainReference:
     """A reference for ``grain_id``, typed by its registered class when known."""
-    return GrainReference(invoker, grain_id, registered_definitions().get(grain_id.type_name))
+    definition = registered_definitions().get(grain_id.type_name)
+    if definition is None:
+        return GrainReference(invoker, grain_id, None)
+    return _proxy_class(definition)(invoker, grain_id, definition)
+
+
+# One proxy class per grain class, built on first use: its methods are real
+# attributes, so a call is a plain method lookup, not ``__getattr__`` and a new
+# closure each time.
+_proxy_classes: dict[type[Grain], type[GrainReference]] = {}
+
+
+def _proxy_class(definition: GrainDefinition) -> type[GrainReference]:
+    cls = _proxy_classes.get(definition.cls)
+    if cls is None:
+        methods: dict[str, Any] = {"__slots__": ()}
+        for name, info in definition.methods.items():
+            # Names the reference itself defines (``grain_id``) keep their meaning.
+            if not hasattr(GrainReference, name):
+                methods[name] = _proxy_method(name, info.one_way)
+        cls = type(f"{definition.type_name}Reference", (GrainReference,), methods)
+        _proxy_classes[definition.cls] = cls
+    return cls
+
+
+def _proxy_method(name: str, one_way: bool) -> Callable[..., Coroutine[Any, Any, Any]]:
+    # A plain function returning the invoker's coroutine: awaiting it is the
+    # call, without one more coroutine frame per call.
+    def call(self: GrainReference, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+        return self._invoker.invoke(self._grain_id, name, args, kwargs, one_way=one_way)
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 class GrainFactory:
@@ -124,7 +156,8 @@ class GrainFactory:
             gid = GrainId(grain, key)
             return make_reference(self._invoker, gid)
         defn = definition_of(grain)
-        return cast(G, GrainReference(self._invoker, GrainId(defn.type_name, key), defn))
+        proxy = _proxy_class(defn)(self._invoker, GrainId(defn.type_name, key), defn)
+        return cast(G, proxy)
 
     def reference(self, grain_id: GrainId, _interface: str | None = None) -> GrainReference:
         """A reference for a grain id (used to decode references off the wire)."""

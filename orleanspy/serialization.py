@@ -117,19 +117,26 @@ class Codec:
     decode to their ``GrainId``.
     """
 
-    __slots__ = ("_reference_factory",)
+    __slots__ = ("_packer", "_packing", "_reference_factory")
 
     def __init__(self, reference_factory: Callable[[GrainId, str | None], Any] | None = None):
         self._reference_factory = reference_factory
+        # One packer reused for every top-level encode (``msgpack.packb`` builds
+        # a new one per call, which costs more than packing a small call). It
+        # is not re-entrant, so a nested encode (one from inside the default
+        # hook) packs with a fresh one. A codec belongs to one event loop (one thread).
+        self._packer = msgpack.Packer(default=_default, use_bin_type=True, datetime=False)
+        self._packing = False
 
     def encode(self, value: Any) -> bytes:
         """``value`` as bytes, or ``SerializationError`` naming what cannot travel."""
+        if self._packing:
+            return _encode(_packb, value)
+        self._packing = True
         try:
-            return _packb(value)
-        except SerializationError:
-            raise
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise SerializationError(f"cannot serialize value: {exc}") from exc
+            return _encode(self._packer.pack, value)
+        finally:
+            self._packing = False
 
     def decode(self, data: bytes) -> Any:
         """The value ``encode`` produced, or ``SerializationError`` for bad bytes."""
@@ -209,8 +216,17 @@ _plain = Codec()
 
 
 def pack(value: Any) -> bytes:
-    """Encode with a codec that has no reference factory (storage rows, tests)."""
-    return _plain.encode(value)
+    """Encode with no reference factory (storage rows, tests); safe from any thread."""
+    return _encode(_packb, value)
+
+
+def _encode(packer: Callable[[Any], bytes], value: Any) -> bytes:
+    try:
+        return packer(value)
+    except SerializationError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SerializationError(f"cannot serialize value: {exc}") from exc
 
 
 def unpack(data: bytes) -> Any:

@@ -107,3 +107,15 @@ def test_reference_factory_rebuilds_proxies() -> None:
 def test_register_type_requires_dataclass() -> None:
     with pytest.raises(SerializationError):
         register_type(int)
+
+
+def test_codec_reuses_its_packer_safely() -> None:
+    # Nested values (a dataclass holding a datetime and a grain id) are packed
+    # from inside the default hook while the codec's own packer is mid-value.
+    codec = Codec()
+    order = Order(2, ["y"], datetime(2031, 5, 6, tzinfo=ZoneInfo("Asia/Tokyo")), GrainId("U", 1))
+    assert codec.decode(codec.encode([order, order])) == [order, order]
+    # A failed encode leaves nothing behind in the packer for the next one.
+    with pytest.raises(SerializationError, match="Unregistered"):
+        codec.encode([1, 2, Unregistered(3)])
+    assert codec.encode({"k": [1, 2]}) == pack({"k": [1, 2]})

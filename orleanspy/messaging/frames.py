@@ -25,6 +25,7 @@ __all__ = ["FrameCodec", "InvalidEnvelope", "Outbox", "WireStats", "unencodable"
 _ENVELOPE_OVERHEAD = 160
 _SINT64_MIN = -(1 << 63)
 _SINT64_MAX = (1 << 63) - 1
+_GRAIN_CACHE_SIZE = 8192
 _KINDS = (MessageKind.REQUEST, MessageKind.RESPONSE, MessageKind.ONE_WAY)
 _STATUSES = (ResponseStatus.OK, ResponseStatus.ERROR, ResponseStatus.REJECTED)
 
@@ -50,11 +51,20 @@ class FrameCodec:
     """Message <-> Batch frames. Caches silo address text both ways, since a
     cluster has few silos and every envelope names one or two of them."""
 
-    __slots__ = ("_addr_text", "_text_addr")
+    __slots__ = ("_addr_text", "_grains", "_text_addr")
 
     def __init__(self) -> None:
         self._addr_text: dict[SiloAddress, str] = {}
         self._text_addr: dict[str, SiloAddress] = {}
+        # Recently decoded grain ids: a hit skips GrainId's validation and
+        # brings its cached hash, which the catalog lookup that follows uses.
+        self._grains: dict[tuple[str, GrainKey], GrainId] = {}
+
+    def remember(self, address: SiloAddress) -> None:
+        """Decode ``address``'s text to this very object (the local silo's),
+        so the runtime's "is it me?" tests succeed on identity."""
+        self._addr_text[address] = text = str(address)
+        self._text_addr[text] = address
 
     def text(self, address: SiloAddress) -> str:
         text = self._addr_text.get(address)
@@ -76,6 +86,18 @@ class FrameCodec:
                 self._text_addr.clear()
             self._text_addr[text] = address
         return address
+
+    def _grain(self, type_name: str, key: GrainKey) -> GrainId:
+        # Keys off the wire are str, int or UUID, which never compare equal
+        # across types, so (type, key) identifies the grain.
+        grains = self._grains
+        grain = grains.get((type_name, key))
+        if grain is None:
+            grain = GrainId(type_name, key)
+            if len(grains) >= _GRAIN_CACHE_SIZE:
+                grains.clear()  # bounded: a peer naming ever new grains cannot grow it
+            grains[type_name, key] = grain
+        return grain
 
     def encode(self, messages: Iterable[Message]) -> bytes:
         batch = pb.Batch()
@@ -152,7 +174,7 @@ class FrameCodec:
                     key = uuid.UUID(bytes=env.uuid)
                 else:
                     raise InvalidEnvelope("target grain without a key")
-                grain = GrainId(env.grain_type, key)
+                grain = self._grain(env.grain_type, key)
             except (ValueError, TypeError) as exc:
                 raise InvalidEnvelope(f"bad target grain: {exc}") from exc
         sender = env.sender_silo

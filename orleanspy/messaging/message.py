@@ -84,12 +84,15 @@ class Message:
         )
 
     def response(self, status: ResponseStatus, body: bytes) -> Message:
-        """The response to this request, addressed back to its sender."""
+        """The response to this request, addressed back to its sender.
+
+        It names no grain or method: the caller finds its call by
+        ``correlation_id``, and leaving them out keeps responses cheap to encode
+        and decode.
+        """
         return Message(
             id=next_message_id(),
             kind=MessageKind.RESPONSE,
-            target_grain=self.target_grain,
-            method=self.method,
             body=body,
             target_silo=self.sender_silo,
             sender_client=self.sender_client,

@@ -123,7 +123,7 @@ class Dispatcher:
         if one_way:
             self.route(msg)
             return None
-        fut = self._pending.add(msg.id, f"{grain_id}.{method}")
+        fut = self._pending.add(msg.id, grain_id, method)
         try:
             self.route(msg)
             response = await fut
@@ -133,8 +133,12 @@ class Dispatcher:
 
     # -- routing ------------------------------------------------------------------------
 
-    def route(self, msg: Message) -> None:
-        """Deliver a request or one-way message locally, or send it where it belongs."""
+    def route(self, msg: Message, *, eager: bool = False) -> None:
+        """Deliver a request or one-way message locally, or send it where it belongs.
+
+        ``eager`` (network arrivals only): a turn that can start at once runs its
+        first step before this returns; see ``runtime.eager``.
+        """
         gid = msg.target_grain
         if gid is None:
             self._reject(msg, MessageRejectedError("message without a target grain"))
@@ -154,9 +158,9 @@ class Dispatcher:
             return
         act = self.catalog.get(gid)
         if act is not None:
-            act.enqueue(msg)
+            act.enqueue(msg, eager=eager)
             return
-        if msg.target_silo == self.address or self._locator.local_only:
+        if _is_here(msg.target_silo, self.address) or self._locator.local_only:
             self.catalog.get_or_create(gid, defn).enqueue(msg)
             return
         silo = self._locator.cached(gid)
@@ -176,7 +180,7 @@ class Dispatcher:
 
     def _send_to(self, silo: SiloAddress, msg: Message) -> None:
         msg.target_silo = silo
-        if silo == self.address:
+        if _is_here(silo, self.address):
             self.route(msg)
         elif self._transport is None:
             self._reject(msg, MessageRejectedError(f"no transport to reach {silo}"))
@@ -215,7 +219,7 @@ class Dispatcher:
 
     def send_response(self, response: Message) -> None:
         target = response.target_silo
-        if target is None or target == self.address:
+        if target is None or _is_here(target, self.address):
             if response.sender_client is not None and self._transport is not None:
                 self._transport.send_to_client(response.sender_client, response)
             else:
@@ -238,7 +242,7 @@ class Dispatcher:
         if message.expires_at_ms and message.expires_at_ms < self.clock.now_ms():
             log.debug("dropped expired message id=%d", message.id)
             return
-        self.route(message)
+        self.route(message, eager=True)
 
     def undeliverable(self, message: Message, error: Exception) -> None:
         """The transport could not deliver: route again if the target silo turns out
@@ -313,3 +317,10 @@ class Dispatcher:
     async def close(self, exc: Exception) -> None:
         """Fail every call still waiting and stop the timeout sweeper (silo stopped)."""
         await self._pending.close(exc)
+
+
+def _is_here(silo: SiloAddress | None, here: SiloAddress) -> bool:
+    # Asked several times per call: the identity test settles nearly every
+    # case (addresses off the wire are the transport's own object, see
+    # ``FrameCodec.remember``) without a call to ``SiloAddress.__eq__``.
+    return silo is here or (silo is not None and silo == here)

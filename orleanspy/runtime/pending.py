@@ -33,7 +33,7 @@ class PendingCalls(Generic[T]):
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self._futures: dict[int, tuple[asyncio.Future[T], object]] = {}
-        self._deadlines: deque[tuple[float, int, str]] = deque()
+        self._deadlines: deque[tuple[float, int, object, str]] = deque()
         self._wakeup = asyncio.Event()
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
@@ -41,12 +41,15 @@ class PendingCalls(Generic[T]):
     def __len__(self) -> int:
         return len(self._futures)
 
-    def add(self, msg_id: int, what: str, tag: object = None) -> asyncio.Future[T]:
-        """A future for call ``msg_id``; ``what`` names it in a timeout error."""
+    def add(
+        self, msg_id: int, target: object, method: str, tag: object = None
+    ) -> asyncio.Future[T]:
+        """A future for call ``msg_id``; a timeout error names it ``target.method``
+        (formatted only then: most calls never time out)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
         self._futures[msg_id] = (fut, tag)
-        self._deadlines.append((loop.time() + self.timeout, msg_id, what))
+        self._deadlines.append((loop.time() + self.timeout, msg_id, target, method))
         if self._sweeper is None and not self._closed:
             self._sweeper = loop.create_task(self._sweep())
         elif len(self._deadlines) == 1:
@@ -91,7 +94,7 @@ class PendingCalls(Generic[T]):
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            deadline, msg_id, what = deadlines[0]
+            deadline, msg_id, target, method = deadlines[0]
             delay = deadline - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -100,5 +103,7 @@ class PendingCalls(Generic[T]):
             entry = self._futures.pop(msg_id, None)
             if entry is not None and not entry[0].done():
                 entry[0].set_exception(
-                    GrainCallTimeoutError(f"{what}: no response within {self.timeout:g}s")
+                    GrainCallTimeoutError(
+                        f"{target}.{method}: no response within {self.timeout:g}s"
+                    )
                 )

@@ -8,9 +8,11 @@ grains through their gateways. Failure detection runs with short options
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections import Counter
 from contextlib import AsyncExitStack
+from datetime import timedelta
 
 import grpc
 import grpc.aio
@@ -27,6 +29,7 @@ from orleanspy.identity import GrainId
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.membership.table import SiloStatus
 from orleanspy.options import MembershipOptions, MessagingOptions, SiloOptions
+from orleanspy.placement import HashBasedPlacement
 from orleanspy.runtime.silo import SiloState
 from orleanspy.testing.cluster import FAST_MEMBERSHIP, InProcessCluster
 
@@ -46,6 +49,31 @@ class ClusterWhereGrain(Grain):
     async def hit(self) -> tuple[str, str, int]:
         self.calls += 1
         return str(self._activation.runtime.address), self.activation, self.calls
+
+
+class RelayGrain(Grain, placement=HashBasedPlacement()):
+    """Suspends at the start of every turn, so a turn that arrives over the
+    network runs its first step at once and goes on as a task."""
+
+    async def on_activate(self) -> None:
+        self.log: list[int] = []
+        self.inside = 0
+
+    async def bounce(self, other_key: str, depth: int) -> list[str]:
+        await asyncio.sleep(0)
+        here = str(self._activation.runtime.address)
+        if depth == 0:
+            return [here]
+        other = self.get_grain(RelayGrain, other_key)
+        return [here, *await other.bounce(str(self.grain_key), depth - 1)]
+
+    async def record(self, i: int) -> tuple[list[int], int]:
+        self.inside += 1
+        inside = self.inside
+        await asyncio.sleep(0)
+        self.log.append(i)
+        self.inside -= 1
+        return list(self.log), inside
 
 
 def detection_bound(m: MembershipOptions) -> float:
@@ -264,3 +292,31 @@ async def test_in_process_cluster_add_joins_a_new_silo(redis_url: str) -> None:
         assert added.address in cluster.silos[0].membership.active_silos()  # type: ignore[union-attr]
         with pytest.raises(TimeoutError, match="never"):
             await cluster.wait_for(lambda: False, timeout=0.1, what="never")
+
+
+async def test_turns_that_suspend_keep_their_call_chain_and_their_order(redis_url: str) -> None:
+    # A short timeout: a lost call chain would deadlock a -> b -> a until it.
+    messaging = MessagingOptions(response_timeout=timedelta(seconds=5))
+    async with InProcessCluster(
+        redis_url, size=2, membership=FAST_MEMBERSHIP, messaging=messaging
+    ) as cluster:
+        silos = cluster.silos[0].membership.active_silos()  # type: ignore[union-attr]
+        home = {
+            k: HashBasedPlacement().choose(GrainId("RelayGrain", k), None, silos)
+            for k in map(str, itertools.islice(itertools.count(), 40))
+        }
+        a = next(k for k in home if home[k] == silos[0])
+        b = next(k for k in home if home[k] == silos[1])
+        client = await cluster.client()
+
+        # a -> b -> a -> b -> a: each call back in is admitted because the chain
+        # set in the turn's first step is still there after it suspended.
+        path = await client.get_grain(RelayGrain, a).bounce(b, 4)
+        assert path == [str(s) for s in (silos[0], silos[1], silos[0], silos[1], silos[0])]
+
+        # Twenty calls sent together over one stream (silo 0 to b's silo): one
+        # turn at a time, in arrival order.
+        ref = cluster.silos[0].client.get_grain(RelayGrain, b)
+        results = await asyncio.gather(*(ref.record(i) for i in range(20)))
+        assert [log for log, _ in results] == [list(range(i + 1)) for i in range(20)]
+        assert {inside for _, inside in results} == {1}

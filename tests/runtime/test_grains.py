@@ -12,6 +12,7 @@ from orleanspy import (
     ClosedError,
     Grain,
     GrainCallTimeoutError,
+    GrainId,
     GrainMethodNotFoundError,
     MessagingOptions,
     RemoteGrainError,
@@ -23,6 +24,7 @@ from orleanspy import (
     read_only,
     reentrant,
 )
+from orleanspy.reference import GrainReference
 
 
 class ActivationCountingGrain(Grain):
@@ -243,6 +245,45 @@ async def test_private_sync_and_base_methods_are_not_callable(silo: Silo) -> Non
 async def test_unknown_grain_type_is_rejected(silo: Silo) -> None:
     with pytest.raises(UnknownGrainTypeError, match="NoSuchGrain"):
         await silo.client.get_grain("NoSuchGrain", "k").anything()
+
+
+async def test_typed_proxies_are_one_class_per_grain_class_with_real_methods(silo: Silo) -> None:
+    ref = silo.client.get_grain(PingGrain, 1)
+    by_name = silo.client.get_grain("PingGrain", 2)
+    assert isinstance(ref, GrainReference)
+    assert type(by_name) is type(ref)
+    assert "echo" in vars(type(ref))  # a method of the class, not a __getattr__ closure
+    assert ref.grain_id == GrainId("PingGrain", 1)  # the reference's own names keep their meaning
+    assert await ref.echo("typed") == "typed"
+    assert await by_name.echo("by name") == "by name"
+
+
+class LoopingGrain(Grain):
+    async def echo_many(self, times: int) -> None:
+        ping = self.get_grain(PingGrain, "loop")
+        for i in range(times):
+            await ping.echo(i)
+
+
+async def test_a_grain_calling_local_grains_in_a_loop_still_yields_to_the_loop(
+    silo: Silo,
+) -> None:
+    # Local turns start as tasks (only network arrivals run eagerly), so a grain
+    # awaiting local grains back to back cannot starve everything else.
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    try:
+        await silo.client.get_grain(LoopingGrain, 1).echo_many(200)
+    finally:
+        task.cancel()
+    assert ticks >= 200
 
 
 async def test_untyped_proxy_calls_by_type_name(silo: Silo) -> None:
