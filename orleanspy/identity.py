@@ -146,9 +146,33 @@ class SiloAddress:
 
     @classmethod
     def parse(cls, text: str) -> SiloAddress:
-        """Read back ``str(address)``."""
-        endpoint, sep, gen = text.rpartition("@")
-        host, colon, port = endpoint.rpartition(":")
-        if not sep or not colon:
-            raise ValueError(f"not a silo address: {text!r}")
-        return cls(host.strip("[]"), int(port), int(gen))
+        """Read back ``str(address)``.
+
+        Equal texts give the same object (see ``intern``), so the addresses a
+        silo reads from membership, the directory and the wire compare by
+        identity in its hot paths.
+        """
+        address = _interned.get(text)
+        if address is None:
+            endpoint, sep, gen = text.rpartition("@")
+            host, colon, port = endpoint.rpartition(":")
+            if not sep or not colon:
+                raise ValueError(f"not a silo address: {text!r}")
+            address = cls(host.strip("[]"), int(port), int(gen)).intern()
+        return address
+
+    def intern(self) -> SiloAddress:
+        """The one shared object equal to this address (this one, if it is the first)."""
+        text = str(self)
+        address = _interned.get(text)
+        if address is None:
+            if len(_interned) >= _INTERN_LIMIT:
+                _interned.clear()  # bounded; a cleared address is merely re-made
+            address = _interned[text] = self
+        return address
+
+
+# A process meets few silos (one per silo run), so this stays small; the limit
+# only guards against a peer sending ever new addresses.
+_INTERN_LIMIT = 4096
+_interned: dict[str, SiloAddress] = {}

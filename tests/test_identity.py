@@ -61,3 +61,14 @@ def test_silo_address_round_trip() -> None:
     for a in (SiloAddress("127.0.0.1", 11111, 5), SiloAddress("::1", 1, 2)):
         assert SiloAddress.parse(str(a)) == a
     assert SiloAddress("::1", 1, 2).endpoint == "[::1]:1"
+
+
+def test_parsed_silo_addresses_are_interned() -> None:
+    text = "10.9.8.7:4242@1700000000123"
+    first = SiloAddress.parse(text)
+    assert SiloAddress.parse(text) is first
+    made = SiloAddress("10.9.8.7", 4242, 1700000000123)
+    assert made == first and made is not first and hash(made) == hash(first)
+    assert made.intern() is first
+    fresh = SiloAddress("10.9.8.7", 4243, 1).intern()  # the first of its kind is kept
+    assert SiloAddress.parse(str(fresh)) is fresh

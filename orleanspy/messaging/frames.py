@@ -48,23 +48,16 @@ class InvalidEnvelope(Exception):
 
 
 class FrameCodec:
-    """Message <-> Batch frames. Caches silo address text both ways, since a
-    cluster has few silos and every envelope names one or two of them."""
+    """Message <-> Batch frames. Caches what every envelope repeats: silo
+    address text (a cluster has few silos) and recently seen grain ids."""
 
-    __slots__ = ("_addr_text", "_grains", "_text_addr")
+    __slots__ = ("_addr_text", "_grains")
 
     def __init__(self) -> None:
         self._addr_text: dict[SiloAddress, str] = {}
-        self._text_addr: dict[str, SiloAddress] = {}
         # Recently decoded grain ids: a hit skips GrainId's validation and
         # brings its cached hash, which the catalog lookup that follows uses.
         self._grains: dict[tuple[str, GrainKey], GrainId] = {}
-
-    def remember(self, address: SiloAddress) -> None:
-        """Decode ``address``'s text to this very object (the local silo's),
-        so the runtime's "is it me?" tests succeed on identity."""
-        self._addr_text[address] = text = str(address)
-        self._text_addr[text] = address
 
     def text(self, address: SiloAddress) -> str:
         text = self._addr_text.get(address)
@@ -74,18 +67,14 @@ class FrameCodec:
             text = self._addr_text[address] = str(address)
         return text
 
-    def address(self, text: str) -> SiloAddress:
-        address = self._text_addr.get(text)
-        if address is None:
-            try:
-                address = SiloAddress.parse(text)
-            except ValueError as exc:
-                raise InvalidEnvelope(f"bad silo address {text[:100]!r}") from exc
-            # Bounded: a hostile peer could otherwise grow this without limit.
-            if len(self._text_addr) > 4096:
-                self._text_addr.clear()
-            self._text_addr[text] = address
-        return address
+    @staticmethod
+    def address(text: str) -> SiloAddress:
+        # Interned by SiloAddress.parse: the local silo's own address comes back
+        # as the transport's object, so "is it me?" is an identity test.
+        try:
+            return SiloAddress.parse(text)
+        except ValueError as exc:
+            raise InvalidEnvelope(f"bad silo address {text[:100]!r}") from exc
 
     def _grain(self, type_name: str, key: GrainKey) -> GrainId:
         # Keys off the wire are str, int or UUID, which never compare equal

@@ -395,8 +395,7 @@ class GrpcTransport:
             )
         )
         port = _bind(silo_server, self._host, self._port, options.tls)
-        self._address = SiloAddress(self._advertised_host, port, self._generation)
-        self._codec.remember(self._address)
+        self._address = SiloAddress(self._advertised_host, port, self._generation).intern()
         servers = [silo_server]
         if self._gateway_port_request is not None:
             # A separate server, so a client can never reach the silo service.

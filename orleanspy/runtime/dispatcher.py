@@ -321,6 +321,6 @@ class Dispatcher:
 
 def _is_here(silo: SiloAddress | None, here: SiloAddress) -> bool:
     # Asked several times per call: the identity test settles nearly every
-    # case (addresses off the wire are the transport's own object, see
-    # ``FrameCodec.remember``) without a call to ``SiloAddress.__eq__``.
+    # case (parsed addresses are interned, see ``SiloAddress.parse``) without a
+    # call to ``SiloAddress.__eq__``.
     return silo is here or (silo is not None and silo == here)
