@@ -153,6 +153,10 @@ async def _drive(
     return rates
 
 
+# The cluster issue's target: grain calls at a quarter of the raw TCP echo, 64 callers.
+TARGET_VS_TCP = 0.25
+
+
 def _report(rates: dict[str, list[float]], args: argparse.Namespace) -> None:
     rows = []
     for path, values in rates.items():
@@ -173,6 +177,15 @@ def _report(rates: dict[str, list[float]], args: argparse.Namespace) -> None:
         loop=loop_name(),
         seconds_per_cell=args.seconds,
         payload_bytes=args.payload,
+    )
+    many = CALLERS.index(max(CALLERS))
+    verdicts = []
+    for path in ("silo-to-silo", "client-gateway"):
+        share = rates[path][many] / rates["tcp"][many] if rates["tcp"][many] else 0.0
+        verdicts.append(f"{path} {share:.2f}x {'met' if share >= TARGET_VS_TCP else 'MISSED'}")
+    print(
+        f"\ntarget: >= {TARGET_VS_TCP:.2f}x the TCP echo with {max(CALLERS)} callers: "
+        + "; ".join(verdicts)
     )
 
 

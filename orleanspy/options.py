@@ -67,6 +67,9 @@ class MessagingOptions:
     ``response_timeout``: how long a caller waits for a response (Orleans: 30 s).
     ``max_message_size``: larger envelopes are refused with an error response.
     ``max_forward_count``: how often a message may chase a moved activation.
+    ``max_batch``: most envelopes per stream frame. Small enough that two or more
+    frames are in flight, so both ends of a busy link work at once; large
+    enough to spread gRPC's per-frame cost (docs/decisions.md has the figures).
     ``cluster_secret``: when set, every silo-to-silo and client-to-gateway
     connection must present it or is refused.
     """
