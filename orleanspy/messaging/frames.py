@@ -168,20 +168,22 @@ class FrameCodec:
                 raise InvalidEnvelope(f"bad target grain: {exc}") from exc
         sender = env.sender_silo
         target = env.target_silo
+        headers = env.headers
+        # Positional, in field order: about half the cost of keywords, per message.
         return Message(
-            id=env.id,
-            kind=_KINDS[kind],
-            target_grain=grain,
-            method=env.method,
-            body=body,
-            sender_silo=self.address(sender) if sender else None,
-            sender_client=env.sender_client or None,
-            target_silo=self.address(target) if target else None,
-            correlation_id=env.correlation_id,
-            expires_at_ms=env.expires_at_ms,
-            forward_count=env.forward_count,
-            status=_STATUSES[status],
-            headers=dict(env.headers) if env.headers else {},
+            env.id,
+            _KINDS[kind],
+            grain,
+            env.method,
+            body,
+            self.address(sender) if sender else None,
+            env.sender_client or None,
+            self.address(target) if target else None,
+            env.correlation_id,
+            env.expires_at_ms,
+            env.forward_count,
+            _STATUSES[status],
+            dict(headers) if headers else {},
         )
 
     def rejection(self, env: Any, reason: str) -> tuple[Message, SiloAddress | None] | None:
@@ -253,9 +255,13 @@ class Outbox:
         self.stats = stats
 
     def push(self, message: Message) -> None:
-        self.queue.append(message)
-        self.idle.clear()
-        self._wakeup.set()
+        queue = self.queue
+        queue.append(message)
+        # Only the first message after the queue ran dry can find the writer
+        # parked (or ``idle`` set); later ones are taken by its next round.
+        if len(queue) == 1:
+            self.idle.clear()
+            self._wakeup.set()
 
     def wake(self) -> None:
         self._wakeup.set()

@@ -64,8 +64,10 @@ class Dispatcher:
         self.activation_timeout = options.activation_timeout.total_seconds()
         self.deactivation_timeout = options.deactivation_timeout.total_seconds()
         self._response_timeout = options.messaging.response_timeout.total_seconds()
+        self._response_timeout_ms = int(self._response_timeout * 1000)
         self._max_forwards = options.messaging.max_forward_count
         self._locator = locator
+        self._local_only = locator.local_only
         self._types = grain_types
         self._transport = transport
         self._pending: PendingCalls[Message] = PendingCalls(self._response_timeout)
@@ -114,7 +116,7 @@ class Dispatcher:
             method,
             self.codec.encode((args, kwargs)),
             one_way=one_way,
-            expires_at_ms=self.clock.now_ms() + int(self._response_timeout * 1000),
+            expires_at_ms=self.clock.now_ms() + self._response_timeout_ms,
             sender_silo=self.address,
         )
         chain = current_chain.get()
@@ -160,7 +162,7 @@ class Dispatcher:
         if act is not None:
             act.enqueue(msg, eager=eager)
             return
-        if _is_here(msg.target_silo, self.address) or self._locator.local_only:
+        if _is_here(msg.target_silo, self.address) or self._local_only:
             self.catalog.get_or_create(gid, defn).enqueue(msg)
             return
         silo = self._locator.cached(gid)
@@ -235,7 +237,10 @@ class Dispatcher:
     def receive(self, message: Message) -> None:
         """A message from the network (another silo, or a client via the gateway)."""
         if message.kind is MessageKind.RESPONSE:
-            self.send_response(message)
+            if message.sender_client is None and message.target_silo is self.address:
+                self._complete(message)  # the common case: an answer to a call from here
+            else:
+                self.send_response(message)
             return
         if message.sender_client is not None and message.sender_silo is None:
             message.sender_silo = self.address
@@ -286,7 +291,7 @@ class Dispatcher:
     # -- ActivationHost -----------------------------------------------------------------
 
     async def register_activation(self, activation: Activation) -> ActivationAddress | None:
-        if self._locator.local_only:
+        if self._local_only:
             return None
         from orleanspy.directory import ActivationAddress
 
@@ -296,7 +301,7 @@ class Dispatcher:
 
     async def activation_ended(self, activation: Activation) -> None:
         self.catalog.remove(activation)
-        if self._locator.local_only:
+        if self._local_only:
             return
         from orleanspy.directory import ActivationAddress
 

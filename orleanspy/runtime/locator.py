@@ -22,7 +22,8 @@ class Locator(Protocol):
 
     @property
     def local_only(self) -> bool:
-        """``True`` when this silo hosts every grain (no directory, no placement)."""
+        """``True`` when this silo hosts every grain (no directory, no placement).
+        Fixed for the locator's life: the dispatcher reads it once."""
         ...
 
     def cached(self, grain_id: GrainId) -> SiloAddress | None:
