@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import functools
 import itertools
 import logging
 import os
@@ -238,7 +237,7 @@ class ClusterClient:
                     client_id=self._client_id,
                     options=self._options,
                     on_message=self._on_message,
-                    on_closed=functools.partial(self._on_closed, endpoint),
+                    on_closed=lambda error: self._on_closed(endpoint, conn, error),
                 )
                 try:
                     await conn.connect()
@@ -264,16 +263,31 @@ class ClusterClient:
             return
         self._pending.resolve(message.correlation_id, message)
 
-    def _on_closed(self, endpoint: str, error: Exception | None) -> None:
-        conn = self._connections.get(endpoint)
-        if conn is not None and conn.closed:
+    def _on_closed(
+        self, endpoint: str, conn: GrpcGatewayConnection, error: Exception | None
+    ) -> None:
+        if self._connections.get(endpoint) is conn:
             del self._connections[endpoint]
-        if self._state is _State.OPEN:
-            self._pending.fail_where(
-                lambda tag: tag == endpoint,
-                SiloUnavailableError(f"gateway {endpoint} went away: {error!r}"),
-            )
-            self._refresh_now.set()
+        if self._state is not _State.OPEN:
+            return
+        # Calls still queued never left: they go through another gateway. Calls
+        # already written may have run, so they fail rather than run twice.
+        self._resend(conn.take_unsent(), endpoint)
+        self._pending.fail_where(
+            lambda tag: tag == endpoint,
+            SiloUnavailableError(f"gateway {endpoint} went away: {error!r}"),
+        )
+        self._refresh_now.set()
+
+    def _resend(self, unsent: list[Message], gone: str) -> None:
+        live = [(e, c) for e, c in self._connections.items() if not c.closed and e != gone]
+        if not unsent or not live:
+            return
+        for message in unsent:
+            endpoint, conn = live[next(self._round_robin) % len(live)]
+            conn.send(message)
+            self._pending.retag(message.id, endpoint)
+        log.info("resent unsent calls count=%d from=%s", len(unsent), gone)
 
     async def _close_connections(self) -> None:
         conns = list(self._connections.values())

@@ -266,6 +266,14 @@ class Outbox:
     def wake(self) -> None:
         self._wakeup.set()
 
+    def take_unsent(self) -> list[Message]:
+        """Empty the outbox and return only what was never handed to a write,
+        which is safe to send another way. What a failed write took may have
+        arrived, so it is dropped, not returned."""
+        unsent = list(self.queue)
+        self.take_all()
+        return unsent
+
     def take_all(self) -> list[Message]:
         """Everything not yet written (in flight first, then queued), emptied."""
         taken = self.in_flight + list(self.queue)

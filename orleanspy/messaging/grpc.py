@@ -651,8 +651,9 @@ class GrpcGatewayConnection:
     secret, ``SiloUnavailableError`` if it cannot be reached). ``send`` queues a
     message, batched as between silos. Every message arriving is passed to
     ``on_message``; when the stream ends ``on_closed`` is called once, with the
-    error or ``None`` for a local ``aclose``. Messages still queued then are
-    dropped: the client fails its pending calls on ``on_closed``. A closed
+    error or ``None`` for a local ``aclose``. Messages still queued then, never
+    written, wait in ``take_unsent`` for the client to send another way;
+    whatever may have been written is the client's to fail. A closed
     connection does not reopen.
     """
 
@@ -677,11 +678,18 @@ class GrpcGatewayConnection:
         self._call: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
+        self._unsent: list[Message] = []
         self.gateway: SiloAddress | None = None
 
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def take_unsent(self) -> list[Message]:
+        """Once closed: the messages that were queued but never written (the
+        list is handed over once; later calls return nothing)."""
+        unsent, self._unsent = self._unsent, []
+        return unsent
 
     async def __aenter__(self) -> GrpcGatewayConnection:
         await self.connect()
@@ -743,7 +751,7 @@ class GrpcGatewayConnection:
         if self._closed:
             return
         self._closed = True
-        self._outbox.take_all()
+        self._unsent = self._outbox.take_unsent()
         for task in self._tasks:
             if task is not asyncio.current_task():
                 task.cancel()

@@ -64,6 +64,12 @@ class PendingCalls(Generic[T]):
         entry[0].set_result(value)
         return True
 
+    def retag(self, msg_id: int, tag: object) -> None:
+        """Change the tag of a waiting call (it was sent another way)."""
+        entry = self._futures.get(msg_id)
+        if entry is not None:
+            self._futures[msg_id] = (entry[0], tag)
+
     def discard(self, msg_id: int) -> None:
         """Forget call ``msg_id`` (its caller went away)."""
         self._futures.pop(msg_id, None)

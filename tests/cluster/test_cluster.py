@@ -320,3 +320,22 @@ async def test_turns_that_suspend_keep_their_call_chain_and_their_order(redis_ur
         results = await asyncio.gather(*(ref.record(i) for i in range(20)))
         assert [log for log, _ in results] == [list(range(i + 1)) for i in range(20)]
         assert {inside for _, inside in results} == {1}
+
+
+async def test_calls_queued_for_a_closing_gateway_go_through_another(redis_url: str) -> None:
+    async with InProcessCluster(redis_url, size=2, membership=FAST_MEMBERSHIP) as cluster:
+        client = await cluster.client()
+        assert len(client.gateways) == 2
+        calls = [
+            asyncio.create_task(client.get_grain(ClusterWhereGrain, k).hit()) for k in range(40)
+        ]
+        # One loop round: every call is queued on a gateway stream (round-robin,
+        # so half on each) and no stream writer has run yet.
+        await asyncio.sleep(0)
+        closing = client._connections[client.gateways[0]]
+        await closing.aclose()  # as the client does for a gateway that left the table
+
+        results = await asyncio.gather(*calls)
+
+        assert closing.stats.messages_sent == 0  # nothing left on the closed stream...
+        assert len(results) == 40  # ...yet every call was answered, through the other one
