@@ -94,7 +94,9 @@ class HealthMonitor:
 
     ``read`` reads the table and publishes the result to the membership
     service (it returns the service's latest snapshot); ``may_vote`` says
-    whether this silo may still vote (Active, not leaving, not declared dead).
+    whether this silo may still vote (Active, not leaving, not declared dead);
+    ``on_death(version)`` hears of every death this silo writes, with the
+    table version it wrote.
     """
 
     def __init__(
@@ -108,8 +110,10 @@ class HealthMonitor:
         read: Callable[[], Awaitable[MembershipSnapshot]],
         snapshot: Callable[[], MembershipSnapshot],
         may_vote: Callable[[], bool],
+        on_death: Callable[[int], None] = lambda _version: None,
     ) -> None:
         self._table = table
+        self._on_death = on_death
         self._me = address
         self._ping = ping
         self._clock = clock
@@ -171,7 +175,10 @@ class HealthMonitor:
                 return True
             now = self._clock.now()
             verdict = judge(suspect, snap, self._me, now, self._options)
-            if await self._table.update_row(verdict, etag, snap.version.next()):
+            version = snap.version.next()
+            if await self._table.update_row(verdict, etag, version):
+                if verdict.status == SiloStatus.DEAD:
+                    self._on_death(version.version)
                 log.warning(
                     "membership %s silo=%s suspect=%s votes=%d",
                     "declared dead" if verdict.status == SiloStatus.DEAD else "voted",

@@ -6,6 +6,12 @@ snapshot to listeners, sweeps long-dead rows, and leaves gracefully
 (ShuttingDown, then Dead). Failure detection runs beside it in
 ``HealthMonitor``. Nothing else in a silo reads the membership table.
 
+Gossip: after each status change it writes (its own, or a death it declares)
+the service tells every other live silo the new table version; a silo told of
+a version newer than its own re-reads the table at once. So changes spread in
+a network round trip instead of waiting for each silo's periodic read, which
+stays as the safety net for gossip that is lost.
+
 Timing reads the injected ``Clock``; only the probe timeout (enforced by the
 ``ping`` callable) and the bound on the final writes at shutdown run on the
 event loop's real time, because they guard I/O rather than schedule work.
@@ -16,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from typing import Any
@@ -33,17 +39,21 @@ from orleanspy.membership.table import (
 )
 from orleanspy.options import MembershipOptions
 
-__all__ = ["MembershipListener", "MembershipService"]
+__all__ = ["Gossip", "MembershipListener", "MembershipService"]
 
 log = logging.getLogger(__name__)
 
 MembershipListener = Callable[[MembershipSnapshot], None]
+# gossip(silo, table_version): tell ``silo`` the table changed; errors are ignored.
+Gossip = Callable[[SiloAddress, int], Awaitable[object]]
 
 
 class MembershipService:
     """Membership for one silo run (``address`` carries its generation).
 
-    ``ping(silo, timeout_seconds)`` probes a peer (see ``health.Ping``).
+    ``ping(silo, timeout_seconds)`` probes a peer (see ``health.Ping``);
+    ``gossip`` (optional) tells a peer of a new table version, and
+    ``gossip_received`` takes such news from one.
     ``on_declared_dead()`` is called once, from a background task, when this
     silo reads itself Dead in the table without having left gracefully; the
     service has then already stopped its loops, and the silo must stop too.
@@ -61,6 +71,7 @@ class MembershipService:
         options: MembershipOptions,
         on_declared_dead: Callable[[], None],
         host_name: str = "",
+        gossip: Gossip | None = None,
     ) -> None:
         self._table = table
         self.address = address
@@ -79,6 +90,10 @@ class MembershipService:
         self._started = False
         self._leaving = False
         self._dead = False
+        self._gossip = gossip
+        self._spreading: set[asyncio.Task[None]] = set()
+        self._catch_up: asyncio.Task[None] | None = None
+        self._catch_up_again = False
         self.health = HealthMonitor(
             table,
             address=address,
@@ -88,6 +103,7 @@ class MembershipService:
             read=self.refresh,
             snapshot=lambda: self._snapshot,
             may_vote=self._may_vote,
+            on_death=self._spread,
         )
 
     # -- the view -----------------------------------------------------------
@@ -140,6 +156,19 @@ class MembershipService:
         self._apply(snap, seq)
         return self._snapshot
 
+    def gossip_received(self, table_version: int) -> None:
+        """A peer wrote ``table_version``: re-read the table now, unless this
+        silo has seen that version already. Reads caused by gossip never
+        overlap: gossip that arrives during one gets one more read after it."""
+        if not self._started or self._dead or table_version <= self._snapshot.version.version:
+            return
+        if self._catch_up is not None and not self._catch_up.done():
+            self._catch_up_again = True
+            return
+        self._catch_up = asyncio.create_task(
+            self._catch_up_reads(), name=f"membership:{self.address}:gossip-read"
+        )
+
     # -- life cycle ---------------------------------------------------------
 
     async def start(self, stack: AsyncExitStack) -> None:
@@ -185,7 +214,9 @@ class MembershipService:
                     return
                 raise SiloDeclaredDeadError(f"silo {self.address} is Dead in the table")
             row = mine.with_status(status).with_i_am_alive(self._clock.now())
-            if await self._table.update_row(row, etag, snap.version.next()):
+            version = snap.version.next()
+            if await self._table.update_row(row, etag, version):
+                self._spread(version.version)
                 await self.refresh()
                 return
             # Lost to another writer; yield so a table that never suspends
@@ -294,6 +325,56 @@ class MembershipService:
 
     async def _stop_loops(self) -> None:
         await self._cancel(lambda t: True)
+        if self._catch_up is not None:
+            self._catch_up.cancel()
+            await asyncio.gather(self._catch_up, return_exceptions=True)
+        # Gossip already on its way (the Dead row above all) may finish: each
+        # send is bounded by the probe timeout.
+        spreading = list(self._spreading)
+        if spreading:
+            await asyncio.wait(spreading, timeout=self._options.probe_timeout.total_seconds())
+            for task in spreading:
+                task.cancel()
+            await asyncio.gather(*spreading, return_exceptions=True)
+
+    # -- gossip -------------------------------------------------------------
+
+    def _spread(self, table_version: int) -> None:
+        """Tell every other silo that is not Dead about ``table_version``, in
+        the background; a peer that does not answer learns on its next read."""
+        gossip = self._gossip
+        if gossip is None:
+            return
+        peers = [
+            silo
+            for silo, (entry, _etag) in self._snapshot.entries.items()
+            if silo != self.address and entry.status < SiloStatus.DEAD
+        ]
+        for peer in peers:
+            task = asyncio.create_task(self._tell(gossip, peer, table_version))
+            self._spreading.add(task)
+            task.add_done_callback(self._spreading.discard)
+
+    async def _tell(self, gossip: Gossip, peer: SiloAddress, table_version: int) -> None:
+        try:
+            await gossip(peer, table_version)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("gossip failed silo=%s peer=%s error=%r", self.address, peer, exc)
+
+    async def _catch_up_reads(self) -> None:
+        while True:
+            self._catch_up_again = False
+            try:
+                await self.refresh()
+            except StorageError as exc:
+                log.warning(
+                    "membership read after gossip failed silo=%s error=%r", self.address, exc
+                )
+                return
+            if not self._catch_up_again:
+                return
 
     # -- publishing ---------------------------------------------------------
 

@@ -360,6 +360,7 @@ class GrpcTransport:
         self._clients: dict[str, _ClientLink] = {}
         self._channels: dict[SiloAddress, grpc.aio.Channel] = {}
         self._stopped = False
+        self._gossip_listener: Callable[[int], None] | None = None
         self.stats = WireStats()
 
     # -- Transport properties
@@ -483,6 +484,10 @@ class GrpcTransport:
             return
         client.outbox.push(message)
 
+    def on_gossip(self, listener: Callable[[int], None] | None) -> None:
+        """Call ``listener(table_version)`` for every ping that carries one."""
+        self._gossip_listener = listener
+
     def disconnect(self, target: SiloAddress) -> None:
         """Drop the link to ``target``; its unwritten messages become undeliverable."""
         link = self._links.get(target)
@@ -504,14 +509,15 @@ class GrpcTransport:
 
     # -- ping
 
-    async def ping(self, target: SiloAddress, timeout: float) -> bool:
-        """``True`` if ``target`` (that very generation) answered within ``timeout``."""
+    async def ping(self, target: SiloAddress, timeout: float, table_version: int = 0) -> bool:
+        """``True`` if ``target`` (that very generation) answered within ``timeout``;
+        a non-zero ``table_version`` goes along as gossip."""
         if self._stopped:
             return False
         channel = self._channels.get(target)
         if channel is None:
             channel = self._channels[target] = _open_channel(target.endpoint, self._options)
-        request = pb.PingRequest()
+        request = pb.PingRequest(table_version=table_version)
         # "from" is a Python keyword, so the field is reached by name.
         setattr(request, "from", self._codec.text(self.address))
         try:
@@ -533,9 +539,14 @@ class GrpcTransport:
         if not _authorized(self._options, context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster secret required")
         try:
-            pb.PingRequest.FromString(request)
+            ping = pb.PingRequest.FromString(request)
         except DecodeError:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed PingRequest")
+        if ping.table_version and self._gossip_listener is not None:
+            try:
+                self._gossip_listener(ping.table_version)
+            except Exception:
+                log.exception("gossip listener raised version=%d", ping.table_version)
         data: bytes = pb.PingReply(silo=self._codec.text(self.address)).SerializeToString()
         return data
 

@@ -95,6 +95,7 @@ class InMemoryTransport:
         self._sink: MessageSink | None = None
         self._running = False
         self._clients: dict[str, InMemoryGatewayConnection] = {}
+        self._gossip_listener: Callable[[int], None] | None = None
 
     @property
     def address(self) -> SiloAddress:
@@ -139,9 +140,20 @@ class InMemoryTransport:
             return
         asyncio.get_running_loop().call_soon(client._deliver, message)
 
-    async def ping(self, target: SiloAddress, timeout: float) -> bool:
-        """``True`` while ``target`` is alive on the network (and this silo is)."""
-        return self._running and self._network.alive(target)
+    async def ping(self, target: SiloAddress, timeout: float, table_version: int = 0) -> bool:
+        """``True`` while ``target`` is alive on the network (and this silo is);
+        a non-zero ``table_version`` reaches its gossip listener."""
+        if not (self._running and self._network.alive(target)):
+            return False
+        peer = self._network._silos.get(target)
+        if table_version and peer is not None and peer._gossip_listener is not None:
+            # Delivered a hop later, as over a network, never inside this call.
+            asyncio.get_running_loop().call_soon(peer._gossip_listener, table_version)
+        return True
+
+    def on_gossip(self, listener: Callable[[int], None] | None) -> None:
+        """Call ``listener(table_version)`` for every ping that carries one."""
+        self._gossip_listener = listener
 
     def disconnect(self, target: SiloAddress) -> None:
         """Nothing to drop: there are no connections and no queues to hand back."""

@@ -9,6 +9,7 @@ lost with the message unsent, refused) is handed back through
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Protocol, runtime_checkable
 
@@ -56,8 +57,17 @@ class Transport(Protocol):
         """Queue ``message`` for a gateway client connected to this silo."""
         ...
 
-    async def ping(self, target: SiloAddress, timeout: float) -> bool:
-        """Probe ``target``: ``True`` if it answered within ``timeout`` seconds."""
+    async def ping(self, target: SiloAddress, timeout: float, table_version: int = 0) -> bool:
+        """Probe ``target``: ``True`` if it answered within ``timeout`` seconds.
+
+        A non-zero ``table_version`` is gossip: the newest membership table
+        version this silo has written, handed to ``target``'s gossip listener.
+        """
+        ...
+
+    def on_gossip(self, listener: Callable[[int], None] | None) -> None:
+        """Call ``listener(table_version)`` for every ping that carries a version
+        (``None`` stops it). It runs on the event loop and must not block."""
         ...
 
     def disconnect(self, target: SiloAddress) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import time
 from contextlib import AsyncExitStack
@@ -300,7 +301,12 @@ class Silo:
             clock=self.clock,
             options=o.membership,
             on_declared_dead=self._on_declared_dead,
+            gossip=functools.partial(
+                _gossip, transport, o.membership.probe_timeout.total_seconds()
+            ),
         )
+        transport.on_gossip(membership.gossip_received)
+        stack.callback(transport.on_gossip, None)
         locator.attach(membership)
         self.membership = membership
         stack.push_async_callback(self._final_membership_write, membership)
@@ -401,3 +407,8 @@ class Silo:
     def activation_count(self) -> int:
         """How many activations this silo holds right now."""
         return 0 if self._dispatcher is None else len(self._dispatcher.catalog)
+
+
+async def _gossip(transport: Transport, timeout: float, silo: SiloAddress, version: int) -> bool:
+    # Gossip rides on the ping: one small unary call, answered by every silo.
+    return await transport.ping(silo, timeout, table_version=version)

@@ -8,6 +8,7 @@ grains through their gateways. Failure detection runs with short options
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import uuid
 from collections import Counter
@@ -18,7 +19,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from orleanspy import ClusterClient, Grain
+from orleanspy import ClusterClient, Grain, Silo
 from orleanspy.errors import (
     AuthenticationError,
     GrainMethodNotFoundError,
@@ -339,3 +340,35 @@ async def test_calls_queued_for_a_closing_gateway_go_through_another(redis_url: 
 
         assert closing.stats.messages_sent == 0  # nothing left on the closed stream...
         assert len(results) == 40  # ...yet every call was answered, through the other one
+
+
+async def test_joins_and_leaves_spread_by_gossip_long_before_a_table_refresh(
+    redis_url: str,
+) -> None:
+    # Orleans-like slow timers: without gossip, the others would learn of the
+    # newcomer (and of its leaving) only on their next read, a minute away.
+    slow = MembershipOptions(
+        table_refresh_interval=timedelta(seconds=60), probe_interval=timedelta(seconds=60)
+    )
+    async with InProcessCluster(redis_url, size=2, membership=slow) as cluster:
+        late = Silo(dataclasses.replace(cluster.options, name="late"))
+        await late.start()
+        try:
+            await cluster.wait_for(
+                lambda: all(
+                    s.membership.snapshot.status(late.address) is SiloStatus.ACTIVE  # type: ignore[union-attr]
+                    for s in cluster.silos
+                ),
+                timeout=5,
+                what="the others see the newcomer Active",
+            )
+        finally:
+            await late.stop()
+        await cluster.wait_for(
+            lambda: all(
+                s.membership.snapshot.status(late.address) is SiloStatus.DEAD  # type: ignore[union-attr]
+                for s in cluster.silos
+            ),
+            timeout=5,
+            what="the others see it Dead",
+        )

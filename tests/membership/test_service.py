@@ -62,6 +62,19 @@ class Net:
 
         return ping  # type: ignore[return-value]
 
+    def gossip_from(
+        self, src: SiloAddress, nodes: list[Node]
+    ) -> Callable[[SiloAddress, int], asyncio.Future[bool]]:
+        async def gossip(dst: SiloAddress, version: int) -> bool:
+            if dst in self.down or (src, dst) in self.cut:
+                raise ConnectionError(f"{dst} unreachable")
+            for node in nodes:
+                if node.address == dst:
+                    node.service.gossip_received(version)
+            return True
+
+        return gossip  # type: ignore[return-value]
+
 
 @dataclass
 class Node:
@@ -79,10 +92,18 @@ class Node:
 
 
 class Cluster:
-    def __init__(self, table: MembershipTable, clock: ManualClock, options: MembershipOptions):
+    def __init__(
+        self,
+        table: MembershipTable,
+        clock: ManualClock,
+        options: MembershipOptions,
+        *,
+        gossip: bool = False,
+    ):
         self.table, self.clock, self.options = table, clock, options
         self.net = Net()
         self.nodes: list[Node] = []
+        self.gossip = gossip
 
     def make(self, port: int, table: MembershipTable | None = None) -> Node:
         address = SiloAddress("127.0.0.1", port, 1)
@@ -96,6 +117,7 @@ class Cluster:
             clock=self.clock,
             options=self.options,
             on_declared_dead=lambda: calls.append(address),
+            gossip=self.net.gossip_from(address, self.nodes) if self.gossip else None,
         )
         node = Node(service, AsyncExitStack(), calls)
         self.nodes.append(node)
@@ -107,9 +129,9 @@ class Cluster:
         return node
 
     async def join_all(self, *ports: int) -> list[Node]:
-        """Join silos one by one, then let every silo read the table once (there is
-        no gossip: without this, earlier silos learn of later ones on their next
-        table refresh)."""
+        """Join silos one by one, then let every silo read the table once (without
+        gossip, earlier silos would learn of later ones on their next table
+        refresh)."""
         nodes = [await self.join(p) for p in ports]
         for node in nodes:
             await node.service.refresh()
@@ -509,3 +531,74 @@ async def test_redis_two_silos_join_and_a_crashed_one_is_declared_dead(redis_url
             assert a.service.active_silos() == (a.address,)
         finally:
             await cluster.aclose()
+
+
+class CountingTable(InMemoryMembershipTable):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads = 0
+
+    async def read_all(self) -> MembershipSnapshot:
+        self.reads += 1
+        return await super().read_all()
+
+
+async def settle(predicate: Callable[[], bool]) -> None:
+    """Let background tasks run (gossip and the reads it causes need no clock
+    time) until ``predicate`` holds; fail after 2 s of real time."""
+    async with asyncio.timeout(2):
+        while not predicate():
+            await asyncio.sleep(0.001)
+
+
+async def test_gossip_spreads_joins_leaves_and_deaths_without_periodic_reads() -> None:
+    cluster = Cluster(InMemoryMembershipTable(), ManualClock(), OPTS, gossip=True)
+    try:
+        # No join_all, and the clock never reaches a refresh: only gossip tells.
+        start = cluster.clock.now()
+        a = await cluster.join(1)
+        b = await cluster.join(2)
+        c = await cluster.join(3)
+        everyone = (a.address, b.address, c.address)
+        await settle(lambda: all(n.service.active_silos() == everyone for n in (a, b, c)))
+
+        assert await c.service.shutdown() is True
+        await settle(lambda: all(n.service.active_silos() == everyone[:2] for n in (a, b)))
+
+        d = await cluster.join(4)
+        await settle(lambda: a.service.snapshot.status(d.address) == SiloStatus.ACTIVE)
+        await d.crash()
+        cluster.net.down.add(d.address)
+        # a and b each vote d out; the second vote declares it Dead, and the
+        # first voter hears of that by gossip (the clock stands still now, so
+        # no probe round or refresh of its own can tell it).
+        for _ in range(OPTS.num_missed_probes_limit):
+            await cluster.clock.advance(OPTS.probe_interval)
+        await settle(
+            lambda: all(n.service.snapshot.status(d.address) == SiloStatus.DEAD for n in (a, b))
+        )
+        assert cluster.clock.now() - start < OPTS.table_refresh_interval
+    finally:
+        await cluster.aclose()
+
+
+async def test_gossip_about_a_version_already_seen_reads_nothing() -> None:
+    table = CountingTable()
+    cluster = Cluster(table, ManualClock(), OPTS)
+    try:
+        (a,) = await cluster.join_all(1)
+        seen = a.service.snapshot.version.version
+        reads = table.reads
+
+        a.service.gossip_received(seen)
+        a.service.gossip_received(seen - 1)
+        await asyncio.sleep(0.01)
+        assert table.reads == reads
+
+        # A burst of news while one read runs costs one more read, not five.
+        for _ in range(5):
+            a.service.gossip_received(seen + 1)
+        await asyncio.sleep(0.01)
+        assert reads + 1 <= table.reads <= reads + 2
+    finally:
+        await cluster.aclose()

@@ -474,3 +474,19 @@ async def test_mutual_tls_round_trip(
     ) as connection:
         connection.send(request(a, b.address, body=b"via gateway"))
         await b_sink.wait_for(lambda: any(m.sender_client == "tls-client" for m in b_sink.received))
+
+
+async def test_a_ping_carrying_a_table_version_reaches_the_gossip_listener(
+    stack: AsyncExitStack,
+) -> None:
+    a, _ = await start(stack)
+    b, _ = await start(stack)
+    heard: list[int] = []
+    b.on_gossip(heard.append)
+
+    assert await a.ping(b.address, 2.0)  # a plain probe is no gossip
+    assert await a.ping(b.address, 2.0, table_version=2**40)
+    assert heard == [2**40]
+    b.on_gossip(None)
+    assert await a.ping(b.address, 2.0, table_version=9)
+    assert heard == [2**40]

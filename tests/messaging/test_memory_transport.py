@@ -183,3 +183,19 @@ async def test_gateway_connection_needs_a_live_gateway(stack: AsyncExitStack) ->
     )
     with pytest.raises(SiloUnavailableError):
         await connection.connect()
+
+
+async def test_a_ping_carrying_a_table_version_reaches_the_gossip_listener(
+    stack: AsyncExitStack,
+) -> None:
+    network = InMemoryNetwork()
+    a, _ = await start(stack, network, 1)
+    b, _ = await start(stack, network, 2)
+    heard: list[int] = []
+    b.on_gossip(heard.append)
+
+    assert await a.ping(b.address, 1.0)  # a plain probe is no gossip
+    assert await a.ping(b.address, 1.0, table_version=7)
+    assert heard == []  # delivered a hop later, never inside the call
+    await settle()
+    assert heard == [7]

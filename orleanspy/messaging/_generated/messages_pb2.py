@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1borleanspy/v1/messages.proto\x12\x0corleanspy.v1\"\xb4\x03\n\x08\x45nvelope\x12\n\n\x02id\x18\x01 \x01(\x04\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.orleanspy.v1.Kind\x12\x12\n\ngrain_type\x18\x03 \x01(\t\x12\x0b\n\x01s\x18\x04 \x01(\tH\x00\x12\x0b\n\x01i\x18\x05 \x01(\x12H\x00\x12\x0e\n\x04uuid\x18\x06 \x01(\x0cH\x00\x12\x0e\n\x06method\x18\x07 \x01(\t\x12\x13\n\x0bsender_silo\x18\x08 \x01(\t\x12\x15\n\rsender_client\x18\t \x01(\t\x12\x13\n\x0btarget_silo\x18\n \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x0b \x01(\x04\x12\x15\n\rexpires_at_ms\x18\x0c \x01(\x03\x12\x15\n\rforward_count\x18\r \x01(\r\x12$\n\x06status\x18\x0e \x01(\x0e\x32\x14.orleanspy.v1.Status\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\x12\x34\n\x07headers\x18\x10 \x03(\x0b\x32#.orleanspy.v1.Envelope.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0b\n\tgrain_key\"1\n\x05\x42\x61tch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.orleanspy.v1.Envelope\"\x1b\n\x0bPingRequest\x12\x0c\n\x04\x66rom\x18\x01 \x01(\t\"\x19\n\tPingReply\x12\x0c\n\x04silo\x18\x01 \x01(\t*.\n\x04Kind\x12\x0b\n\x07REQUEST\x10\x00\x12\x0c\n\x08RESPONSE\x10\x01\x12\x0b\n\x07ONE_WAY\x10\x02*)\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\t\n\x05\x45RROR\x10\x01\x12\x0c\n\x08REJECTED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1borleanspy/v1/messages.proto\x12\x0corleanspy.v1\"\xb4\x03\n\x08\x45nvelope\x12\n\n\x02id\x18\x01 \x01(\x04\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.orleanspy.v1.Kind\x12\x12\n\ngrain_type\x18\x03 \x01(\t\x12\x0b\n\x01s\x18\x04 \x01(\tH\x00\x12\x0b\n\x01i\x18\x05 \x01(\x12H\x00\x12\x0e\n\x04uuid\x18\x06 \x01(\x0cH\x00\x12\x0e\n\x06method\x18\x07 \x01(\t\x12\x13\n\x0bsender_silo\x18\x08 \x01(\t\x12\x15\n\rsender_client\x18\t \x01(\t\x12\x13\n\x0btarget_silo\x18\n \x01(\t\x12\x16\n\x0e\x63orrelation_id\x18\x0b \x01(\x04\x12\x15\n\rexpires_at_ms\x18\x0c \x01(\x03\x12\x15\n\rforward_count\x18\r \x01(\r\x12$\n\x06status\x18\x0e \x01(\x0e\x32\x14.orleanspy.v1.Status\x12\x0c\n\x04\x62ody\x18\x0f \x01(\x0c\x12\x34\n\x07headers\x18\x10 \x03(\x0b\x32#.orleanspy.v1.Envelope.HeadersEntry\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x0b\n\tgrain_key\"1\n\x05\x42\x61tch\x12(\n\x08messages\x18\x01 \x03(\x0b\x32\x16.orleanspy.v1.Envelope\"2\n\x0bPingRequest\x12\x0c\n\x04\x66rom\x18\x01 \x01(\t\x12\x15\n\rtable_version\x18\x02 \x01(\x04\"\x19\n\tPingReply\x12\x0c\n\x04silo\x18\x01 \x01(\t*.\n\x04Kind\x12\x0b\n\x07REQUEST\x10\x00\x12\x0c\n\x08RESPONSE\x10\x01\x12\x0b\n\x07ONE_WAY\x10\x02*)\n\x06Status\x12\x06\n\x02OK\x10\x00\x12\t\n\x05\x45RROR\x10\x01\x12\x0c\n\x08REJECTED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ENVELOPE_HEADERSENTRY']._loaded_options = None
   _globals['_ENVELOPE_HEADERSENTRY']._serialized_options = b'8\001'
-  _globals['_KIND']._serialized_start=591
-  _globals['_KIND']._serialized_end=637
-  _globals['_STATUS']._serialized_start=639
-  _globals['_STATUS']._serialized_end=680
+  _globals['_KIND']._serialized_start=614
+  _globals['_KIND']._serialized_end=660
+  _globals['_STATUS']._serialized_start=662
+  _globals['_STATUS']._serialized_end=703
   _globals['_ENVELOPE']._serialized_start=46
   _globals['_ENVELOPE']._serialized_end=482
   _globals['_ENVELOPE_HEADERSENTRY']._serialized_start=423
@@ -44,7 +44,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_BATCH']._serialized_start=484
   _globals['_BATCH']._serialized_end=533
   _globals['_PINGREQUEST']._serialized_start=535
-  _globals['_PINGREQUEST']._serialized_end=562
-  _globals['_PINGREPLY']._serialized_start=564
-  _globals['_PINGREPLY']._serialized_end=589
+  _globals['_PINGREQUEST']._serialized_end=585
+  _globals['_PINGREPLY']._serialized_start=587
+  _globals['_PINGREPLY']._serialized_end=612
 # @@protoc_insertion_point(module_scope)

@@ -75,9 +75,11 @@ class Batch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[Envelope, _Mapping]]] = ...) -> None: ...
 
 class PingRequest(_message.Message):
-    __slots__ = ()
+    __slots__ = ("table_version",)
     FROM_FIELD_NUMBER: _ClassVar[int]
-    def __init__(self, **kwargs) -> None: ...
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    table_version: int
+    def __init__(self, table_version: _Optional[int] = ..., **kwargs) -> None: ...
 
 class PingReply(_message.Message):
     __slots__ = ("silo",)
