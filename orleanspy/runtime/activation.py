@@ -28,7 +28,6 @@ from orleanspy.grain import Grain, GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
-from orleanspy.runtime.eager import start_eagerly
 from orleanspy.runtime.remote_errors import error_payload
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import Codec
@@ -171,18 +170,13 @@ class Activation:
 
     # -- mailbox ------------------------------------------------------------------------
 
-    def enqueue(self, message: Message, *, eager: bool = False) -> None:
-        """Accept a request or one-way message for this grain.
-
-        ``eager``: a turn that can start at once runs its first step inside this
-        call (see ``runtime.eager``); only callers whose stack may run grain
-        code pass it.
-        """
+    def enqueue(self, message: Message) -> None:
+        """Accept a request or one-way message for this grain."""
         if self.state is ActivationState.INVALID:
             self.runtime.reroute(message)
             return
         if self.state is ActivationState.VALID and self._may_bypass(message):
-            self._start(message, eager=eager)
+            self._start(message)
         else:
             self._queue.append(message)
             if self.state is ActivationState.VALID:
@@ -233,21 +227,17 @@ class Activation:
         while self._queue and self.state is ActivationState.VALID and self._can_run(self._queue[0]):
             self._start(self._queue.popleft())
 
-    def _start(self, item: _WorkItem, *, eager: bool = False) -> None:
+    def _start(self, item: _WorkItem) -> None:
         self._running += 1
         self._idle.clear()
         read_only = isinstance(item, Message) and self._info_flags(item)[1]
         if read_only:
             self._running_read_only += 1
-        task: asyncio.Task[None] | None
-        if not isinstance(item, Message):
-            task = asyncio.get_running_loop().create_task(self._run_timer(item))
-        elif eager:
-            task = start_eagerly(self._run_message(item, read_only))
-            if task is None:
-                return  # finished in its first step: nothing left to track
+        loop = asyncio.get_running_loop()
+        if isinstance(item, Message):
+            task = loop.create_task(self._run_message(item, read_only))
         else:
-            task = asyncio.get_running_loop().create_task(self._run_message(item, read_only))
+            task = loop.create_task(self._run_timer(item))
         # The loop keeps only weak references to tasks: hold running turns here.
         self._turns.add(task)
         task.add_done_callback(self._turns.discard)

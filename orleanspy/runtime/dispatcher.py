@@ -135,12 +135,8 @@ class Dispatcher:
 
     # -- routing ------------------------------------------------------------------------
 
-    def route(self, msg: Message, *, eager: bool = False) -> None:
-        """Deliver a request or one-way message locally, or send it where it belongs.
-
-        ``eager`` (network arrivals only): a turn that can start at once runs its
-        first step before this returns; see ``runtime.eager``.
-        """
+    def route(self, msg: Message) -> None:
+        """Deliver a request or one-way message locally, or send it where it belongs."""
         gid = msg.target_grain
         if gid is None:
             self._reject(msg, MessageRejectedError("message without a target grain"))
@@ -160,7 +156,7 @@ class Dispatcher:
             return
         act = self.catalog.get(gid)
         if act is not None:
-            act.enqueue(msg, eager=eager)
+            act.enqueue(msg)
             return
         if _is_here(msg.target_silo, self.address) or self._local_only:
             self.catalog.get_or_create(gid, defn).enqueue(msg)
@@ -247,7 +243,7 @@ class Dispatcher:
         if message.expires_at_ms and message.expires_at_ms < self.clock.now_ms():
             log.debug("dropped expired message id=%d", message.id)
             return
-        self.route(message, eager=True)
+        self.route(message)
 
     def undeliverable(self, message: Message, error: Exception) -> None:
         """The transport could not deliver: route again if the target silo turns out

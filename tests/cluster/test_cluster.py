@@ -372,3 +372,40 @@ async def test_joins_and_leaves_spread_by_gossip_long_before_a_table_refresh(
             timeout=5,
             what="the others see it Dead",
         )
+
+
+class TaskAwareGrain(Grain, placement=HashBasedPlacement()):
+    """Uses what binds to the current task: a timeout, a task group."""
+
+    async def same_task_throughout(self) -> bool:
+        first = asyncio.current_task()
+        await asyncio.sleep(0)
+        return asyncio.current_task() is first and first is not None
+
+    async def times_out(self) -> str:
+        async with asyncio.timeout(0.05):
+            await asyncio.sleep(5)
+        return "not reached"
+
+    async def in_a_task_group(self) -> int:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(asyncio.sleep(0, result=i)) for i in range(3)]
+        return sum(t.result() for t in tasks)
+
+
+async def test_turns_from_the_network_run_in_their_own_task(redis_url: str) -> None:
+    # A turn is a task of its own, even one that arrives over the network: a
+    # timeout entered in its first step must cancel the turn, not the stream
+    # that delivered it.
+    async with InProcessCluster(redis_url, size=2, membership=FAST_MEMBERSHIP) as cluster:
+        client = await cluster.client()
+        grain = client.get_grain(TaskAwareGrain, "t")
+        assert await grain.same_task_throughout()
+        with pytest.raises(TimeoutError):
+            await grain.times_out()
+        assert await grain.in_a_task_group() == 3
+        # The streams that carried the timed-out call still serve.
+        hits = await asyncio.gather(
+            *(client.get_grain(TaskAwareGrain, k).in_a_task_group() for k in range(20))
+        )
+        assert hits == [3] * 20

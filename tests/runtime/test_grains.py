@@ -268,8 +268,9 @@ class LoopingGrain(Grain):
 async def test_a_grain_calling_local_grains_in_a_loop_still_yields_to_the_loop(
     silo: Silo,
 ) -> None:
-    # Local turns start as tasks (only network arrivals run eagerly), so a grain
-    # awaiting local grains back to back cannot starve everything else.
+    # Every turn starts as a task of its own, so a grain awaiting local grains
+    # back to back cannot starve everything else (a turn run inline in the
+    # caller's stack, when it did not suspend, would never yield).
     ticks = 0
 
     async def ticker() -> None:
