@@ -3,16 +3,20 @@
 ``bucket_size = base * max(1, cpu // 4) * max(0.25, 1 - memory_load)
 * min(1.0, 50_000 / active_grains)`` (DESIGN.md section 5). More cores buy a
 larger window; memory pressure and a crowded catalog shrink it, but never
-below a quarter of ``base`` for memory.
+below a quarter of ``base`` for memory. ``window_size`` applies it as the
+options say, and keeps ``base`` when the signals cannot be read.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["LoadSignals", "bucket_size", "default_load", "read_memory_load"]
+from orleanspy.options import ReminderOptions
+
+__all__ = ["LoadSignals", "bucket_size", "default_load", "read_memory_load", "window_size"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +47,20 @@ def bucket_size(base: int, signals: LoadSignals) -> int:
     memory = max(0.25, 1.0 - min(1.0, max(0.0, signals.memory_load)))
     grains = 1.0 if signals.active_grains <= 0 else min(1.0, GRAIN_BUDGET / signals.active_grains)
     return max(1, int(base * cpu * memory * grains))
+
+
+def window_size(options: ReminderOptions, load: Callable[[], LoadSignals], name: str = "") -> int:
+    """The bucket size to use now: ``options.base_bucket_size``, adapted to
+    ``load()`` when ``options.adaptive``; the base when the signals fail (a
+    sizing failure must not stop loading)."""
+    base = options.base_bucket_size
+    if not options.adaptive:
+        return base
+    try:
+        return bucket_size(base, load())
+    except Exception as exc:
+        log.warning("load signals unavailable name=%s error=%r", name, exc)
+        return base
 
 
 def read_memory_load(path: str = _MEMINFO) -> float:

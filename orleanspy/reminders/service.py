@@ -7,33 +7,14 @@ call ``receive_reminder``; after the acknowledgement the next slot is persisted
 in batches. The parts live in private modules, one job each:
 
 - ``_ownership``: the owned ranges and what a ring change means;
+- ``_loader``: which rows the window holds (refills, hints, repair, change feed);
 - ``_window``: the bounded due-heap (all resident rows count against the bound);
 - ``_ticker``: the one sleeper and the missed-tick rule;
 - ``_lanes``: priority lanes and permits;
 - ``_persist``: batched, retried CAS writes;
 - ``_adaptive``: the bucket-size formula.
 
-This module composes them and does the loading, in one task so that reads of
-the table never race each other.
-
-Loading. A *refill* reads every owned range with ``read_due(range, now +
-look_ahead, limit)`` and keeps the earliest ``bucket_size`` rows overall
-(queued rows that lose are evicted; rows being delivered are never evicted). It
-runs at start, every ``poll_interval``, on ``refill_now()``, when the heap falls
-below half (or half of it turned over) while the last refill left rows
-behind, and after the change feed was lost. A newly owned range is read at
-once. A change for an owned row that is not held (or that another writer
-moved) is read with ``table.read`` and admitted if it is inside the window and
-would make the cut; a removal drops the row.
-
-Repair. Normal loading already takes overdue rows first (``read_due`` returns
-the earliest first), so an overdue row is only starved while the window is
-full of rows being delivered. Every ``repair_interval`` the repair pass reads
-owned rows with ``next_due < now - look_ahead`` that are not held (at most
-``bucket_size`` per range) and applies SKIP or NOTIFY to them in place — the
-next slot after now is persisted (and NOTIFY published) without taking room in
-the window or a delivery permit. FIRE_IMMEDIATELY rows need a delivery, so the
-pass leaves them to the window, which loads them first once there is room.
+This module composes them and delivers the due rows.
 
 Storage outages. Every table error is logged and retried with backoff; the
 service never stops for one. Rows already held keep ticking on their local
@@ -45,35 +26,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, replace
 from datetime import datetime
 
-from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
 from orleanspy.errors import (
     ActivationError,
     GrainCallTimeoutError,
     MessageRejectedError,
-    ReminderError,
     SiloUnavailableError,
     StorageUnavailableError,
 )
-from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._adaptive import LoadSignals, bucket_size, default_load
+from orleanspy.reminders._adaptive import LoadSignals, default_load, window_size
 from orleanspy.reminders._lanes import Dispatcher
+from orleanspy.reminders._loader import Loader
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister, update_key
-from orleanspy.reminders._ticker import (
-    MISSED_COUNT_CAP,
-    Backoff,
-    Ticker,
-    TickPlan,
-    plan_tick,
-    sleep_or_wake,
-)
+from orleanspy.reminders._ticker import Backoff, Ticker, TickPlan, plan_tick
 from orleanspy.reminders._window import DueWindow, Row, RowState
 from orleanspy.reminders.model import (
     MissedReminder,
@@ -82,9 +54,7 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     ScheduleUpdate,
     TickStatus,
-    row_key,
 )
-from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
 
@@ -165,28 +135,29 @@ class ReminderService:
         self._clock = clock
         self._options = options
         self._publish_missed = publish_missed
-        self._load = load or default_load
         self._name = name
+        load = load or default_load
         self._ownership = Ownership()
-        self._window = DueWindow(self._bucket_size())
+        self._window = DueWindow(window_size(options, load, name))
         self._ticker = Ticker(clock, self._window, self._on_due)
         self._dispatcher = Dispatcher(
             options.permits, self._tick, enable_priority=options.enable_priority
         )
         self._persister = Persister(table, clock, options, self._on_persisted)
+        self._loader = Loader(
+            table,
+            clock,
+            options,
+            ownership=self._ownership,
+            window=self._window,
+            persister=self._persister,
+            load=load,
+            drop=self._drop,
+            notify=self._notify,
+            wake_ticker=self._ticker.wake,
+            name=name,
+        )
         self._running = False
-        # Loader requests; one task serves them so that reads never race.
-        self._loader_wake = asyncio.Event()
-        self._refill_wanted = True
-        self._refill_waiters: list[asyncio.Future[None]] = []
-        self._new_ranges: list[RingRange] = []
-        self._hints: dict[str, tuple[GrainId, str]] = {}
-        self._more_available = False
-        self._turnover = 0  # ticks finished since the last refill
-        # Keys whose stored state changed while a bulk read was running: that read
-        # may return their old state, so it must not load them.
-        self._reading = False
-        self._touched: set[str] = set()
         self._n = dict.fromkeys(
             (
                 "delivered",
@@ -195,11 +166,7 @@ class ReminderService:
                 "missed",
                 "skipped",
                 "notified",
-                "repaired",
                 "cas_conflicts",
-                "refills",
-                "load_errors",
-                "evicted",
             ),
             0,
         )
@@ -220,8 +187,8 @@ class ReminderService:
                 ("ticker", self._ticker.run()),
                 ("dispatcher", self._dispatcher.run()),
                 ("persister", self._persister.run()),
-                ("loader", self._loader()),
-                ("feed", self._follow(feed)),
+                ("loader", self._loader.run()),
+                ("feed", self._loader.follow(feed)),
             )
         ]
         stack.push_async_callback(_cancel, tasks)
@@ -241,10 +208,7 @@ class ReminderService:
         for row in self._window.retain(lambda row: self._ownership.owns(row.entry.grain_id)):
             row.dropped = True
         self._dispatcher.lanes.retain(lambda row: not row.dropped)
-        self._hints = {k: v for k, v in self._hints.items() if self._ownership.owns(v[0])}
-        if new:
-            self._new_ranges.extend(new)
-            self._loader_wake.set()
+        self._loader.ranges_changed(new)
         self._ticker.wake()
         log.info(
             "reminder ranges changed name=%s ranges=%d new=%d resident=%d",
@@ -261,32 +225,7 @@ class ReminderService:
         window, or of a held row that another writer moved, schedules a read of
         the row; the echo of this service's own write is ignored.
         """
-        grain_id, name, next_due = change.grain_id, change.name, change.next_due
-        if not self._ownership.owns(grain_id):
-            return
-        key = row_key(grain_id, name)
-        if self._reading:
-            self._touched.add(key)
-        row = self._window.get(key)
-        if next_due is None:
-            if row is not None:
-                self._drop(row)
-            self._hints.pop(key, None)
-            return
-        if row is not None:
-            if next_due in (row.next_due, row.entry.next_due) or self._persister.wrote(
-                key, next_due
-            ):
-                return
-        elif next_due > self._clock.now() + self._options.look_ahead:
-            return
-        elif self._window.space == 0:
-            last = self._window.last_due()
-            if last is None or next_due >= last:
-                self._more_available = True
-                return
-        self._hints[key] = (grain_id, name)
-        self._loader_wake.set()
+        self._loader.notify_change(change)
 
     async def refill_now(self) -> None:
         """Run a full refill and return when one that began after this call finished.
@@ -294,13 +233,9 @@ class ReminderService:
         Before ``start`` the refill runs inline. Errors are retried by the loader
         (this call waits until a refill succeeds)."""
         if not self._running:
-            await self._refill(self._ownership.ranges)
+            await self._loader.refill(self._ownership.ranges)
             return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._refill_waiters.append(fut)
-        self._refill_wanted = True
-        self._loader_wake.set()
-        await fut
+        await self._loader.request_refill()
 
     async def wait_persisted(self) -> None:
         """Return once no schedule update is waiting to be written."""
@@ -312,7 +247,7 @@ class ReminderService:
 
     @property
     def stats(self) -> ReminderServiceStats:
-        w, d, p = self._window, self._dispatcher, self._persister
+        w, d, p, ld, n = self._window, self._dispatcher, self._persister, self._loader, self._n
         return ReminderServiceStats(
             bucket_size=w.capacity,
             loaded=w.queued,
@@ -321,16 +256,27 @@ class ReminderService:
             resident=len(w),
             high_water=w.high_water,
             persist_pending=len(p),
+            delivered=n["delivered"],
+            grain_errors=n["grain_errors"],
+            retries=n["retries"],
+            # The repair pass skips rows in place: each one was missed and skipped.
+            missed=n["missed"] + ld.repaired,
+            skipped=n["skipped"] + ld.repaired,
+            notified=n["notified"],
+            repaired=ld.repaired,
+            cas_conflicts=n["cas_conflicts"],
             persisted=p.written,
             persist_failures=p.failures,
-            **self._n,
+            refills=ld.refills,
+            load_errors=ld.load_errors,
+            evicted=ld.evicted,
         )
 
     # -- delivery ---------------------------------------------------------------------
 
     def _on_due(self, rows: list[Row]) -> None:
         self._dispatcher.put(rows)
-        self._maybe_low()
+        self._loader.check_low()
 
     async def _tick(self, row: Row) -> None:
         """Deliver (or skip) one due row, then move it to its next slot."""
@@ -397,7 +343,7 @@ class ReminderService:
     def _advance(self, row: Row, next_due: datetime, last_fire: datetime | None) -> None:
         """Record the row's next slot: persist it, and re-queue or release the row."""
         row.next_due, row.last_fire = next_due, last_fire
-        self._turnover += 1
+        self._loader.ticked()
         etag = row.entry.etag
         if etag is not None:
             self._persister.submit(
@@ -410,7 +356,7 @@ class ReminderService:
                 self._ticker.wake()
         else:
             self._window.release(row)
-        self._maybe_low()
+        self._loader.check_low()
 
     async def _notify(
         self,
@@ -449,8 +395,7 @@ class ReminderService:
 
     def _on_persisted(self, update: ScheduleUpdate, etag: str | None) -> None:
         key = update_key(update)
-        if self._reading:
-            self._touched.add(key)
+        self._loader.mark_changed(key)
         row = self._window.get(key)
         mine = row is not None and row.entry.etag == update.etag
         if etag is None:
@@ -463,240 +408,7 @@ class ReminderService:
                 row.entry, etag=etag, next_due=update.next_due, last_fire=update.last_fire
             )
 
-    # -- loading ----------------------------------------------------------------------
-
-    def _bucket_size(self) -> int:
-        base = self._options.base_bucket_size
-        if not self._options.adaptive:
-            return base
-        try:
-            return bucket_size(base, self._load())
-        except Exception as exc:
-            log.warning("load signals unavailable name=%s error=%r", self._name, exc)
-            return base
-
-    def _maybe_low(self) -> None:
-        # Under a backlog the heap refills with the next slots of delivered rows,
-        # so "below half" alone would leave older rows in the table until the
-        # poll; a half-turned-over window also asks for a refill (which evicts
-        # the later rows in favour of the older ones).
-        half = self._window.capacity // 2
-        if self._more_available and (self._window.queued < half or self._turnover >= half):
-            self._more_available = False
-            self._refill_wanted = True
-            self._loader_wake.set()
-
-    async def _loader(self) -> None:
-        """Serve refills, range loads, hints, polls and repairs until cancelled."""
-        opts = self._options
-        backoff = Backoff(opts.retry_initial, opts.retry_max)
-        now = self._clock.now()
-        next_poll, next_repair = now, now + opts.repair_interval
-        while True:
-            self._loader_wake.clear()
-            now = self._clock.now()
-            try:
-                if self._refill_wanted or now >= next_poll:
-                    await self._full_refill()
-                    next_poll = now + opts.poll_interval
-                elif self._new_ranges:
-                    ranges, self._new_ranges = self._new_ranges, []
-                    try:
-                        await self._refill(ranges)
-                    except BaseException:
-                        self._new_ranges[:0] = ranges
-                        raise
-                if self._hints:
-                    await self._read_hints()
-                if now >= next_repair:
-                    await self._repair()
-                    next_repair = now + opts.repair_interval
-                backoff.reset()
-            except Exception as exc:
-                raise_if_cancelled()
-                self._n["load_errors"] += 1
-                log.warning("reminder load failed name=%s error=%r", self._name, exc)
-                await self._clock.sleep(backoff.next())
-                continue
-            raise_if_cancelled()
-            await sleep_or_wake(self._clock, min(next_poll, next_repair), self._loader_wake)
-
-    async def _full_refill(self) -> None:
-        waiters, self._refill_waiters = self._refill_waiters, []
-        self._refill_wanted = False
-        self._new_ranges.clear()
-        try:
-            await self._refill(self._ownership.ranges)
-        except BaseException:
-            self._refill_wanted = True
-            self._refill_waiters[:0] = waiters
-            raise
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-    async def _refill(self, ranges: Sequence[RingRange]) -> None:
-        """Read ``ranges`` and keep the earliest ``bucket_size`` rows overall."""
-        window = self._window
-        window.capacity = self._bucket_size()
-        self._turnover = 0
-        now = self._clock.now()
-        before = now + self._options.look_ahead
-        # Rows we hold come back from the read too (the table may lag behind us):
-        # read past them so they cannot hide the rows we are looking for.
-        limit = window.capacity + len(window) + len(self._persister)
-        batches = await self._read([self._table.read_due(r, before, limit) for r in ranges])
-        # Cheap filters first; schedules are built only for rows that can make the cut.
-        found: dict[str, tuple[datetime, int, ReminderEntry, datetime | None]] = {}
-        for batch in batches:
-            for entry in batch:
-                key = entry.key
-                if key in window or key in found or key in self._touched:
-                    continue
-                if not self._ownership.owns(entry.grain_id):
-                    continue
-                next_due, last_fire = self._effective(entry)
-                if next_due <= before:
-                    found[key] = (next_due, -int(entry.priority), entry, last_fire)
-        best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
-        fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
-        loaded, evicted = window.merge(fresh)
-        self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)
-        self._n["refills"] += 1
-        self._n["evicted"] += len(evicted)
-        if loaded or evicted:
-            self._ticker.wake()
-        log.debug(
-            "reminder refill name=%s ranges=%d loaded=%d evicted=%d resident=%d bucket_size=%d",
-            self._name,
-            len(ranges),
-            loaded,
-            len(evicted),
-            len(window),
-            window.capacity,
-        )
-
-    async def _read(self, reads: list[Awaitable[list[ReminderEntry]]]) -> list[list[ReminderEntry]]:
-        self._reading = True
-        self._touched.clear()
-        try:
-            results = await asyncio.gather(*reads, return_exceptions=True)
-        finally:
-            self._reading = False
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        return [r for r in results if not isinstance(r, BaseException)]
-
-    def _effective(self, entry: ReminderEntry) -> tuple[datetime, datetime | None]:
-        """``(next_due, last_fire)`` of a row as read, with our unwritten update
-        applied (the table lags behind while persistence is pending)."""
-        pending = self._persister.latest(entry.key)
-        if pending is not None and pending.etag == entry.etag:
-            return pending.next_due, pending.last_fire
-        return entry.next_due, entry.last_fire
-
-    def _make_row(
-        self, entry: ReminderEntry, next_due: datetime, last_fire: datetime | None
-    ) -> Row | None:
-        try:
-            schedule = schedule_for(entry)
-        except ReminderError as exc:
-            log.warning("reminder row unusable name=%s key=%s error=%s", self._name, entry.key, exc)
-            return None
-        return Row(entry, schedule, next_due, last_fire)
-
-    async def _read_hints(self) -> None:
-        while self._hints:
-            key, (grain_id, name) = next(iter(self._hints.items()))
-            entry = await self._table.read(grain_id, name)
-            # Drop the hint only after the read succeeded; a newer hint for the
-            # same key that arrived meanwhile is served by this read too.
-            self._hints.pop(key, None)
-            if self._ownership.owns(grain_id):
-                self._admit(key, entry)
-
-    def _admit(self, key: str, entry: ReminderEntry | None) -> None:
-        """Bring the window in line with the row as just read."""
-        row = self._window.get(key)
-        if entry is None:
-            if row is not None:
-                self._drop(row)
-            return
-        if row is not None:
-            if entry.etag == row.entry.etag:
-                return
-            self._drop(row)
-        next_due, last_fire = self._effective(entry)
-        if next_due > self._clock.now() + self._options.look_ahead:
-            return
-        new = self._make_row(entry, next_due, last_fire)
-        if new is None:
-            return
-        loaded, evicted = self._window.merge([new])
-        self._n["evicted"] += len(evicted)
-        if not loaded:
-            self._more_available = True
-        elif self._window.head_due() == new.next_due:
-            self._ticker.wake()
-
-    async def _repair(self) -> None:
-        """Apply SKIP/NOTIFY in place to long-overdue rows not held (module docstring)."""
-        now = self._clock.now()
-        before = now - self._options.look_ahead
-        limit = self._window.capacity
-        batches = await self._read(
-            [self._table.read_due(r, before, limit) for r in self._ownership.ranges]
-        )
-        for entry in (e for batch in batches for e in batch):
-            key = entry.key
-            if (
-                entry.next_due >= before
-                or entry.etag is None
-                or key in self._window
-                or key in self._touched
-                or self._persister.latest(key) is not None
-                or not self._ownership.owns(entry.grain_id)
-            ):
-                continue
-            if entry.action is MissedReminderAction.FIRE_IMMEDIATELY:
-                self._more_available = True
-                continue
-            try:
-                schedule = schedule_for(entry)
-            except ReminderError:
-                continue
-            resume = schedule.next_after(now)
-            missed = schedule.slots_between(entry.next_due, now, cap=MISSED_COUNT_CAP) + 1
-            self._n["missed"] += 1
-            self._n["skipped"] += 1
-            self._n["repaired"] += 1
-            self._persister.submit(
-                ScheduleUpdate(entry.grain_id, entry.name, entry.etag, resume, entry.last_fire)
-            )
-            if entry.action is MissedReminderAction.NOTIFY:
-                await self._notify(entry, entry.next_due, now, missed, resume)
-
-    async def _follow(self, feed: AsyncIterator[ReminderChange]) -> None:
-        """Feed table changes to ``notify_change``; resubscribe after an error."""
-        backoff = Backoff(self._options.retry_initial, self._options.retry_max)
-        try:
-            while True:
-                try:
-                    async for change in feed:
-                        self.notify_change(change)
-                        backoff.reset()
-                    return  # the feed ended: the table was closed
-                except Exception as exc:
-                    log.warning("reminder change feed lost name=%s error=%r", self._name, exc)
-                    await _aclose(feed)
-                    await self._clock.sleep(backoff.next())
-                    feed = self._table.changes()
-                    # Changes may have been missed while the feed was down.
-                    self._refill_wanted = True
-                    self._loader_wake.set()
-        finally:
-            await _aclose(feed)
+    # -- shutdown ---------------------------------------------------------------------
 
     async def _final_flush(self) -> None:
         async def bounded() -> int:
@@ -724,9 +436,3 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
     for result in results:
         if isinstance(result, Exception):
             log.error("reminder service task failed error=%r", result)
-
-
-async def _aclose(feed: object) -> None:
-    aclose = getattr(feed, "aclose", None)
-    if aclose is not None:
-        await aclose()
