@@ -90,12 +90,19 @@ class Message:
         ``correlation_id``, and leaving them out keeps responses cheap to encode
         and decode.
         """
+        # Positional, in field order: responses are made once per call.
         return Message(
-            id=next_message_id(),
-            kind=MessageKind.RESPONSE,
-            body=body,
-            target_silo=self.sender_silo,
-            sender_client=self.sender_client,
-            correlation_id=self.id,
-            status=status,
+            next_message_id(),
+            MessageKind.RESPONSE,
+            None,
+            "",
+            body,
+            None,
+            self.sender_client,
+            self.sender_silo,
+            self.id,
+            0,
+            0,
+            status,
+            {},
         )

@@ -238,9 +238,10 @@ class Activation:
             task = loop.create_task(self._run_message(item, read_only))
         else:
             task = loop.create_task(self._run_timer(item))
-        # The loop keeps only weak references to tasks: hold running turns here.
+        # The loop keeps only weak references to tasks: hold running turns here
+        # (each turn lets go of its own task in _turn_ended, which costs less
+        # than a done-callback, a loop round of its own per turn).
         self._turns.add(task)
-        task.add_done_callback(self._turns.discard)
 
     async def _run_message(self, message: Message, read_only: bool) -> None:
         host = self.runtime
@@ -285,6 +286,7 @@ class Activation:
             self._turn_ended(touch=False)
 
     def _turn_ended(self, *, touch: bool) -> None:
+        self._turns.discard(asyncio.current_task())
         self._running -= 1
         if touch:
             self.last_activity = self.runtime.clock.now()
