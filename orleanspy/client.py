@@ -82,6 +82,8 @@ class ClusterClient:
         self._stack = AsyncExitStack()
         self._client_id = f"client-{os.getpid()}-{os.urandom(6).hex()}"
         self._connections: dict[str, GrpcGatewayConnection] = {}
+        # The open connections in rotation order; None after _connections changed.
+        self._live: list[tuple[str, GrpcGatewayConnection]] | None = None
         self._round_robin = itertools.count()
         self._pending: PendingCalls[Message] = PendingCalls(
             self._options.response_timeout.total_seconds()
@@ -90,7 +92,7 @@ class ClusterClient:
         self._codec = Codec(reference_factory=self._factory.reference)
         self._refresh_now = asyncio.Event()
         self._refresh_lock = asyncio.Lock()
-        self._timeout = self._options.response_timeout.total_seconds()
+        self._timeout_ms = int(self._options.response_timeout.total_seconds() * 1000)
         self._last_connect_error: Exception | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -180,13 +182,19 @@ class ClusterClient:
         """Send a call through a gateway (see ``CallInvoker``)."""
         if self._state is not _State.OPEN:
             raise ClosedError("the client is not open")
-        endpoint, conn = await self._pick()
+        live = self._live
+        if live:
+            endpoint, conn = live[next(self._round_robin) % len(live)]
+            if conn.closed:
+                endpoint, conn = await self._pick()
+        else:
+            endpoint, conn = await self._pick()
         msg = Message.request(
             grain_id,
             method,
             self._codec.encode((args, kwargs)),
             one_way=one_way,
-            expires_at_ms=time.time_ns() // 1_000_000 + int(self._timeout * 1000),
+            expires_at_ms=time.time_ns() // 1_000_000 + self._timeout_ms,
         )
         if one_way:
             conn.send(msg)
@@ -203,7 +211,7 @@ class ClusterClient:
 
     async def _pick(self) -> tuple[str, GrpcGatewayConnection]:
         for attempt in range(2):
-            live = [(e, c) for e, c in self._connections.items() if not c.closed]
+            self._live = live = [(e, c) for e, c in self._connections.items() if not c.closed]
             if live:
                 return live[next(self._round_robin) % len(live)]
             if attempt == 0:
@@ -228,6 +236,7 @@ class ClusterClient:
                 log.warning("gateway list unavailable error=%r", exc)
                 return
             for endpoint in [e for e in self._connections if e not in wanted]:
+                self._live = None
                 with contextlib.suppress(Exception):
                     await self._connections.pop(endpoint).aclose()
 
@@ -246,6 +255,7 @@ class ClusterClient:
                     self._last_connect_error = exc
                     return
                 self._connections[endpoint] = conn
+                self._live = None
 
             missing = [e for e in wanted if e not in self._connections]
             await asyncio.gather(*(open_one(e) for e in missing))
@@ -268,6 +278,7 @@ class ClusterClient:
     ) -> None:
         if self._connections.get(endpoint) is conn:
             del self._connections[endpoint]
+        self._live = None
         if self._state is not _State.OPEN:
             return
         # Calls still queued never left: they go through another gateway. Calls
@@ -292,6 +303,7 @@ class ClusterClient:
     async def _close_connections(self) -> None:
         conns = list(self._connections.values())
         self._connections.clear()
+        self._live = None
         await asyncio.gather(*(c.aclose() for c in conns), return_exceptions=True)
 
 
