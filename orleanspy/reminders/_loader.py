@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 
 from orleanspy._tasks import raise_if_cancelled
@@ -48,7 +48,7 @@ from orleanspy.reminders.model import (
     row_key,
 )
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.table import ReminderTable
+from orleanspy.reminders.table import ChangeFeed, ReminderTable
 from orleanspy.ring import RingRange
 
 __all__ = ["Loader", "Notify"]
@@ -225,7 +225,7 @@ class Loader:
             raise_if_cancelled()
             await sleep_or_wake(self._clock, min(next_poll, next_repair), self._wake)
 
-    async def follow(self, feed: AsyncIterator[ReminderChange]) -> None:
+    async def follow(self, feed: ChangeFeed) -> None:
         """Feed table changes to ``notify_change``; resubscribe after an error."""
         backoff = Backoff(self._options.retry_initial, self._options.retry_max)
         try:
@@ -237,14 +237,14 @@ class Loader:
                     return  # the feed ended: the table was closed
                 except Exception as exc:
                     log.warning("reminder change feed lost name=%s error=%r", self._name, exc)
-                    await _aclose(feed)
+                    await feed.aclose()
                     await self._clock.sleep(backoff.next())
                     feed = self._table.changes()
                     # Changes may have been missed while the feed was down.
                     self._refill_wanted = True
                     self._wake.set()
         finally:
-            await _aclose(feed)
+            await feed.aclose()
 
     # -- reading ----------------------------------------------------------------------
 
@@ -404,9 +404,3 @@ class Loader:
             )
             if entry.action is MissedReminderAction.NOTIFY:
                 await self._notify(entry, entry.next_due, now, missed, resume)
-
-
-async def _aclose(feed: object) -> None:
-    aclose = getattr(feed, "aclose", None)
-    if aclose is not None:
-        await aclose()

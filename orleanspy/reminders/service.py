@@ -11,10 +11,11 @@ in batches. The parts live in private modules, one job each:
 - ``_window``: the bounded due-heap (all resident rows count against the bound);
 - ``_ticker``: the one sleeper and the missed-tick rule;
 - ``_lanes``: priority lanes and permits;
+- ``_delivery``: one due row's tick (the grain call, retries, missed ticks, next slot);
 - ``_persist``: batched, retried CAS writes;
 - ``_adaptive``: the bucket-size formula.
 
-This module composes them and delivers the due rows.
+This module composes them.
 
 Storage outages. Every table error is logged and retried with backoff; the
 service never stops for one. Rows already held keep ticking on their local
@@ -26,54 +27,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import dataclass
 
 from orleanspy.clock import Clock
-from orleanspy.errors import (
-    ActivationError,
-    GrainCallTimeoutError,
-    MessageRejectedError,
-    SiloUnavailableError,
-    StorageUnavailableError,
-)
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, default_load, window_size
+from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery, PublishMissed
 from orleanspy.reminders._lanes import Dispatcher
 from orleanspy.reminders._loader import Loader
 from orleanspy.reminders._ownership import Ownership
-from orleanspy.reminders._persist import Persister, update_key
-from orleanspy.reminders._ticker import Backoff, Ticker, TickPlan, plan_tick
-from orleanspy.reminders._window import DueWindow, Row, RowState
-from orleanspy.reminders.model import (
-    MissedReminder,
-    MissedReminderAction,
-    ReminderChange,
-    ReminderEntry,
-    ScheduleUpdate,
-    TickStatus,
-)
+from orleanspy.reminders._persist import Persister
+from orleanspy.reminders._ticker import Ticker
+from orleanspy.reminders._window import DueWindow
+from orleanspy.reminders.model import ReminderChange
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
 
-__all__ = ["LoadSignals", "ReminderService", "ReminderServiceStats"]
+__all__ = ["TRANSIENT_ERRORS", "LoadSignals", "ReminderService", "ReminderServiceStats"]
 
 log = logging.getLogger(__name__)
 
-#: Failures of the call path, not of the grain: the same tick is retried.
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
-    SiloUnavailableError,
-    GrainCallTimeoutError,
-    MessageRejectedError,
-    ActivationError,
-    StorageUnavailableError,
-)
 #: Upper bound, in seconds of real time, of the final flush at shutdown.
 FINAL_FLUSH_SECONDS = 5.0
-
-Deliver = Callable[[ReminderEntry, TickStatus], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,24 +103,23 @@ class ReminderService:
         deliver: Deliver,
         clock: Clock,
         options: ReminderOptions,
-        publish_missed: Callable[[MissedReminder], Awaitable[None]] | None = None,
+        publish_missed: PublishMissed | None = None,
         load: Callable[[], LoadSignals] | None = None,
         name: str = "",
     ) -> None:
         self._table = table
-        self._deliver = deliver
-        self._clock = clock
-        self._options = options
-        self._publish_missed = publish_missed
         self._name = name
         load = load or default_load
         self._ownership = Ownership()
         self._window = DueWindow(window_size(options, load, name))
-        self._ticker = Ticker(clock, self._window, self._on_due)
-        self._dispatcher = Dispatcher(
-            options.permits, self._tick, enable_priority=options.enable_priority
+        self._delivery = delivery = Delivery(
+            clock, options, self._window, deliver=deliver, publish_missed=publish_missed, name=name
         )
-        self._persister = Persister(table, clock, options, self._on_persisted)
+        self._ticker = Ticker(clock, self._window, delivery.on_due)
+        self._dispatcher = Dispatcher(
+            options.permits, delivery.tick, enable_priority=options.enable_priority
+        )
+        self._persister = Persister(table, clock, options, delivery.on_persisted)
         self._loader = Loader(
             table,
             clock,
@@ -152,24 +128,18 @@ class ReminderService:
             window=self._window,
             persister=self._persister,
             load=load,
-            drop=self._drop,
-            notify=self._notify,
+            drop=delivery.drop,
+            notify=delivery.notify,
             wake_ticker=self._ticker.wake,
             name=name,
         )
-        self._running = False
-        self._n = dict.fromkeys(
-            (
-                "delivered",
-                "grain_errors",
-                "retries",
-                "missed",
-                "skipped",
-                "notified",
-                "cas_conflicts",
-            ),
-            0,
+        delivery.attach(
+            ticker=self._ticker,
+            dispatcher=self._dispatcher,
+            persister=self._persister,
+            loader=self._loader,
         )
+        self._running = False
 
     # -- public surface ---------------------------------------------------------------
 
@@ -247,7 +217,8 @@ class ReminderService:
 
     @property
     def stats(self) -> ReminderServiceStats:
-        w, d, p, ld, n = self._window, self._dispatcher, self._persister, self._loader, self._n
+        w, d, p, ld = self._window, self._dispatcher, self._persister, self._loader
+        dl = self._delivery
         return ReminderServiceStats(
             bucket_size=w.capacity,
             loaded=w.queued,
@@ -256,157 +227,21 @@ class ReminderService:
             resident=len(w),
             high_water=w.high_water,
             persist_pending=len(p),
-            delivered=n["delivered"],
-            grain_errors=n["grain_errors"],
-            retries=n["retries"],
+            delivered=dl.delivered,
+            grain_errors=dl.grain_errors,
+            retries=dl.retries,
             # The repair pass skips rows in place: each one was missed and skipped.
-            missed=n["missed"] + ld.repaired,
-            skipped=n["skipped"] + ld.repaired,
-            notified=n["notified"],
+            missed=dl.missed + ld.repaired,
+            skipped=dl.skipped + ld.repaired,
+            notified=dl.notified,
             repaired=ld.repaired,
-            cas_conflicts=n["cas_conflicts"],
+            cas_conflicts=dl.cas_conflicts,
             persisted=p.written,
             persist_failures=p.failures,
             refills=ld.refills,
             load_errors=ld.load_errors,
             evicted=ld.evicted,
         )
-
-    # -- delivery ---------------------------------------------------------------------
-
-    def _on_due(self, rows: list[Row]) -> None:
-        self._dispatcher.put(rows)
-        self._loader.check_low()
-
-    async def _tick(self, row: Row) -> None:
-        """Deliver (or skip) one due row, then move it to its next slot."""
-        if row.dropped:
-            return
-        now = self._clock.now()
-        plan = plan_tick(row, now, self._options.grace)
-        last_fire = row.last_fire
-        if plan.missed:
-            self._n["missed"] += 1
-        if plan.deliver:
-            delivered_at = await self._call(row, plan)
-            if delivered_at is None:
-                return
-            last_fire = delivered_at
-            next_due = plan.resume or row.schedule.next_after(plan.slot)
-        else:
-            assert plan.resume is not None
-            next_due = plan.resume
-            self._n["skipped"] += 1
-            if row.entry.action is MissedReminderAction.NOTIFY:
-                await self._notify(row.entry, plan.slot, now, plan.missed_ticks, next_due)
-        self._advance(row, next_due, last_fire)
-
-    async def _call(self, row: Row, plan: TickPlan) -> datetime | None:
-        """Deliver the tick until acknowledged; the delivery time, or ``None`` if the
-        row was dropped while retrying (the new owner delivers it)."""
-        entry = row.entry
-        backoff = Backoff(self._options.retry_initial, self._options.retry_max)
-        while True:
-            delivered_at = self._clock.now()
-            status = TickStatus(
-                first_tick_time=entry.start_at,
-                period=entry.period,
-                cron=entry.cron,
-                current_tick_time=plan.slot,
-                delivered_at=delivered_at,
-                missed_ticks=plan.missed_ticks,
-                priority=int(entry.priority),
-            )
-            try:
-                await self._deliver(entry, status)
-            except TRANSIENT_ERRORS as exc:
-                self._n["retries"] += 1
-                log.info("reminder tick retry name=%s key=%s error=%r", self._name, row.key, exc)
-                await self._clock.sleep(backoff.next())
-                if row.dropped:
-                    return None
-                continue
-            except Exception as exc:
-                # The grain's own receive_reminder failed: not retried (DESIGN.md 2).
-                self._n["grain_errors"] += 1
-                log.warning(
-                    "reminder tick failed in grain name=%s key=%s slot=%s error=%r",
-                    self._name,
-                    row.key,
-                    plan.slot.isoformat(),
-                    exc,
-                )
-                return delivered_at
-            self._n["delivered"] += 1
-            return delivered_at
-
-    def _advance(self, row: Row, next_due: datetime, last_fire: datetime | None) -> None:
-        """Record the row's next slot: persist it, and re-queue or release the row."""
-        row.next_due, row.last_fire = next_due, last_fire
-        self._loader.ticked()
-        etag = row.entry.etag
-        if etag is not None:
-            self._persister.submit(
-                ScheduleUpdate(row.entry.grain_id, row.entry.name, etag, next_due, last_fire)
-            )
-        if row.dropped:
-            return
-        if next_due <= self._clock.now() + self._options.look_ahead:
-            if self._window.push(row):
-                self._ticker.wake()
-        else:
-            self._window.release(row)
-        self._loader.check_low()
-
-    async def _notify(
-        self,
-        entry: ReminderEntry,
-        scheduled: datetime,
-        now: datetime,
-        missed_ticks: int,
-        next_due: datetime,
-    ) -> None:
-        if self._publish_missed is None:
-            return
-        event = MissedReminder(
-            service_id=entry.service_id,
-            grain_id=entry.grain_id,
-            name=entry.name,
-            scheduled=scheduled,
-            detected_at=now,
-            missed_ticks=missed_ticks,
-            next_due=next_due,
-        )
-        try:
-            await self._publish_missed(event)
-        except Exception as exc:
-            log.warning(
-                "missed reminder not published name=%s key=%s error=%r", self._name, entry.key, exc
-            )
-            return
-        self._n["notified"] += 1
-
-    def _drop(self, row: Row) -> None:
-        """Forget ``row``: it must not tick or be re-queued any more."""
-        row.dropped = True
-        if row.state is RowState.DUE:
-            self._dispatcher.lanes.remove(row)
-        self._window.release(row)
-
-    def _on_persisted(self, update: ScheduleUpdate, etag: str | None) -> None:
-        key = update_key(update)
-        self._loader.mark_changed(key)
-        row = self._window.get(key)
-        mine = row is not None and row.entry.etag == update.etag
-        if etag is None:
-            self._n["cas_conflicts"] += 1
-            log.info("reminder moved by another writer name=%s key=%s", self._name, key)
-            if row is not None and mine:
-                self._drop(row)
-        elif row is not None and mine:
-            row.entry = replace(
-                row.entry, etag=etag, next_due=update.next_due, last_fire=update.last_fire
-            )
 
     # -- shutdown ---------------------------------------------------------------------
 

@@ -24,7 +24,21 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
 
-__all__ = ["BatchingReminderTable", "ReminderTable"]
+__all__ = ["BatchingReminderTable", "ChangeFeed", "ReminderTable"]
+
+
+@runtime_checkable
+class ChangeFeed(Protocol):
+    """What ``ReminderTable.changes`` returns: an ``AsyncIterator[ReminderChange]``
+    that ``aclose`` ends."""
+
+    def __aiter__(self) -> AsyncIterator[ReminderChange]: ...
+
+    async def __anext__(self) -> ReminderChange: ...
+
+    async def aclose(self) -> None:
+        """End the subscription, also for a reader waiting in another task. Idempotent."""
+        ...
 
 
 @runtime_checkable
@@ -94,7 +108,7 @@ class ReminderTable(Protocol):
         at most ``limit`` (uses the due index)."""
         ...
 
-    def changes(self) -> AsyncIterator[ReminderChange]:
+    def changes(self) -> ChangeFeed:
         """An endless stream of changes made by any writer, from subscription on.
 
         Best effort: a change may be lost while the store is unreachable (the

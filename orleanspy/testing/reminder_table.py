@@ -48,7 +48,7 @@ from orleanspy.reminders.model import (
     ReminderPriority,
     ScheduleUpdate,
 )
-from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
+from orleanspy.reminders.table import BatchingReminderTable, ChangeFeed, ReminderTable
 from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = [
@@ -539,6 +539,8 @@ async def check_changes_feed(factory: TableFactory) -> None:
     async with factory() as table:
         first = table.changes()
         second = table.changes()
+        for it in (first, second):
+            assert isinstance(it, ChangeFeed), "changes() must return an iterator with aclose()"
         try:
             await _prime(table, first)
             await _prime(table, second)
@@ -565,12 +567,12 @@ async def check_changes_feed(factory: TableFactory) -> None:
                 assert (await table.update_schedule_many([update]))[0] is not None
                 assert await _next_change(first) == ReminderChange(gid, "b", moved)
         finally:
-            await _aclose(first)
+            await first.aclose()
         # A reader blocked in another task is released by aclose. Changes already
         # buffered (second did not read the batch's) may come out first; then the end.
         reader = asyncio.ensure_future(anext(second))
         await asyncio.sleep(0)
-        await _aclose(second)
+        await second.aclose()
         try:
             async with asyncio.timeout(_CHANGE_DEADLINE_S):
                 await reader
@@ -581,12 +583,6 @@ async def check_changes_feed(factory: TableFactory) -> None:
             pass
         except TimeoutError:
             raise AssertionError("aclose() did not end the change stream") from None
-
-
-async def _aclose(it: AsyncIterator[ReminderChange]) -> None:
-    aclose = getattr(it, "aclose", None)
-    assert aclose is not None, "changes() must return an iterator with aclose()"
-    await aclose()
 
 
 REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
