@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Collection, Coroutine
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -53,7 +54,8 @@ class MembershipService:
 
     ``ping(silo, timeout_seconds)`` probes a peer (see ``health.Ping``);
     ``gossip`` (optional) tells a peer of a new table version, and
-    ``gossip_received`` takes such news from one.
+    ``gossip_received`` takes such news from one. ``grain_types`` (optional)
+    goes into this silo's row: the grain types placement may put here.
     ``on_declared_dead()`` is called once, from a background task, when this
     silo reads itself Dead in the table without having left gracefully; the
     service has then already stopped its loops, and the silo must stop too.
@@ -72,6 +74,7 @@ class MembershipService:
         on_declared_dead: Callable[[], None],
         host_name: str = "",
         gossip: Gossip | None = None,
+        grain_types: Collection[str] | None = None,
     ) -> None:
         self._table = table
         self.address = address
@@ -91,6 +94,7 @@ class MembershipService:
         self._leaving = False
         self._dead = False
         self._gossip = gossip
+        self._grain_types = None if grain_types is None else frozenset(grain_types)
         self._spreading: set[asyncio.Task[None]] = set()
         self._catch_up: asyncio.Task[None] | None = None
         self._catch_up_again = False
@@ -269,7 +273,10 @@ class MembershipService:
                 # A retried start of the same run: take the row over unless it is Dead.
                 if existing.status == SiloStatus.DEAD:
                     raise SiloDeclaredDeadError(f"silo {self.address} is already Dead")
-                row = existing.with_status(SiloStatus.JOINING).with_i_am_alive(now)
+                row = replace(
+                    existing.with_status(SiloStatus.JOINING).with_i_am_alive(now),
+                    grain_types=self._grain_types,
+                )
                 ok = await self._table.update_row(row, etag, snap.version.next())
             else:
                 row = MembershipEntry(
@@ -280,6 +287,7 @@ class MembershipService:
                     i_am_alive=now,
                     gateway_port=self._gateway_port,
                     host_name=self._host_name,
+                    grain_types=self._grain_types,
                 )
                 ok = await self._table.insert_row(row, snap.version.next())
             if ok:

@@ -66,6 +66,8 @@ class MembershipEntry:
     voter and when it voted, oldest first. ``gateway_port`` is the port clients
     connect to on ``silo.host`` (``None``: the silo runs no gateway).
     ``i_am_alive`` is the silo's last heartbeat, written by the silo itself.
+    ``grain_types`` names the grain types the silo hosts (``None``: the row
+    does not say, and the silo is taken to host every type).
     """
 
     silo: SiloAddress
@@ -76,6 +78,11 @@ class MembershipEntry:
     suspect_times: tuple[tuple[SiloAddress, datetime], ...] = ()
     gateway_port: int | None = None
     host_name: str = ""
+    grain_types: frozenset[str] | None = None
+
+    def hosts(self, type_name: str) -> bool:
+        """Whether grains of ``type_name`` may be placed on this silo."""
+        return self.grain_types is None or type_name in self.grain_types
 
     def with_status(self, status: SiloStatus) -> MembershipEntry:
         return replace(self, status=status)
@@ -121,6 +128,10 @@ class MembershipEntry:
         }
         if self.gateway_port is not None:
             rec["g"] = self.gateway_port
+        if self.grain_types is not None:
+            # One string, not a list: a Lua script that re-encodes the row
+            # cannot tell an empty list from an empty map.
+            rec["gt"] = "\n".join(sorted(self.grain_types))
         return rec
 
     @classmethod
@@ -136,6 +147,7 @@ class MembershipEntry:
             suspect_times=tuple((SiloAddress.parse(v), from_ms(int(t))) for v, t in votes),
             gateway_port=None if rec.get("g") is None else int(rec["g"]),
             host_name=rec.get("h", ""),
+            grain_types=_grain_types(rec.get("gt")),
         )
 
 
@@ -190,6 +202,10 @@ class MembershipSnapshot:
     def active_silos(self) -> tuple[SiloAddress, ...]:
         """The Active silos, sorted (the ring's members)."""
         return self._active
+
+    def hosting(self, type_name: str) -> tuple[SiloAddress, ...]:
+        """The Active silos that host ``type_name``, sorted."""
+        return tuple(s for s in self._active if self.entries[s][0].hosts(type_name))
 
     def gateways(self) -> list[tuple[str, int]]:
         """``(host, gateway_port)`` of every Active silo that runs a gateway, sorted."""
@@ -259,3 +275,10 @@ class MembershipTable(Protocol):
         """Delete the Dead rows whose ``i_am_alive`` is before ``cutoff``; return
         how many were deleted. Other rows and the version are untouched."""
         ...
+
+
+def _grain_types(stored: object) -> frozenset[str] | None:
+    if stored is None:
+        return None
+    text = str(stored)
+    return frozenset(text.split("\n")) if text else frozenset()

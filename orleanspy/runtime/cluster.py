@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from orleanspy.directory import ActivationAddress, CachedDirectory
+from orleanspy.errors import UnknownGrainTypeError
 from orleanspy.grain import GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.membership.oracle import MembershipService
@@ -83,16 +84,22 @@ class ClusterLocator:
             return None
         return hit.silo
 
-    async def locate(self, grain_id: GrainId, definition: GrainDefinition) -> SiloAddress:
+    async def locate(self, grain_id: GrainId, definition: GrainDefinition | None) -> SiloAddress:
         found = await self._directory.lookup(grain_id)
         if found is not None:
             if self._alive(found.silo):
                 return found.silo
             await self._directory.unregister(grain_id, found)
-        strategy = definition.placement or DEFAULT_PLACEMENT
-        silos = self._membership.active_silos()
+        strategy = (definition.placement if definition else None) or DEFAULT_PLACEMENT
+        snapshot = self._membership.snapshot
+        # Only silos whose row says they host the type are candidates.
+        silos = snapshot.hosting(grain_id.type_name)
         if not silos:
-            silos = (self._address(),)
+            if snapshot.active_silos():
+                raise UnknownGrainTypeError(
+                    f"no active silo hosts grain type {grain_id.type_name!r}"
+                )
+            silos = (self._address(),)  # not joined yet: this silo is all there is
         chosen: SiloAddress = strategy.choose(grain_id, self._address(), silos)
         return chosen
 

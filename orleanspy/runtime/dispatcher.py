@@ -22,7 +22,7 @@ from orleanspy.errors import (
     SiloUnavailableError,
     UnknownGrainTypeError,
 )
-from orleanspy.grain import GrainDefinition
+from orleanspy.grain import GrainDefinition, registered_definitions
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.transport import Transport
@@ -143,16 +143,10 @@ class Dispatcher:
             return
         defn = self._types.get(gid.type_name)
         if defn is None:
-            self._reject(msg, UnknownGrainTypeError(f"no grain type {gid.type_name!r} here"))
+            self._route_elsewhere(msg, gid)
             return
         if msg.method not in defn.methods:
-            self._reject(
-                msg,
-                GrainMethodNotFoundError(
-                    f"{gid.type_name} has no callable method {msg.method!r}; "
-                    "only public async methods can be called"
-                ),
-            )
+            self._reject_method(msg, gid)
             return
         act = self.catalog.get(gid)
         if act is not None:
@@ -167,7 +161,34 @@ class Dispatcher:
             return
         self._spawn(self._locate_and_send(msg, defn))
 
-    async def _locate_and_send(self, msg: Message, defn: GrainDefinition) -> None:
+    def _route_elsewhere(self, msg: Message, gid: GrainId) -> None:
+        """A grain type this silo does not host: in a cluster, send the call to
+        a silo that does (placement only considers those)."""
+        if self._local_only or _is_here(msg.target_silo, self.address):
+            self._reject(msg, UnknownGrainTypeError(f"no grain type {gid.type_name!r} here"))
+            return
+        # The class may be imported here without being hosted: then its
+        # placement is known and a bad method fails without a round trip.
+        known = registered_definitions().get(gid.type_name)
+        if known is not None and msg.method not in known.methods:
+            self._reject_method(msg, gid)
+            return
+        silo = self._locator.cached(gid)
+        if silo is not None:
+            self._send_to(silo, msg)
+            return
+        self._spawn(self._locate_and_send(msg, known))
+
+    def _reject_method(self, msg: Message, gid: GrainId) -> None:
+        self._reject(
+            msg,
+            GrainMethodNotFoundError(
+                f"{gid.type_name} has no callable method {msg.method!r}; "
+                "only public async methods can be called"
+            ),
+        )
+
+    async def _locate_and_send(self, msg: Message, defn: GrainDefinition | None) -> None:
         assert msg.target_grain is not None
         try:
             silo = await self._locator.locate(msg.target_grain, defn)

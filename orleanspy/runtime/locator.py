@@ -30,8 +30,10 @@ class Locator(Protocol):
         """The silo of a known activation, without I/O, if the cache has it."""
         ...
 
-    async def locate(self, grain_id: GrainId, definition: GrainDefinition) -> SiloAddress:
-        """The silo that has (or should create) the grain's activation."""
+    async def locate(self, grain_id: GrainId, definition: GrainDefinition | None) -> SiloAddress:
+        """The silo that has (or should create) the grain's activation, among
+        those that host its type; ``definition`` (its placement) may be unknown
+        here when this silo does not host the type."""
         ...
 
     async def register(
@@ -67,7 +69,7 @@ class LocalLocator:
     def cached(self, grain_id: GrainId) -> SiloAddress | None:
         return self._address
 
-    async def locate(self, grain_id: GrainId, definition: GrainDefinition) -> SiloAddress:
+    async def locate(self, grain_id: GrainId, definition: GrainDefinition | None) -> SiloAddress:
         return self._address
 
     async def register(

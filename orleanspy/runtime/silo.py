@@ -304,6 +304,7 @@ class Silo:
             gossip=functools.partial(
                 _gossip, transport, o.membership.probe_timeout.total_seconds()
             ),
+            grain_types=types.keys(),
         )
         transport.on_gossip(membership.gossip_received)
         stack.callback(transport.on_gossip, None)

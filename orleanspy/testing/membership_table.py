@@ -285,6 +285,15 @@ async def check_round_trip_all_fields(table: MembershipTable) -> None:
         suspect_times=((voter_a, _T0 + timedelta(milliseconds=5)), (voter_b, _T0)),
         gateway_port=30001,
         host_name="host.example",
+        grain_types=frozenset({"CounterGrain", "module.Other", "ünï"}),
+    )
+    hosts_nothing = MembershipEntry(
+        silo=SiloAddress("127.0.0.2", 2, 0),
+        status=SiloStatus.ACTIVE,
+        name="gateway-only",
+        start_time=_T0,
+        i_am_alive=_T0,
+        grain_types=frozenset(),
     )
     bare = MembershipEntry(
         silo=SiloAddress("127.0.0.1", 1, 0),
@@ -293,7 +302,7 @@ async def check_round_trip_all_fields(table: MembershipTable) -> None:
         start_time=_T0,
         i_am_alive=_T0,
     )
-    for entry in (full, bare):
+    for entry in (full, hosts_nothing, bare):
         snap = await _insert(table, entry)
         _expect(snap.get(entry.silo) == entry, f"round trip changed {entry}")
         # A heartbeat rewrites the stored row; nothing else may change with it.

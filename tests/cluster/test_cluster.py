@@ -409,3 +409,42 @@ async def test_turns_from_the_network_run_in_their_own_task(redis_url: str) -> N
             *(client.get_grain(TaskAwareGrain, k).in_a_task_group() for k in range(20))
         )
         assert hits == [3] * 20
+
+
+class HostedElsewhereGrain(Grain):
+    """Hosted by the cluster's silos, but not by a silo limited to other types."""
+
+    async def where(self) -> str:
+        return str(self._activation.runtime.address)
+
+
+async def test_grains_are_placed_only_on_silos_that_host_their_type(redis_url: str) -> None:
+    async with InProcessCluster(redis_url, size=2, membership=FAST_MEMBERSHIP) as cluster:
+        limited = Silo(
+            dataclasses.replace(cluster.options, name="limited", grain_types=(ClusterWhereGrain,))
+        )
+        await limited.start()
+        try:
+            await cluster.refresh_all()
+            assert limited.membership is not None
+            await limited.membership.refresh()
+            client = await cluster.client()
+            assert len(client.gateways) == 3  # the limited silo is a gateway too
+            here = str(limited.address)
+
+            # Through every gateway, the limited one included: never placed there.
+            elsewhere = await asyncio.gather(
+                *(client.get_grain(HostedElsewhereGrain, k).where() for k in range(60))
+            )
+            assert here not in elsewhere
+            # A call made inside the limited silo is sent on to a silo that hosts it.
+            assert await limited.client.get_grain(HostedElsewhereGrain, "x").where() != here
+            # A type it does host still lands on it (random placement over three:
+            # none of 60 keys there has odds of about 1e-11).
+            spread = {h[0] for h in await hits(client, range(60))}
+            assert here in spread
+            # A type nobody hosts is refused by name.
+            with pytest.raises(UnknownGrainTypeError, match="NobodyHostsThis"):
+                await client.invoke(GrainId("NobodyHostsThis", 1), "where", (), {})
+        finally:
+            await limited.stop()

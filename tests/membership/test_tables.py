@@ -13,7 +13,12 @@ from orleanspy.errors import StorageUnavailableError
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.memory import InMemoryMembershipTable
 from orleanspy.membership.redis import RedisMembershipTable
-from orleanspy.membership.table import MembershipSnapshot, MembershipTable, SiloStatus
+from orleanspy.membership.table import (
+    MembershipSnapshot,
+    MembershipTable,
+    SiloStatus,
+    TableVersion,
+)
 from orleanspy.testing.membership_table import (
     MEMBERSHIP_TABLE_CHECKS,
     check_membership_table,
@@ -108,3 +113,17 @@ async def test_redis_unreachable_raises_storage_unavailable(own_redis: RedisServ
         # The same table recovers once the server is back (its data is gone).
         snap = await table.read_all()
         assert await table.insert_row(make_entry(1, SiloStatus.ACTIVE), snap.version.next())
+
+
+def test_snapshot_hosting_lists_the_active_silos_that_host_a_type() -> None:
+    rows = [
+        make_entry(1, SiloStatus.ACTIVE),  # says nothing: hosts every type
+        make_entry(2, SiloStatus.ACTIVE, grain_types=frozenset({"A"})),
+        make_entry(3, SiloStatus.ACTIVE, grain_types=frozenset()),
+        make_entry(4, SiloStatus.SHUTTING_DOWN, grain_types=frozenset({"A", "B"})),
+    ]
+    snap = MembershipSnapshot({r.silo: (r, "e") for r in rows}, TableVersion(4, "v"))
+    one, two = rows[0].silo, rows[1].silo
+    assert snap.hosting("A") == (one, two)
+    assert snap.hosting("B") == (one,)
+    assert rows[2].hosts("A") is False and rows[0].hosts("anything") is True
