@@ -155,11 +155,7 @@ class Dispatcher:
         if _is_here(msg.target_silo, self.address) or self._local_only:
             self.catalog.get_or_create(gid, defn).enqueue(msg)
             return
-        silo = self._locator.cached(gid)
-        if silo is not None:
-            self._send_to(silo, msg)
-            return
-        self._spawn(self._locate_and_send(msg, defn))
+        self._send_where_it_lives(msg, gid, defn)
 
     def _route_elsewhere(self, msg: Message, gid: GrainId) -> None:
         """A grain type this silo does not host: in a cluster, send the call to
@@ -173,11 +169,18 @@ class Dispatcher:
         if known is not None and msg.method not in known.methods:
             self._reject_method(msg, gid)
             return
+        self._send_where_it_lives(msg, gid, known)
+
+    def _send_where_it_lives(
+        self, msg: Message, gid: GrainId, defn: GrainDefinition | None
+    ) -> None:
+        # The directory cache answers without I/O; otherwise locate (directory
+        # lookup, then placement) in the background and send when known.
         silo = self._locator.cached(gid)
         if silo is not None:
             self._send_to(silo, msg)
-            return
-        self._spawn(self._locate_and_send(msg, known))
+        else:
+            self._spawn(self._locate_and_send(msg, defn))
 
     def _reject_method(self, msg: Message, gid: GrainId) -> None:
         self._reject(

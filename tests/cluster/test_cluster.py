@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
@@ -352,26 +353,21 @@ async def test_joins_and_leaves_spread_by_gossip_long_before_a_table_refresh(
     )
     async with InProcessCluster(redis_url, size=2, membership=slow) as cluster:
         late = Silo(dataclasses.replace(cluster.options, name="late"))
+
+        def everyone_sees_late(status: SiloStatus) -> Callable[[], bool]:
+            return lambda: all(
+                s.membership.snapshot.status(late.address) is status  # type: ignore[union-attr]
+                for s in cluster.silos
+            )
+
         await late.start()
         try:
             await cluster.wait_for(
-                lambda: all(
-                    s.membership.snapshot.status(late.address) is SiloStatus.ACTIVE  # type: ignore[union-attr]
-                    for s in cluster.silos
-                ),
-                timeout=5,
-                what="the others see the newcomer Active",
+                everyone_sees_late(SiloStatus.ACTIVE), timeout=5, what="the newcomer Active"
             )
         finally:
             await late.stop()
-        await cluster.wait_for(
-            lambda: all(
-                s.membership.snapshot.status(late.address) is SiloStatus.DEAD  # type: ignore[union-attr]
-                for s in cluster.silos
-            ),
-            timeout=5,
-            what="the others see it Dead",
-        )
+        await cluster.wait_for(everyone_sees_late(SiloStatus.DEAD), timeout=5, what="it Dead")
 
 
 class TaskAwareGrain(Grain, placement=HashBasedPlacement()):
