@@ -22,7 +22,7 @@ from orleanspy.errors import (
     SiloUnavailableError,
     UnknownGrainTypeError,
 )
-from orleanspy.grain import GrainDefinition, registered_definitions
+from orleanspy.grain import GrainDefinition, lookup_definition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.transport import Transport
@@ -165,7 +165,10 @@ class Dispatcher:
             return
         # The class may be imported here without being hosted: then its
         # placement is known and a bad method fails without a round trip.
-        known = registered_definitions().get(gid.type_name)
+        try:
+            known: GrainDefinition | None = lookup_definition(gid.type_name)
+        except UnknownGrainTypeError:
+            known = None
         if known is not None and msg.method not in known.methods:
             self._reject_method(msg, gid)
             return
