@@ -1,10 +1,12 @@
 """Cross-silo grain calls per second over gRPC, beside raw echoes between the same processes.
 
-Run: ``python -m benchmarks.bench_cluster_calls [--seconds 2] [--redis-url URL]``.
+Run: ``python -m benchmarks.bench_cluster_calls [--seconds 2] [--callers 1 64]
+[--max-batch N] [--redis-url URL]``.
 
 Two OS processes: this one runs silo A, the child runs silo B plus a raw
 ``grpc.aio`` unary echo server and a raw length-prefixed TCP echo server (both
-from ``benchmarks.bench_transport``). With 1 and 64 concurrent callers it measures:
+from ``benchmarks.bench_transport``). With 1 and 64 concurrent callers (or
+``--callers``) it measures:
 
 - ``silo-to-silo``: silo A calls ``BenchEchoGrain`` activations that live on
   silo B (``HashBasedPlacement``; keys are chosen so the hash picks B, and the
@@ -15,7 +17,11 @@ from ``benchmarks.bench_transport``). With 1 and 64 concurrent callers it measur
 
 Each caller has a grain of its own (as independent callers would), so the 64
 callers measure throughput, not one grain's turn queue. Ratios are against the
-raw TCP echo. A private redis-server is started unless ``--redis-url`` is given.
+raw TCP echo. For the grain paths it also prints the CPU each process spends
+per call (``cpu_us_a``: this process, ``cpu_us_b``: silo B's), every thread
+counted, over warm-up and measurement alike. ``--max-batch`` sets
+``MessagingOptions.max_batch`` on both silos and the client. A private
+redis-server is started unless ``--redis-url`` is given.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AsyncExitStack
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks._util import launch, loop_name, print_report, ratio, run
 from benchmarks.bench_transport import (
@@ -38,7 +46,7 @@ from benchmarks.bench_transport import (
     _serve_raw_grpc,
     _TcpEcho,
 )
-from orleanspy import ClusterClient, Grain, Silo, SiloOptions
+from orleanspy import ClusterClient, Grain, MessagingOptions, Silo, SiloOptions
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.placement import HashBasedPlacement
 from orleanspy.testing.redis_server import RedisServer
@@ -56,13 +64,28 @@ class BenchEchoGrain(Grain, placement=HashBasedPlacement()):
         return str(self._activation.runtime.address)
 
 
-def _options(redis_url: str, name: str, gateway: bool) -> SiloOptions:
+def _messaging(max_batch: int | None) -> MessagingOptions:
+    return MessagingOptions() if max_batch is None else MessagingOptions(max_batch=max_batch)
+
+
+def _options(redis_url: str, name: str, gateway: bool, max_batch: int | None) -> SiloOptions:
     return SiloOptions(
         cluster_id=CLUSTER_ID,
         redis_url=redis_url,
         name=name,
         gateway_port=0 if gateway else None,
+        messaging=_messaging(max_batch),
     )
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system, all threads) of process ``pid``; ``None`` off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def _until_active(silo: Silo, count: int) -> None:
@@ -75,10 +98,11 @@ async def _until_active(silo: Silo, count: int) -> None:
 # ------------------------------------------------------------------ silo B (child)
 
 
-async def _serve(redis_url: str) -> None:
+async def _serve(redis_url: str, max_batch: int | None) -> None:
     loop = asyncio.get_running_loop()
     async with AsyncExitStack() as stack:
-        silo = await stack.enter_async_context(Silo(_options(redis_url, "silo-b", True)))
+        options = _options(redis_url, "silo-b", True, max_batch)
+        silo = await stack.enter_async_context(Silo(options))
         tcp = await loop.create_server(_TcpEcho, "127.0.0.1", 0)
         stack.push_async_callback(tcp.wait_closed)
         stack.callback(tcp.close)
@@ -87,6 +111,7 @@ async def _serve(redis_url: str) -> None:
             "silo": str(silo.address),
             "unary": str(unary),
             "tcp": str(tcp.sockets[0].getsockname()[1]),
+            "pid": str(os.getpid()),
         }
         print(f"READY {json.dumps(where)}", flush=True)
         # Serve until the parent closes our stdin.
@@ -104,11 +129,22 @@ def _keys_on(target: SiloAddress, silos: tuple[SiloAddress, ...]) -> Iterator[in
             yield key
 
 
+class _Cell(NamedTuple):
+    rate: float
+    cpu_us_a: float | None  # per call, this process
+    cpu_us_b: float | None  # per call, silo B's process
+
+
 async def _bench_grains(
-    grains: list[Any], payload: bytes, seconds: float, warmup: float
-) -> list[float]:
-    rates = []
-    for callers in CALLERS:
+    grains: list[Any],
+    payload: bytes,
+    seconds: float,
+    warmup: float,
+    callers_list: Sequence[int],
+    child: int,
+) -> list[_Cell]:
+    cells = []
+    for callers in callers_list:
         # Each concurrent caller (task) keeps a grain of its own, so no two
         # callers ever queue on one activation, and the harness costs one dict
         # lookup per call (the raw echoes pay nothing comparable).
@@ -122,69 +158,99 @@ async def _bench_grains(
                 grain = owned[task] = next(spare)
             await grain.echo(payload)
 
-        rates.append(await _measure(call, callers, seconds, warmup))
-    return rates
+        a0, b0 = time.process_time(), _cpu_seconds(child)
+        rate = await _measure(call, callers, seconds, warmup)
+        a1, b1 = time.process_time(), _cpu_seconds(child)
+        # The CPU window spans warm-up too: assume the warm-up ran at the same rate.
+        calls = rate * (seconds + warmup)
+        cells.append(
+            _Cell(
+                rate,
+                (a1 - a0) / calls * 1e6 if calls else None,
+                (b1 - b0) / calls * 1e6 if calls and b0 is not None and b1 is not None else None,
+            )
+        )
+    return cells
 
 
 async def _drive(
-    redis_url: str, where: dict[str, str], payload: bytes, seconds: float, warmup: float
-) -> dict[str, list[float]]:
+    redis_url: str, where: dict[str, str], payload: bytes, args: argparse.Namespace
+) -> dict[str, list[_Cell]]:
     target = SiloAddress.parse(where["silo"])
-    rates: dict[str, list[float]] = {}
-    async with Silo(_options(redis_url, "silo-a", False)) as silo:
+    child = int(where["pid"])
+    seconds, warmup, callers = args.seconds, args.warmup, args.callers
+    cells: dict[str, list[_Cell]] = {}
+    async with Silo(_options(redis_url, "silo-a", False, args.max_batch)) as silo:
         await _until_active(silo, 2)
         assert silo.membership is not None
-        keys = list(itertools.islice(_keys_on(target, silo.membership.active_silos()), 64))
+        wanted = max(callers)
+        keys = list(itertools.islice(_keys_on(target, silo.membership.active_silos()), wanted))
         grains = [silo.client.get_grain(BenchEchoGrain, k) for k in keys]
         placed = set(await asyncio.gather(*(g.where() for g in grains)))
         if placed != {str(target)}:
             raise RuntimeError(f"grains were placed on {placed}, not only on silo B {target}")
-        rates["silo-to-silo"] = await _bench_grains(grains, payload, seconds, warmup)
+        cells["silo-to-silo"] = await _bench_grains(
+            grains, payload, seconds, warmup, callers, child
+        )
 
-        async with ClusterClient(redis_url=redis_url, cluster_id=CLUSTER_ID) as client:
+        async with ClusterClient(
+            redis_url=redis_url, cluster_id=CLUSTER_ID, options=_messaging(args.max_batch)
+        ) as client:
             # Silo A runs no gateway, so every client call enters at B.
             far = [client.get_grain(BenchEchoGrain, k) for k in keys]
             placed = set(await asyncio.gather(*(g.where() for g in far)))
             assert placed == {str(target)}, placed
-            rates["client-gateway"] = await _bench_grains(far, payload, seconds, warmup)
+            cells["client-gateway"] = await _bench_grains(
+                far, payload, seconds, warmup, callers, child
+            )
 
-    rates["grpc-unary"] = await _bench_unary(where["unary"], payload, seconds, warmup)
-    rates["tcp"] = await _bench_tcp(where["tcp"], payload, seconds, warmup)
-    return rates
+    for path, server, bench in (("grpc-unary", "unary", _bench_unary), ("tcp", "tcp", _bench_tcp)):
+        rates = await bench(where[server], payload, seconds, warmup, callers)
+        cells[path] = [_Cell(rate, None, None) for rate in rates]
+    return cells
 
 
 # The cluster issue's target: grain calls at a quarter of the raw TCP echo, 64 callers.
 TARGET_VS_TCP = 0.25
+TARGET_CALLERS = 64
 
 
-def _report(rates: dict[str, list[float]], args: argparse.Namespace) -> None:
+def _report(cells: dict[str, list[_Cell]], args: argparse.Namespace) -> None:
     rows = []
-    for path, values in rates.items():
-        for i, callers in enumerate(CALLERS):
-            rows.append(
-                {
-                    "path": path,
-                    "callers": callers,
-                    "calls_per_s": round(values[i], 1),
-                    "vs_tcp": ratio(values[i], rates["tcp"][i]),
-                    "vs_grpc_unary": ratio(values[i], rates["grpc-unary"][i]),
-                }
-            )
+    for path, values in cells.items():
+        for i, callers in enumerate(args.callers):
+            cell, tcp, unary = values[i], cells["tcp"][i], cells["grpc-unary"][i]
+            row: dict[str, Any] = {
+                "path": path,
+                "callers": callers,
+                "calls_per_s": round(cell.rate, 1),
+                "vs_tcp": ratio(cell.rate, tcp.rate),
+                "vs_grpc_unary": ratio(cell.rate, unary.rate),
+            }
+            for column in ("cpu_us_a", "cpu_us_b"):
+                value = getattr(cell, column)
+                if value is not None:
+                    row[column] = round(value, 1)
+            rows.append(row)
     print_report(
         "cluster_calls",
         rows,
-        ["path", "callers", "calls_per_s", "vs_tcp", "vs_grpc_unary"],
+        ["path", "callers", "calls_per_s", "vs_tcp", "vs_grpc_unary", "cpu_us_a", "cpu_us_b"],
         loop=loop_name(),
         seconds_per_cell=args.seconds,
         payload_bytes=args.payload,
+        max_batch=args.max_batch or MessagingOptions().max_batch,
     )
-    many = CALLERS.index(max(CALLERS))
+    if TARGET_CALLERS not in args.callers:
+        return
+    at = args.callers.index(TARGET_CALLERS)
+    tcp = cells["tcp"][at].rate
     verdicts = []
     for path in ("silo-to-silo", "client-gateway"):
-        share = rates[path][many] / rates["tcp"][many] if rates["tcp"][many] else 0.0
+        share = cells[path][at].rate / tcp if tcp else 0.0
         verdicts.append(f"{path} {share:.2f}x {'met' if share >= TARGET_VS_TCP else 'MISSED'}")
     print(
-        f"\ntarget: >= {TARGET_VS_TCP:.2f}x the TCP echo with {max(CALLERS)} callers: "
+        f"\ntarget: >= {TARGET_VS_TCP:.2f}x the TCP echo with {TARGET_CALLERS} callers: "
         + "; ".join(verdicts)
     )
 
@@ -202,19 +268,26 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0, help="measured time per cell")
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--payload", type=int, default=64, help="bytes echoed per call")
+    parser.add_argument(
+        "--callers", type=int, nargs="+", default=list(CALLERS), help="concurrent callers per cell"
+    )
+    parser.add_argument("--max-batch", type=int, help="MessagingOptions.max_batch everywhere")
     parser.add_argument("--redis-url", help="an existing Redis (default: a private one)")
     parser.add_argument("--serve", metavar="REDIS_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        run(_serve(args.serve))
+        run(_serve(args.serve, args.max_batch))
         return
     payload = b"x" * args.payload
+    serve = ["-m", "benchmarks.bench_cluster_calls"]
+    if args.max_batch is not None:
+        serve += ["--max-batch", str(args.max_batch)]
 
     def bench(url: str) -> None:
-        with launch(["-m", "benchmarks.bench_cluster_calls", "--serve", url]) as ready:
+        with launch([*serve, "--serve", url]) as ready:
             where = json.loads(ready)
-            rates = run(_drive(url, where, payload, args.seconds, args.warmup))
-        _report(rates, args)
+            cells = run(_drive(url, where, payload, args))
+        _report(cells, args)
 
     _with_redis(args.redis_url, bench)
 

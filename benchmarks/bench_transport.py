@@ -23,7 +23,7 @@ import itertools
 import struct
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -211,14 +211,16 @@ async def _bench_transport(
         return rates
 
 
-async def _bench_unary(where: str, payload: bytes, seconds: float, warmup: float) -> list[float]:
+async def _bench_unary(
+    where: str, payload: bytes, seconds: float, warmup: float, callers: Sequence[int] = CALLERS
+) -> list[float]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{where}") as channel:
         stub = channel.unary_unary(_UNARY, None, None)
 
         async def call() -> None:
             await stub(payload)
 
-        return [await _measure(call, n, seconds, warmup) for n in CALLERS]
+        return [await _measure(call, n, seconds, warmup) for n in callers]
 
 
 async def _bench_bidi(where: str, payload: bytes, seconds: float, warmup: float) -> list[float]:
@@ -267,7 +269,9 @@ class _TcpClient(asyncio.Protocol):
         del buffer[:end]
 
 
-async def _bench_tcp(where: str, payload: bytes, seconds: float, warmup: float) -> list[float]:
+async def _bench_tcp(
+    where: str, payload: bytes, seconds: float, warmup: float, callers: Sequence[int] = CALLERS
+) -> list[float]:
     loop = asyncio.get_running_loop()
     transport, client = await loop.create_connection(_TcpClient, "127.0.0.1", int(where))
     ids = itertools.count()
@@ -280,7 +284,7 @@ async def _bench_tcp(where: str, payload: bytes, seconds: float, warmup: float) 
             transport.write(_HEADER.pack(len(payload), request_id) + payload)
             await future
 
-        return [await _measure(call, n, seconds, warmup) for n in CALLERS]
+        return [await _measure(call, n, seconds, warmup) for n in callers]
     finally:
         transport.close()
 
