@@ -1,4 +1,5 @@
-"""Shared fixtures: a private redis-server per test session, flushed per test."""
+"""Shared fixtures: a private redis-server per test session, flushed per test, and a
+private PostgreSQL database per test session, emptied per test."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from orleanspy.testing.postgres import PostgresDatabase
 from orleanspy.testing.redis_server import RedisServer
 
 
@@ -38,3 +40,17 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_database() -> Iterator[PostgresDatabase]:
+    """A database of this test session's own on the machine's PostgreSQL, dropped after."""
+    with PostgresDatabase() as database:
+        yield database
+
+
+@pytest.fixture
+def postgres_url(postgres_database: PostgresDatabase) -> str:
+    """The private database's URL, with an empty ``public`` schema for each test."""
+    postgres_database.reset()
+    return postgres_database.url
