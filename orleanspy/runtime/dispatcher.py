@@ -34,7 +34,7 @@ from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
 from orleanspy.runtime.locator import Locator
 from orleanspy.runtime.pending import PendingCalls
 from orleanspy.runtime.remote_errors import error_payload, result_of
-from orleanspy.serialization import Codec
+from orleanspy.serialization import Codec, DecodeLimits
 
 if TYPE_CHECKING:
     from orleanspy.directory import ActivationAddress
@@ -60,7 +60,9 @@ class Dispatcher:
     ) -> None:
         self.address = address
         self.clock = clock
-        self.codec = Codec(reference_factory=self._reference)
+        self.codec = Codec(
+            reference_factory=self._reference, limits=DecodeLimits.of(options.messaging)
+        )
         self.activation_timeout = options.activation_timeout.total_seconds()
         self.deactivation_timeout = options.deactivation_timeout.total_seconds()
         self._response_timeout = options.messaging.response_timeout.total_seconds()
