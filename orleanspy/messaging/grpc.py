@@ -28,8 +28,17 @@ Untrusted input
     A frame that does not parse aborts that stream with ``INVALID_ARGUMENT``; an
     envelope that parses but is invalid (bad grain id, unknown kind), whose body
     exceeds ``max_message_size``, or which names another generation of this silo
-    as its target is answered with a ``REJECTED`` response (body: the reason in
-    UTF-8) when it is a request, and dropped with a log line otherwise.
+    as its target is answered with a ``REJECTED`` response when it is a request,
+    and dropped with a log line otherwise. The response carries an error payload
+    encoded like every other error: ``MessageRejectedError`` with the reason, or
+    ``SiloRestartedError`` for an earlier incarnation, which tells the sender to
+    re-resolve the grain.
+
+Lost connections
+    When a peer link fails or is disconnected, the sink's optional
+    ``connection_lost(target, error)`` is called after its unwritten messages
+    went to ``undeliverable``: whatever was written on that link is now in doubt,
+    and the dispatcher fails (or, once the peer is known dead, re-routes) it.
 """
 
 from __future__ import annotations
@@ -57,6 +66,7 @@ from orleanspy.errors import (
     AuthenticationError,
     ClosedError,
     MessageRejectedError,
+    SiloRestartedError,
     SiloUnavailableError,
 )
 from orleanspy.identity import SiloAddress
@@ -71,6 +81,8 @@ from orleanspy.messaging.frames import (
 from orleanspy.messaging.message import Message
 from orleanspy.messaging.transport import MessageSink
 from orleanspy.options import MessagingOptions, TlsOptions
+from orleanspy.runtime.remote_errors import error_payload
+from orleanspy.serialization import pack
 
 __all__ = ["GrpcGatewayConnection", "GrpcTransport", "WireStats"]
 
@@ -262,6 +274,7 @@ class _PeerLink:
         assert sink is not None
         for message in undelivered:
             sink.undeliverable(message, error)
+        _connection_lost(sink, self.target, error)
 
     async def _run(self) -> None:
         what = f"silo {self.target}"
@@ -491,8 +504,11 @@ class GrpcTransport:
     def disconnect(self, target: SiloAddress) -> None:
         """Drop the link to ``target``; its unwritten messages become undeliverable."""
         link = self._links.get(target)
+        error = SiloUnavailableError(f"silo {target}: disconnected")
         if link is not None:
-            link.fail(SiloUnavailableError(f"silo {target}: disconnected"))
+            link.fail(error)
+        elif self._sink is not None:
+            _connection_lost(self._sink, target, error)
         channel = self._channels.pop(target, None)
         if channel is not None:
             task = asyncio.get_running_loop().create_task(channel.close(None))
@@ -599,7 +615,8 @@ class GrpcTransport:
         """Deliver one frame's messages; ``False`` if the frame does not parse.
 
         ``client_id`` is set for gateway streams: the gateway stamps the client
-        and itself as the sender, whatever the client wrote.
+        and itself as the sender and drops the client's headers, target silo and
+        forward count, whatever the client wrote.
         """
         try:
             envelopes = FrameCodec.decode(frame)
@@ -618,14 +635,31 @@ class GrpcTransport:
             try:
                 message = codec.message(env, max_body)
                 target = message.target_silo
-                if target is not None and target.generation != generation:
-                    raise InvalidEnvelope(f"message for {target}, this is {me}")
             except InvalidEnvelope as exc:
-                self._reject(env, str(exc), client_id)
+                self._reject(env, MessageRejectedError(str(exc)), client_id)
                 continue
             if client_id is not None:
+                # Nothing a client says about the cluster is trusted: the gateway
+                # names the sender, and a client call starts a call chain of its
+                # own (a forged chain could interleave turns on a non-reentrant
+                # grain) and is placed by this silo (a named target silo would
+                # let a client bypass the directory).
                 message.sender_client = client_id
                 message.sender_silo = me
+                message.target_silo = None
+                message.forward_count = 0
+                if message.headers:
+                    message.headers = {}
+            elif target is not None and target.generation != generation:
+                self._reject(
+                    env,
+                    SiloRestartedError(
+                        f"message for {target}, an earlier incarnation of this silo {me}; "
+                        "re-resolve the grain"
+                    ),
+                    client_id,
+                )
+                continue
             try:
                 sink.receive(message)
             except Exception:
@@ -634,9 +668,9 @@ class GrpcTransport:
                 log.exception("sink.receive raised id=%d", message.id)
         return True
 
-    def _reject(self, env: Any, reason: str, client_id: str | None) -> None:
-        rejection = self._codec.rejection(env, reason)
-        log.info("rejected message id=%d client=%s reason=%s", env.id, client_id, reason)
+    def _reject(self, env: Any, error: Exception, client_id: str | None) -> None:
+        rejection = self._codec.rejection(env, pack(error_payload(error)))
+        log.info("rejected message id=%d client=%s reason=%s", env.id, client_id, error)
         if rejection is None:
             return
         response, sender = rejection
@@ -645,6 +679,16 @@ class GrpcTransport:
             self.send_to_client(client_id, response)
         elif sender is not None:
             self.send(sender, response)
+
+
+def _connection_lost(sink: MessageSink, target: SiloAddress, error: Exception) -> None:
+    lost = getattr(sink, "connection_lost", None)
+    if lost is None:
+        return
+    try:
+        lost(target, error)
+    except Exception:
+        log.exception("connection_lost raised peer=%s", target)
 
 
 def _ignore_result(task: asyncio.Task[Any]) -> None:

@@ -69,9 +69,17 @@ class ClusterLocator:
         snapshot = self._membership.snapshot
         if snapshot is not self._alive_for:
             self._alive_for = snapshot
+            # A silo restarted on the same host and port supersedes its earlier
+            # incarnations as soon as its row appears, before they are declared
+            # Dead: what lived there is gone.
+            newest: dict[tuple[str, int], int] = {}
+            for s in snapshot.entries:
+                endpoint = (s.host, s.port)
+                newest[endpoint] = max(newest.get(endpoint, s.generation), s.generation)
             self._alive_set = {
                 s for s, (entry, _etag) in snapshot.entries.items()
                 if entry.status <= SiloStatus.ACTIVE
+                and s.generation == newest[s.host, s.port]
             }  # fmt: skip
         return silo in self._alive_set or silo == self._address()
 

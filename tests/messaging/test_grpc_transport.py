@@ -15,12 +15,19 @@ import grpc
 import grpc.aio
 import pytest
 
-from orleanspy.errors import AuthenticationError, SiloUnavailableError
+from orleanspy.errors import (
+    AuthenticationError,
+    MessageRejectedError,
+    SiloRestartedError,
+    SiloUnavailableError,
+)
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import GrpcGatewayConnection, GrpcTransport
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
 from orleanspy.options import MessagingOptions, TlsOptions
+from orleanspy.runtime.remote_errors import rebuild_error
+from orleanspy.serialization import unpack
 
 DEADLINE = 10.0
 
@@ -213,7 +220,10 @@ async def test_restarted_peer_rejects_messages_for_old_generation(stack: AsyncEx
 
     rejection = next(m for m in a_sink.received if m.correlation_id == stale.id)
     assert rejection.status is ResponseStatus.REJECTED
-    assert b"this is" in rejection.body
+    # Encoded like every other error, and typed: the sender re-resolves the grain.
+    error = rebuild_error(unpack(rejection.body))
+    assert isinstance(error, SiloRestartedError)
+    assert "earlier incarnation" in str(error)
     assert new_sink.received == []
 
 
@@ -296,7 +306,9 @@ async def test_invalid_envelopes_get_rejected_responses(stack: AsyncExitStack) -
     by_id = {m.correlation_id: m for m in a_sink.received}
     assert set(by_id) == {7001, 7003}  # the unknown kind is not a request: dropped
     assert all(m.status is ResponseStatus.REJECTED for m in by_id.values())
-    assert b"bad target grain" in by_id[7001].body
+    error = rebuild_error(unpack(by_id[7001].body))
+    assert isinstance(error, MessageRejectedError)
+    assert "bad target grain" in str(error)
     assert b_sink.received == []
 
 
@@ -313,7 +325,9 @@ async def test_oversized_body_gets_a_rejected_response(stack: AsyncExitStack) ->
 
     by_id = {m.correlation_id: m for m in a_sink.received}
     assert by_id[big.id].status is ResponseStatus.REJECTED
-    assert b"exceeds max_message_size" in by_id[big.id].body
+    error = rebuild_error(unpack(by_id[big.id].body))
+    assert isinstance(error, MessageRejectedError)
+    assert "exceeds max_message_size" in str(error)
     assert by_id[small.id].status is ResponseStatus.OK
     assert [m.id for m in b_sink.received] == [small.id]
 
