@@ -223,6 +223,12 @@ class SiloOptions:
     With ``redis_url`` set it joins the cluster ``cluster_id`` over gRPC on
     ``silo_port`` (``0`` picks a free port) and accepts clients on
     ``gateway_port`` (``None``: no gateway).
+
+    ``allow_client_management``: whether gateway clients may call the reminder
+    management grain's operations that change or delete rows (reading is always
+    allowed). ``None`` (the default) allows them only when clients must
+    authenticate, i.e. a cluster secret or TLS is set; calls made inside the
+    cluster (grains, ``silo.client``) are never restricted.
     """
 
     cluster_id: str = "dev"
@@ -242,6 +248,14 @@ class SiloOptions:
     reminders: ReminderOptions = field(default_factory=ReminderOptions)
     grain_types: tuple[Any, ...] | None = None
     use_uvloop: bool = True
+    allow_client_management: bool | None = None
+
+    @property
+    def client_management_allowed(self) -> bool:
+        """``allow_client_management`` with its default resolved."""
+        if self.allow_client_management is not None:
+            return self.allow_client_management
+        return self.messaging.cluster_secret is not None or self.messaging.tls is not None
 
     def __post_init__(self) -> None:
         for name in ("cluster_id", "service_id"):

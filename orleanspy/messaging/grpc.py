@@ -78,7 +78,7 @@ from orleanspy.messaging.frames import (
     WireStats,
     unencodable,
 )
-from orleanspy.messaging.message import Message
+from orleanspy.messaging.message import Message, MessageKind
 from orleanspy.messaging.transport import MessageSink
 from orleanspy.options import MessagingOptions, TlsOptions
 from orleanspy.runtime.remote_errors import error_payload
@@ -374,6 +374,7 @@ class GrpcTransport:
         self._channels: dict[SiloAddress, grpc.aio.Channel] = {}
         self._stopped = False
         self._gossip_listener: Callable[[int], None] | None = None
+        self._may_answer: Callable[[SiloAddress], bool] | None = None
         self.stats = WireStats()
 
     # -- Transport properties
@@ -485,8 +486,23 @@ class GrpcTransport:
             return
         link = self._links.get(target)
         if link is None:
+            may_answer = self._may_answer
+            if (
+                message.kind is MessageKind.RESPONSE
+                and may_answer is not None
+                and not may_answer(target)
+            ):
+                # The address came from a request; only members are dialled.
+                log.warning("not answering a silo outside the membership table silo=%s", target)
+                return
             link = self._links[target] = _PeerLink(self, target)
         link.outbox.push(message)
+
+    def answer_only(self, predicate: Callable[[SiloAddress], bool] | None) -> None:
+        """Open links for responses only to silos ``predicate`` accepts (the
+        membership table's members): the address a response goes to is named by
+        the request, and a request may lie."""
+        self._may_answer = predicate
 
     def send_to_client(self, client_id: str, message: Message) -> None:
         """Queue ``message`` down a gateway client's stream; an unknown or

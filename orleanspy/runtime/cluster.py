@@ -127,6 +127,29 @@ class ClusterLocator:
     def invalidate(self, grain_id: GrainId) -> None:
         self._directory.invalidate(grain_id)
 
+    def knows(self, silo: SiloAddress) -> bool:
+        return self._alive(silo)
+
+    async def learn(self, silo: SiloAddress) -> bool:
+        if self._alive(silo):
+            return True
+        await self._refresh()
+        return self._alive(silo)
+
+    async def _refresh(self) -> None:
+        """Re-read the table: concurrent callers share one read, and reads start
+        at most every ``_REFRESH_MIN_INTERVAL``."""
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done():
+            if time.monotonic() - self._last_refresh < _REFRESH_MIN_INTERVAL:
+                return
+            self._last_refresh = time.monotonic()
+            refreshing = self._refreshing = asyncio.ensure_future(self._membership.refresh())
+        try:
+            await asyncio.shield(refreshing)
+        except Exception as exc:
+            log.warning("membership refresh failed error=%r", exc)
+
     async def silo_unreachable(self, silo: SiloAddress) -> bool:
         """A send to ``silo`` failed: re-read membership (rate-limited) and say
         whether the silo is now known to be gone (so the call may be re-routed)."""

@@ -40,6 +40,7 @@ from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.transport import Transport
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
+from orleanspy.reminders.management import MANAGEMENT_TYPE
 from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
@@ -61,6 +62,8 @@ _RESTARTED = f"{SiloRestartedError.__module__}.{SiloRestartedError.__qualname__}
 # Reminder ticks are at-least-once: after their silo died they are sent again.
 _TICK_METHOD = "receive_reminder"
 _VERDICT_POLL = 0.1
+# What gateway clients may always call on the reminder management grain.
+_MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all"})
 
 
 class Dispatcher:
@@ -105,6 +108,7 @@ class Dispatcher:
         self._sent: dict[_SentKey, Message] = {}
         self._sent_to: dict[SiloAddress, set[_SentKey]] = {}
         self._sent_sweep_at = 1024
+        self._client_management = options.client_management_allowed
 
     # -- wiring -------------------------------------------------------------------------
 
@@ -391,12 +395,40 @@ class Dispatcher:
             else:
                 self.send_response(message)
             return
-        if message.sender_client is not None and message.sender_silo is None:
-            message.sender_silo = self.address
+        if message.sender_client is not None:
+            if message.sender_silo is None:
+                message.sender_silo = self.address
+            if not self._client_management and _is_management_change(message):
+                self._reject(
+                    message,
+                    MessageRejectedError(
+                        f"{message.method} of the reminder management grain is not allowed "
+                        "from clients of this cluster: set a cluster secret or TLS, or "
+                        "SiloOptions(allow_client_management=True)"
+                    ),
+                )
+                return
         if message.expires_at_ms and message.expires_at_ms < self.clock.now_ms():
             log.debug("dropped expired message id=%d", message.id)
             return
+        sender = message.sender_silo
+        if message.sender_client is None and (sender is None or not self._locator.knows(sender)):
+            # Answers go only to members of the table: an address named in a
+            # request is never dialled on its word alone.
+            self._spawn(self._route_from_stranger(message))
+            return
         self.route(message)
+
+    async def _route_from_stranger(self, message: Message) -> None:
+        sender = message.sender_silo
+        if sender is not None and await self._locator.learn(sender):
+            self.route(message)
+        else:
+            log.warning(
+                "dropped message from a silo not in the membership table id=%d sender=%s",
+                message.id,
+                sender,
+            )
 
     def _restarted(self, response: Message) -> bool:
         try:
@@ -491,6 +523,14 @@ class Dispatcher:
     async def close(self, exc: Exception) -> None:
         """Fail every call still waiting and stop the timeout sweeper (silo stopped)."""
         await self._pending.close(exc)
+
+
+def _is_management_change(msg: Message) -> bool:
+    """A call to the reminder management grain other than a read."""
+    gid = msg.target_grain
+    return (
+        gid is not None and gid.type_name == MANAGEMENT_TYPE and msg.method not in _MANAGEMENT_READS
+    )
 
 
 def _is_tick(msg: Message) -> bool:
