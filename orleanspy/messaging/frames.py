@@ -284,8 +284,13 @@ class Outbox:
         return taken
 
     async def pump(
-        self, write: Callable[[bytes], Awaitable[None]], broken: Callable[[], bool]
+        self,
+        write: Callable[[bytes], Awaitable[None]],
+        broken: Callable[[], bool],
+        written: Callable[[list[Message]], None] | None = None,
     ) -> None:
+        """Write frames until cancelled or a write fails; ``written(batch)`` after
+        each frame that was written."""
         queue = self.queue
         stats = self.stats
         while not broken():
@@ -308,6 +313,8 @@ class Outbox:
             stats.frames_sent += 1
             stats.messages_sent += len(batch)
             self.in_flight = []
+            if written is not None:
+                written(batch)
 
 
 # ------------------------------------------------------------ grpc plumbing

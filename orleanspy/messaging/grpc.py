@@ -45,11 +45,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -101,6 +102,8 @@ _HEADROOM = 1 << 20
 _CONNECT_TIMEOUT = 5.0
 _STOP_FLUSH_TIMEOUT = 2.0
 _MAX_CLIENT_ID = 256
+# How often a paused client stream looks for expired requests to forget.
+_ROOM_RECHECK = 1.0
 # grpc-stubs lacks the aio EOF sentinel.
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 _Context = grpc.aio.ServicerContext[Any, Any]
@@ -285,7 +288,11 @@ class _PeerLink:
             await _handshake(call, what)
             watcher = asyncio.create_task(self._watch(call, what))
             try:
-                await self.outbox.pump(call.write, lambda: self._broken is not None)
+                await self.outbox.pump(
+                    call.write,
+                    lambda: self._broken is not None,
+                    functools.partial(transport._answered, self.target),
+                )
             finally:
                 watcher.cancel()
             error: Exception = self._broken or SiloUnavailableError(f"{what}: stream ended")
@@ -318,19 +325,61 @@ class _PeerLink:
 
 
 class _ClientLink:
-    """The gateway's downstream half of one client's stream."""
+    """The gateway's downstream half of one client's stream, and its flow control.
+
+    A request counts against ``max_in_flight`` from the moment it is read until
+    its response has been written to the client (or, unanswered, until its
+    deadline passed). While the count is at the limit the gateway reads no more
+    from this client, so gRPC's flow control stops the client's writes.
+    """
 
     def __init__(self, transport: GrpcTransport, client_id: str, context: Any) -> None:
         self.client_id = client_id
         self.outbox = Outbox(transport._codec, transport._options, transport.stats)
         self._context = context
+        self._limit = transport._options.max_in_flight
+        # Requests read and not answered yet: id -> deadline (epoch ms).
+        self.waiting: dict[int, int] = {}
+        # Responses queued and not written yet.
+        self.unwritten = 0
+        self._room = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"orleanspy-grpc-client-{client_id}"
         )
 
+    @property
+    def full(self) -> bool:
+        return len(self.waiting) + self.unwritten >= self._limit
+
+    def request_read(self, message: Message) -> None:
+        self.waiting[message.id] = message.expires_at_ms
+
+    def response_queued(self, message: Message) -> None:
+        self.waiting.pop(message.correlation_id, None)
+        self.unwritten += 1
+
+    def _written(self, batch: list[Message]) -> None:
+        self.unwritten -= sum(1 for m in batch if m.kind is MessageKind.RESPONSE)
+        if not self.full:
+            self._room.set()
+
+    async def wait_for_room(self) -> None:
+        """Return once the client is below its in-flight limit."""
+        while self.full:
+            # Requests the silo dropped unanswered (expired) free their place.
+            now_ms = time.time() * 1000
+            for msg_id in [k for k, deadline in self.waiting.items() if deadline < now_ms]:
+                del self.waiting[msg_id]
+            if not self.full:
+                return
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_ROOM_RECHECK):
+                    await self._room.wait()
+
     async def _run(self) -> None:
         try:
-            await self.outbox.pump(self._context.write, lambda: False)
+            await self.outbox.pump(self._context.write, lambda: False, self._written)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -375,6 +424,9 @@ class GrpcTransport:
         self._stopped = False
         self._gossip_listener: Callable[[int], None] | None = None
         self._may_answer: Callable[[SiloAddress], bool] | None = None
+        # Requests from each peer silo not answered yet: id -> deadline (epoch ms).
+        self._owed: dict[SiloAddress, dict[int, int]] = {}
+        self._timeout_ms = int(options.response_timeout.total_seconds() * 1000)
         self.stats = WireStats()
 
     # -- Transport properties
@@ -511,6 +563,8 @@ class GrpcTransport:
         if client is None or unencodable(message) is not None:
             log.debug("dropping message for absent client client=%s id=%d", client_id, message.id)
             return
+        if message.kind is MessageKind.RESPONSE:
+            client.response_queued(message)
         client.outbox.push(message)
 
     def on_gossip(self, listener: Callable[[int], None] | None) -> None:
@@ -591,8 +645,12 @@ class GrpcTransport:
             frame = await context.read()
             if frame is _EOF:
                 return
-            if not self._receive_frame(frame, None):
+            envelopes = self._decode_frame(frame, None)
+            if envelopes is None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
+                return
+            for env in envelopes:
+                self._receive_envelope(env, None)
 
     async def _serve_client(self, _requests: Any, context: _Context) -> None:
         if not _authorized(self._options, context):
@@ -617,8 +675,14 @@ class GrpcTransport:
                 frame = await context.read()
                 if frame is _EOF:
                     return
-                if not self._receive_frame(frame, client_id):
+                envelopes = self._decode_frame(frame, client_id)
+                if envelopes is None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
+                    return
+                for env in envelopes:
+                    if link.full:
+                        await link.wait_for_room()
+                    self._receive_envelope(env, link)
         finally:
             if self._clients.get(client_id) is link:
                 del self._clients[client_id]
@@ -627,62 +691,104 @@ class GrpcTransport:
                 await link.task
             log.debug("gateway client disconnected client=%s", client_id)
 
-    def _receive_frame(self, frame: bytes, client_id: str | None) -> bool:
-        """Deliver one frame's messages; ``False`` if the frame does not parse.
-
-        ``client_id`` is set for gateway streams: the gateway stamps the client
-        and itself as the sender and drops the client's headers, target silo and
-        forward count, whatever the client wrote.
-        """
+    def _decode_frame(self, frame: bytes, client_id: str | None) -> Sequence[Any] | None:
+        """The envelopes of one frame; ``None`` if the frame does not parse."""
         try:
             envelopes = FrameCodec.decode(frame)
         except DecodeError:
             log.warning("malformed frame bytes=%d client=%s", len(frame), client_id)
-            return False
-        sink = self._sink
-        assert sink is not None
-        codec = self._codec
-        me = self.address
-        generation = me.generation
-        max_body = self._options.max_message_size
+            return None
         self.stats.frames_received += 1
         self.stats.messages_received += len(envelopes)
-        for env in envelopes:
-            try:
-                message = codec.message(env, max_body)
-                target = message.target_silo
-            except InvalidEnvelope as exc:
-                self._reject(env, MessageRejectedError(str(exc)), client_id)
-                continue
-            if client_id is not None:
-                # Nothing a client says about the cluster is trusted: the gateway
-                # names the sender, and a client call starts a call chain of its
-                # own (a forged chain could interleave turns on a non-reentrant
-                # grain) and is placed by this silo (a named target silo would
-                # let a client bypass the directory).
-                message.sender_client = client_id
-                message.sender_silo = me
-                message.target_silo = None
-                message.forward_count = 0
-                if message.headers:
-                    message.headers = {}
-            elif target is not None and target.generation != generation:
-                self._reject(
-                    env,
-                    SiloRestartedError(
-                        f"message for {target}, an earlier incarnation of this silo {me}; "
-                        "re-resolve the grain"
-                    ),
-                    client_id,
-                )
-                continue
-            try:
-                sink.receive(message)
-            except Exception:
-                # The dispatcher's bug must not take the stream (and the peer's
-                # other messages) down with it.
-                log.exception("sink.receive raised id=%d", message.id)
+        return envelopes
+
+    def _receive_envelope(self, env: Any, client: _ClientLink | None) -> None:
+        """Deliver one envelope, from a gateway ``client`` or (``None``) a peer silo.
+
+        From a client, nothing it says about the cluster is trusted: the gateway
+        stamps the client and itself as the sender, and drops the client's
+        headers (a forged call chain could interleave turns on a non-reentrant
+        grain), target silo (it would bypass the directory) and forward count;
+        the deadline is capped at the response timeout. From a peer, a request
+        beyond ``max_in_flight`` unanswered ones of its sender is rejected.
+        """
+        sink = self._sink
+        assert sink is not None
+        me = self.address
+        client_id = client.client_id if client is not None else None
+        try:
+            message = self._codec.message(env, self._options.max_message_size)
+        except InvalidEnvelope as exc:
+            self._reject(env, MessageRejectedError(str(exc)), client_id)
+            return
+        target = message.target_silo
+        if client is not None:
+            message.sender_client = client.client_id
+            message.sender_silo = me
+            message.target_silo = None
+            message.forward_count = 0
+            if message.headers:
+                message.headers = {}
+            cap = int(time.time() * 1000) + self._timeout_ms
+            if not 0 < message.expires_at_ms <= cap:
+                message.expires_at_ms = cap
+            if message.kind is MessageKind.REQUEST:
+                client.request_read(message)
+        elif target is not None and target.generation != me.generation:
+            self._reject(
+                env,
+                SiloRestartedError(
+                    f"message for {target}, an earlier incarnation of this silo {me}; "
+                    "re-resolve the grain"
+                ),
+                None,
+            )
+            return
+        elif (
+            message.kind is MessageKind.REQUEST
+            and message.sender_silo is not None
+            and not self._owe(message.sender_silo, message)
+        ):
+            self._reject(
+                env,
+                MessageRejectedError(
+                    f"silo {me} is overloaded: {self._options.max_in_flight} requests "
+                    f"from {message.sender_silo} are unanswered"
+                ),
+                None,
+            )
+            return
+        try:
+            sink.receive(message)
+        except Exception:
+            # The dispatcher's bug must not take the stream (and the peer's
+            # other messages) down with it.
+            log.exception("sink.receive raised id=%d", message.id)
+
+    def _owe(self, sender: SiloAddress, message: Message) -> bool:
+        """Count a request from peer ``sender``; ``False`` if it has too many
+        unanswered (after forgetting those whose deadline passed). A peer's
+        stream also carries the answers this silo waits for, so it is never
+        paused: the excess is refused instead."""
+        owed = self._owed.get(sender)
+        if owed is None:
+            owed = self._owed[sender] = {}
+        if len(owed) >= self._options.max_in_flight:
+            now_ms = time.time() * 1000
+            for msg_id in [k for k, deadline in owed.items() if deadline < now_ms]:
+                del owed[msg_id]
+            if len(owed) >= self._options.max_in_flight:
+                return False
+        deadline = message.expires_at_ms
+        owed[message.id] = deadline if deadline else int(time.time() * 1000) + self._timeout_ms
         return True
+
+    def _answered(self, target: SiloAddress, batch: list[Message]) -> None:
+        owed = self._owed.get(target)
+        if owed:
+            for m in batch:
+                if m.kind is MessageKind.RESPONSE:
+                    owed.pop(m.correlation_id, None)
 
     def _reject(self, env: Any, error: Exception, client_id: str | None) -> None:
         rejection = self._codec.rejection(env, pack(error_payload(error)))
