@@ -324,6 +324,46 @@ class _PeerLink:
 # --------------------------------------------------------- gateway inbound
 
 
+class _Unanswered:
+    """Requests read from one sender and not answered yet, with their deadlines
+    (epoch ms). Counted per message, not per id: a hostile sender may repeat ids."""
+
+    __slots__ = ("_by_id", "count")
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, list[int]] = {}
+        self.count = 0
+
+    def add(self, msg_id: int, deadline: int) -> None:
+        deadlines = self._by_id.get(msg_id)
+        if deadlines is None:
+            self._by_id[msg_id] = [deadline]
+        else:
+            deadlines.append(deadline)
+        self.count += 1
+
+    def answered(self, msg_id: int) -> bool:
+        deadlines = self._by_id.get(msg_id)
+        if not deadlines:
+            return False
+        deadlines.pop()
+        if not deadlines:
+            del self._by_id[msg_id]
+        self.count -= 1
+        return True
+
+    def forget_expired(self) -> None:
+        """Drop requests whose deadline passed: the silo dropped them unanswered."""
+        now_ms = time.time() * 1000
+        for msg_id, deadlines in list(self._by_id.items()):
+            live = [d for d in deadlines if d >= now_ms]
+            self.count -= len(deadlines) - len(live)
+            if live:
+                self._by_id[msg_id] = live
+            else:
+                del self._by_id[msg_id]
+
+
 class _ClientLink:
     """The gateway's downstream half of one client's stream, and its flow control.
 
@@ -338,8 +378,7 @@ class _ClientLink:
         self.outbox = Outbox(transport._codec, transport._options, transport.stats)
         self._context = context
         self._limit = transport._options.max_in_flight
-        # Requests read and not answered yet: id -> deadline (epoch ms).
-        self.waiting: dict[int, int] = {}
+        self.waiting = _Unanswered()
         # Responses queued and not written yet.
         self.unwritten = 0
         self._room = asyncio.Event()
@@ -349,13 +388,13 @@ class _ClientLink:
 
     @property
     def full(self) -> bool:
-        return len(self.waiting) + self.unwritten >= self._limit
+        return self.waiting.count + self.unwritten >= self._limit
 
     def request_read(self, message: Message) -> None:
-        self.waiting[message.id] = message.expires_at_ms
+        self.waiting.add(message.id, message.expires_at_ms)
 
     def response_queued(self, message: Message) -> None:
-        self.waiting.pop(message.correlation_id, None)
+        self.waiting.answered(message.correlation_id)
         self.unwritten += 1
 
     def _written(self, batch: list[Message]) -> None:
@@ -367,9 +406,7 @@ class _ClientLink:
         """Return once the client is below its in-flight limit."""
         while self.full:
             # Requests the silo dropped unanswered (expired) free their place.
-            now_ms = time.time() * 1000
-            for msg_id in [k for k, deadline in self.waiting.items() if deadline < now_ms]:
-                del self.waiting[msg_id]
+            self.waiting.forget_expired()
             if not self.full:
                 return
             self._room.clear()
@@ -424,8 +461,8 @@ class GrpcTransport:
         self._stopped = False
         self._gossip_listener: Callable[[int], None] | None = None
         self._may_answer: Callable[[SiloAddress], bool] | None = None
-        # Requests from each peer silo not answered yet: id -> deadline (epoch ms).
-        self._owed: dict[SiloAddress, dict[int, int]] = {}
+        # Requests from each peer silo not answered yet.
+        self._owed: dict[SiloAddress, _Unanswered] = {}
         self._timeout_ms = int(options.response_timeout.total_seconds() * 1000)
         self.stats = WireStats()
 
@@ -772,23 +809,21 @@ class GrpcTransport:
         paused: the excess is refused instead."""
         owed = self._owed.get(sender)
         if owed is None:
-            owed = self._owed[sender] = {}
-        if len(owed) >= self._options.max_in_flight:
-            now_ms = time.time() * 1000
-            for msg_id in [k for k, deadline in owed.items() if deadline < now_ms]:
-                del owed[msg_id]
-            if len(owed) >= self._options.max_in_flight:
+            owed = self._owed[sender] = _Unanswered()
+        if owed.count >= self._options.max_in_flight:
+            owed.forget_expired()
+            if owed.count >= self._options.max_in_flight:
                 return False
         deadline = message.expires_at_ms
-        owed[message.id] = deadline if deadline else int(time.time() * 1000) + self._timeout_ms
+        owed.add(message.id, deadline if deadline else int(time.time() * 1000) + self._timeout_ms)
         return True
 
     def _answered(self, target: SiloAddress, batch: list[Message]) -> None:
         owed = self._owed.get(target)
-        if owed:
+        if owed is not None and owed.count:
             for m in batch:
                 if m.kind is MessageKind.RESPONSE:
-                    owed.pop(m.correlation_id, None)
+                    owed.answered(m.correlation_id)
 
     def _reject(self, env: Any, error: Exception, client_id: str | None) -> None:
         rejection = self._codec.rejection(env, pack(error_payload(error)))

@@ -2,7 +2,8 @@
 
 Run: ``python tests/cluster/fault_silo.py --redis-url URL --name NAME [--port P]
 [--gateway-port G] [--expect N]``. Prints ``READY <silo address> <gateway port>``
-once Active and seeing ``--expect`` Active silos, then serves until SIGTERM.
+once Active and seeing ``--expect`` Active silos, then serves until SIGTERM or
+until the silo stops itself (declared dead).
 
 Grains record what the fault tests measure in the same Redis: every reminder
 tick is pushed to the list ``fault:ticks`` as ``"<key> <unix time> <pid>"``.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -32,6 +34,7 @@ from orleanspy import (
     TickStatus,
     run,
 )
+from orleanspy.runtime.silo import SiloState
 from orleanspy.testing.cluster import FAST_MEMBERSHIP
 
 MS = timedelta(milliseconds=1)
@@ -88,7 +91,11 @@ async def main(args: argparse.Namespace) -> None:
         gateway_port=args.gateway_port,
         membership=FAST_MEMBERSHIP,
         reminders=REMINDERS,
-        messaging=MessagingOptions(max_in_flight=args.max_in_flight),
+        messaging=(
+            MessagingOptions(max_in_flight=args.max_in_flight)
+            if args.max_in_flight is not None
+            else MessagingOptions()
+        ),
     )
     async with Silo(options) as silo:
         membership = silo.membership
@@ -99,7 +106,10 @@ async def main(args: argparse.Namespace) -> None:
         row = membership.snapshot.get(silo.address)
         assert row is not None
         print(f"READY {silo.address} {row.gateway_port}", flush=True)
-        await stop.wait()
+        # Serve until told to stop, or until the silo stops itself (declared dead).
+        while silo.state is SiloState.RUNNING and not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.2)
     await _redis.aclose()
 
 
@@ -110,5 +120,5 @@ if __name__ == "__main__":
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--gateway-port", type=int, default=0)
     parser.add_argument("--expect", type=int, default=1, help="Active silos to wait for")
-    parser.add_argument("--max-in-flight", type=int, default=10_000)
+    parser.add_argument("--max-in-flight", type=int, default=None)
     run(main(parser.parse_args()))
