@@ -322,6 +322,7 @@ class Dispatcher:
                 m for m in ticks if not m.expires_at_ms or m.expires_at_ms > self.clock.now_ms()
             ]
             if gone:
+                log.info("silo gone; reminder ticks sent again silo=%s ticks=%d", silo, len(live))
                 for msg in live:
                     msg.forward_count += 1
                     self.reroute(msg)

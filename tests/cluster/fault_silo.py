@@ -1,7 +1,7 @@
 """One cluster silo as an OS process, for the fault suite (``test_faults.py``).
 
 Run: ``python tests/cluster/fault_silo.py --redis-url URL --name NAME [--port P]
-[--gateway-port G] [--expect N]``. Prints ``READY <silo address> <gateway port>``
+[--gateway-port G] [--expect N] [--slow-detection]``. Prints ``READY <silo address> <gateway port>``
 once Active and seeing ``--expect`` Active silos, then serves until SIGTERM or
 until the silo stops itself (declared dead).
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import time
@@ -26,6 +27,7 @@ import redis.asyncio as aioredis
 
 from orleanspy import (
     Grain,
+    MembershipOptions,
     MessagingOptions,
     Remindable,
     ReminderOptions,
@@ -45,6 +47,19 @@ REMINDERS = ReminderOptions(
     retry_initial=50 * MS,
     retry_max=500 * MS,
     adaptive=False,
+    # Ticks take TICK_WORK each: enough permits that a survivor taking over a
+    # dead silo's rows is not throttled by them.
+    permits=64,
+)
+TICK_WORK = 0.3
+# Failure detection of Orleans' kind of pace (about ten seconds), for tests where
+# what happens before the death declaration matters; the table is re-read only
+# every minute, so nothing but the messaging path can learn of a restart sooner.
+SLOW_DETECTION = MembershipOptions(
+    probe_interval=timedelta(seconds=3),
+    probe_timeout=timedelta(seconds=1),
+    num_missed_probes_limit=3,
+    i_am_alive_interval=timedelta(seconds=1),
 )
 _redis: aioredis.Redis | None = None
 
@@ -58,6 +73,8 @@ class FaultTickGrain(Grain, Remindable):
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
         assert _redis is not None
         await _redis.rpush("fault:ticks", f"{self.grain_key} {time.time():.6f} {os.getpid()}")
+        # Some work per tick, as real handlers do: a crash finds ticks in flight.
+        await asyncio.sleep(TICK_WORK)
 
     async def start(self, period_ms: int) -> str:
         await self.register_or_update_reminder("tick", due=period_ms * MS, period=period_ms * MS)
@@ -72,6 +89,12 @@ class FaultTickGrain(Grain, Remindable):
         await asyncio.sleep(delay)
         self.value = seen + 1
         return self.value
+
+    async def hold(self, seconds: float) -> None:
+        """Say so in ``fault:holding``, then keep this grain busy for ``seconds``."""
+        assert _redis is not None
+        await _redis.rpush("fault:holding", str(self.grain_key))
+        await asyncio.sleep(seconds)
 
     async def get(self) -> int:
         return self.value
@@ -89,7 +112,7 @@ async def main(args: argparse.Namespace) -> None:
         name=args.name,
         silo_port=args.port,
         gateway_port=args.gateway_port,
-        membership=FAST_MEMBERSHIP,
+        membership=SLOW_DETECTION if args.slow_detection else FAST_MEMBERSHIP,
         reminders=REMINDERS,
         messaging=(
             MessagingOptions(max_in_flight=args.max_in_flight)
@@ -114,6 +137,11 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    if os.environ.get("FAULT_SILO_LOG"):
+        logging.basicConfig(
+            level=os.environ["FAULT_SILO_LOG"],
+            format=f"%(asctime)s {os.getpid()} %(name)s %(message)s",
+        )
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--name", required=True)
@@ -121,4 +149,5 @@ if __name__ == "__main__":
     parser.add_argument("--gateway-port", type=int, default=0)
     parser.add_argument("--expect", type=int, default=1, help="Active silos to wait for")
     parser.add_argument("--max-in-flight", type=int, default=None)
+    parser.add_argument("--slow-detection", action="store_true")
     run(main(parser.parse_args()))

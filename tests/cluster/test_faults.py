@@ -27,6 +27,7 @@ import grpc
 import grpc.aio
 import msgpack
 import pytest
+import redis.asyncio as aioredis
 
 from orleanspy import ClusterClient, GrainId, SerializationError
 from orleanspy.errors import MessageRejectedError, SiloUnavailableError
@@ -363,8 +364,6 @@ async def _ticks(redis: Any) -> list[tuple[str, float, int]]:
 
 
 async def test_kill9_under_reminder_load_strands_no_reminder(redis_url: str) -> None:
-    import redis.asyncio as aioredis
-
     keys = [f"r{i}" for i in range(60)]
     with cluster(redis_url) as c:
         silos = c.start(3)
@@ -408,9 +407,44 @@ async def test_kill9_under_reminder_load_strands_no_reminder(redis_url: str) -> 
                 f"\nkill -9: detection={detection:.2f}s grains_on_victim={len(on_victim)} "
                 f"worst_on_victim={victim_worst:.2f}s worst={worst:.2f}s bound={bound:.2f}s"
             )
-            late = {k: round(v, 2) for k, v in stranded.items() if v > bound}
+            late = {
+                k: (round(v, 2), "grain on victim" if k in on_victim else "")
+                for k, v in stranded.items()
+                if v > bound
+            }
+            if late:
+                for k, at, pid in await _ticks(redis):
+                    if k in late and at > killed - 3:
+                        print(f"  {k} {at - killed:+.2f}s pid={pid}")
             assert not late, f"stranded beyond detection + 2 periods: {late}"
         await redis.aclose()
+
+
+async def test_calls_in_flight_to_a_killed_silo_fail_at_once(redis_url: str) -> None:
+    with cluster(redis_url) as c:
+        gateway, victim = c.start(2)
+        async with ClusterClient(gateways=[gateway.endpoint]) as client:
+            keys = [f"k{i}" for i in range(30)]
+            where = await asyncio.gather(*(client.get_grain(GRAIN, k).where() for k in keys))
+            on_victim = [
+                k for k, (_, pid) in zip(keys, where, strict=True) if pid == victim.proc.pid
+            ]
+            assert on_victim
+            calls = [asyncio.ensure_future(client.get_grain(GRAIN, k).hold(20)) for k in on_victim]
+            redis = aioredis.Redis.from_url(redis_url)
+
+            async def all_held() -> bool:
+                return int(await redis.llen("fault:holding")) == len(on_victim)
+
+            await wait_for(all_held, 10, what="every call running inside the victim")
+            await redis.aclose()
+            victim.proc.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            took = time.monotonic() - killed
+            print(f"\nkill -9: {len(calls)} calls in flight failed {took:.2f}s after the kill")
+            assert all(isinstance(o, SiloUnavailableError) for o in outcomes), outcomes
+            assert took < 5  # the link broke: no waiting for the 30 s response timeout
 
 
 async def test_sigstopped_silo_past_its_death_fails_calls_fast_and_then_leaves(
@@ -462,8 +496,10 @@ async def test_sigstopped_silo_past_its_death_fails_calls_fast_and_then_leaves(
 async def test_same_port_restart_costs_at_most_one_failed_call(redis_url: str) -> None:
     port = free_port()
     with cluster(redis_url) as c:
-        (stable,) = c.start(1)
-        (restarting,) = c.start(1, "--port", str(port), expect=2)
+        # Detection takes ~10 s here: the restart happens long before the
+        # crashed incarnation could be declared dead by probing.
+        (stable,) = c.start(1, "--slow-detection")
+        (restarting,) = c.start(1, "--slow-detection", "--port", str(port), expect=2)
         async with ClusterClient(gateways=[stable.endpoint]) as client:
             keys = [f"p{i}" for i in range(40)]
             where = await asyncio.gather(*(client.get_grain(GRAIN, k).where() for k in keys))
@@ -473,7 +509,7 @@ async def test_same_port_restart_costs_at_most_one_failed_call(redis_url: str) -
             assert on_it
             restarting.proc.send_signal(signal.SIGKILL)
             restarting.proc.wait(5)
-            (reborn,) = c.start(1, "--port", str(port), expect=2)
+            (reborn,) = c.start(1, "--slow-detection", "--port", str(port), expect=2)
             assert reborn.address is not None and reborn.address.port == port
             failures: list[BaseException] = []
             started = time.monotonic()
