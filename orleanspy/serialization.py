@@ -219,8 +219,12 @@ class Codec:
             max_map_len=limits.max_container_len,
             max_ext_len=limits.max_ext_len,
         )
-        # Depth can exceed the limit only if the body has more container bytes.
-        if len(data.translate(None, _NOT_CONTAINER)) > limits.max_depth:
+        # Depth can exceed the limit only if the body has more container bytes
+        # (so only if it is longer than the limit, too).
+        if (
+            len(data) > limits.max_depth
+            and len(data.translate(None, _NOT_CONTAINER)) > limits.max_depth
+        ):
             _check_depth(value, limits.max_depth)
         return value
 

@@ -326,42 +326,42 @@ class _PeerLink:
 
 class _Unanswered:
     """Requests read from one sender and not answered yet, with their deadlines
-    (epoch ms). Counted per message, not per id: a hostile sender may repeat ids."""
+    (epoch ms, never 0). Counted per message, not per id: a hostile sender may
+    repeat ids, and a repeat waits in ``_repeats`` (empty but for such senders)."""
 
-    __slots__ = ("_by_id", "count")
+    __slots__ = ("_by_id", "_repeats", "count")
 
     def __init__(self) -> None:
-        self._by_id: dict[int, list[int]] = {}
+        self._by_id: dict[int, int] = {}
+        self._repeats: list[tuple[int, int]] = []
         self.count = 0
 
     def add(self, msg_id: int, deadline: int) -> None:
-        deadlines = self._by_id.get(msg_id)
-        if deadlines is None:
-            self._by_id[msg_id] = [deadline]
+        if msg_id in self._by_id:
+            self._repeats.append((msg_id, deadline))
         else:
-            deadlines.append(deadline)
+            self._by_id[msg_id] = deadline
         self.count += 1
 
-    def answered(self, msg_id: int) -> bool:
-        deadlines = self._by_id.get(msg_id)
-        if not deadlines:
-            return False
-        deadlines.pop()
-        if not deadlines:
-            del self._by_id[msg_id]
-        self.count -= 1
-        return True
+    def answered(self, msg_id: int) -> None:
+        if self._by_id.pop(msg_id, 0):
+            self.count -= 1
+            return
+        repeats = self._repeats
+        for i, (repeat_id, _deadline) in enumerate(repeats):
+            if repeat_id == msg_id:
+                del repeats[i]
+                self.count -= 1
+                return
 
     def forget_expired(self) -> None:
         """Drop requests whose deadline passed: the silo dropped them unanswered."""
         now_ms = time.time() * 1000
-        for msg_id, deadlines in list(self._by_id.items()):
-            live = [d for d in deadlines if d >= now_ms]
-            self.count -= len(deadlines) - len(live)
-            if live:
-                self._by_id[msg_id] = live
-            else:
-                del self._by_id[msg_id]
+        by_id = self._by_id
+        for msg_id in [k for k, deadline in by_id.items() if deadline < now_ms]:
+            del by_id[msg_id]
+        self._repeats = [r for r in self._repeats if r[1] >= now_ms]
+        self.count = len(by_id) + len(self._repeats)
 
 
 class _ClientLink:
@@ -398,7 +398,10 @@ class _ClientLink:
         self.unwritten += 1
 
     def _written(self, batch: list[Message]) -> None:
-        self.unwritten -= sum(1 for m in batch if m.kind is MessageKind.RESPONSE)
+        response = MessageKind.RESPONSE
+        for m in batch:
+            if m.kind is response:
+                self.unwritten -= 1
         if not self.full:
             self._room.set()
 

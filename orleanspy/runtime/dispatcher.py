@@ -106,7 +106,6 @@ class Dispatcher:
         self._reminders: Any = None
         # Requests sent to other silos and not answered yet (see module docstring).
         self._sent: dict[_SentKey, Message] = {}
-        self._sent_to: dict[SiloAddress, set[_SentKey]] = {}
         self._sent_sweep_at = 1024
         self._client_management = options.client_management_allowed
 
@@ -160,8 +159,6 @@ class Dispatcher:
             response = await fut
         finally:
             self._pending.discard(msg.id)
-            if self._sent:
-                self._forget_sent((None, msg.id))
         return result_of(response, self.codec)
 
     # -- routing ------------------------------------------------------------------------
@@ -248,49 +245,38 @@ class Dispatcher:
     # -- sent requests ------------------------------------------------------------------
 
     def _remember(self, silo: SiloAddress, msg: Message) -> None:
-        key = (msg.sender_client, msg.id)
-        self._sent[key] = msg
-        keys = self._sent_to.get(silo)
-        if keys is None:
-            keys = self._sent_to[silo] = set()
-        keys.add(key)
-        if len(self._sent) >= self._sent_sweep_at:
+        # One dict operation per call on the hot path; which silo a request
+        # went to is read from the message itself when a connection is lost.
+        sent = self._sent
+        sent[msg.sender_client, msg.id] = msg
+        if len(sent) >= self._sent_sweep_at:
             self._sweep_sent()
 
     def _sweep_sent(self) -> None:
-        # Calls whose caller has given up (expired) and which were never
-        # answered; without this a silo that swallows requests would grow it.
+        # Calls whose caller has given up (expired, or timed out here) and which
+        # were never answered; without this a silo that swallows requests would
+        # grow it.
         now = self.clock.now_ms()
         for key, msg in list(self._sent.items()):
-            if msg.expires_at_ms and msg.expires_at_ms < now:
-                self._forget_sent(key)
+            if not msg.expires_at_ms or msg.expires_at_ms < now:
+                del self._sent[key]
         self._sent_sweep_at = max(1024, 2 * len(self._sent))
 
     def _forget_sent(self, key: _SentKey) -> Message | None:
-        msg = self._sent.pop(key, None)
-        if msg is not None and msg.target_silo is not None:
-            keys = self._sent_to.get(msg.target_silo)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self._sent_to[msg.target_silo]
-        return msg
+        return self._sent.pop(key, None)
 
     def connection_lost(self, silo: SiloAddress, error: Exception) -> None:
         """The link to ``silo`` broke (or it was declared dead): every request
         written to it and not answered fails now with ``SiloUnavailableError``,
         and the grains' cached locations are dropped. Reminder ticks wait for
         the membership verdict and go to the new activation if ``silo`` is gone."""
-        keys = self._sent_to.pop(silo, None)
+        keys = [key for key, msg in self._sent.items() if msg.target_silo == silo]
         if not keys:
             return
         failure = SiloUnavailableError(f"silo {silo} was lost with the call in flight: {error}")
         ticks: list[Message] = []
         for key in keys:
-            msg = self._sent.get(key)
-            if msg is None or msg.target_silo != silo:
-                continue  # answered, or routed elsewhere since
-            del self._sent[key]
+            msg = self._sent.pop(key)
             if msg.target_grain is not None:
                 self._locator.invalidate(msg.target_grain)
             if _is_tick(msg):
