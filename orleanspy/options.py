@@ -77,7 +77,8 @@ class MessagingOptions:
     ``SerializationError``): ``max_nesting_depth`` lists/maps nested in one
     msgpack document, ``max_extension_depth`` registered dataclasses nested in
     one another, ``max_container_length`` items in one list or map,
-    ``max_string_length`` bytes in one string, binary or extension value.
+    ``max_string_length`` bytes in one string, binary or extension value
+    (``None``: ``max_message_size``).
     ``max_in_flight``: requests one gateway client or one peer silo may have
     unanswered; beyond it the stream is not read until answers go out, so gRPC
     flow control pushes back on the sender.
@@ -92,7 +93,7 @@ class MessagingOptions:
     max_nesting_depth: int = 100
     max_extension_depth: int = 16
     max_container_length: int = 1_000_000
-    max_string_length: int = 4 * 1024 * 1024
+    max_string_length: int | None = None
     max_in_flight: int = 10_000
 
     def __post_init__(self) -> None:
@@ -103,10 +104,11 @@ class MessagingOptions:
             "max_nesting_depth",
             "max_extension_depth",
             "max_container_length",
-            "max_string_length",
             "max_in_flight",
         ):
             _positive(self, name)
+        if self.max_string_length is not None:
+            _positive(self, "max_string_length")
         if self.max_forward_count < 0:
             raise ConfigurationError("MessagingOptions.max_forward_count must be >= 0")
         if self.cluster_secret is not None and not self.cluster_secret:

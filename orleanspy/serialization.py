@@ -85,13 +85,14 @@ class DecodeLimits:
     @classmethod
     def of(cls, options: Any) -> DecodeLimits:
         """The limits a ``MessagingOptions`` sets."""
+        longest = options.max_string_length or options.max_message_size
         return cls(
             max_depth=options.max_nesting_depth,
             max_ext_depth=options.max_extension_depth,
             max_container_len=options.max_container_length,
-            max_str_len=options.max_string_length,
-            max_bin_len=options.max_string_length,
-            max_ext_len=options.max_string_length,
+            max_str_len=longest,
+            max_bin_len=longest,
+            max_ext_len=longest,
         )
 
 
