@@ -30,7 +30,12 @@ import pytest
 import redis.asyncio as aioredis
 
 from orleanspy import ClusterClient, GrainId, SerializationError
-from orleanspy.errors import MessageRejectedError, SiloUnavailableError
+from orleanspy.errors import (
+    GrainMethodNotFoundError,
+    MessageRejectedError,
+    SiloUnavailableError,
+    UnknownGrainTypeError,
+)
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.membership.table import SiloStatus
@@ -231,6 +236,51 @@ async def test_poison_request_gets_a_clear_error_and_the_silo_keeps_serving(
             assert (await client.get_grain(GRAIN, "after").where())[1] == silo.proc.pid
             async with membership(redis_url) as table:
                 assert await status(table, silo) is SiloStatus.ACTIVE
+
+
+async def test_malformed_envelopes_get_typed_rejections(redis_url: str) -> None:
+    """Each refusal reaches the client as the error it is, never as a misleading
+    ``SerializationError`` (except for a body that really is not msgpack)."""
+    with cluster(redis_url) as c:
+        (silo,) = c.start(1)
+        cases: list[tuple[dict[str, Any], type[Exception], str]] = [
+            ({"grain_type": "No/Slash", "s": "k"}, MessageRejectedError, "bad target grain"),
+            ({"grain_type": GRAIN}, MessageRejectedError, "without a key"),
+            ({"grain_type": GRAIN, "uuid": b"abc"}, MessageRejectedError, "bad target grain"),
+            ({"grain_type": GRAIN, "s": "k", "status": 9}, MessageRejectedError, "status"),
+            (
+                {"grain_type": GRAIN, "s": "k", "body": b"x" * (4 * 1024 * 1024 + 1)},
+                MessageRejectedError,
+                "exceeds max_message_size",
+            ),
+            ({"grain_type": GRAIN, "s": "k", "method": "nope"}, GrainMethodNotFoundError, "nope"),
+            ({"grain_type": "NoSuchGrain", "s": "k"}, UnknownGrainTypeError, "NoSuchGrain"),
+            ({"grain_type": GRAIN, "s": "k", "body": b"\xc1"}, SerializationError, "deserialize"),
+        ]
+        async with grpc.aio.insecure_channel(
+            silo.endpoint, options=[("grpc.max_send_message_length", -1)]
+        ) as channel:
+            call = channel.stream_stream("/orleanspy.v1.GatewayService/Connect")(
+                metadata=((CLIENT_HEADER, "malformed"),)
+            )
+            for i, (fields, _, _) in enumerate(cases):
+                batch = pb.Batch()
+                env: Any = batch.messages.add(id=i + 1, method="get", body=args())
+                for name, value in fields.items():
+                    setattr(env, name, value)
+                await call.write(batch.SerializeToString())
+            answers: dict[int, Any] = {}
+            async with asyncio.timeout(20):
+                while len(answers) < len(cases):
+                    frame = await call.read()
+                    for answer in pb.Batch.FromString(frame).messages:
+                        answers[answer.correlation_id] = answer
+            call.cancel()
+        for i, (_fields, kind, text) in enumerate(cases):
+            error = rebuild_error(unpack(answers[i + 1].body))
+            assert type(error) is kind, (i, error)
+            assert text in str(error), (i, error)
+        assert silo.proc.poll() is None
 
 
 async def test_forged_call_chain_cannot_interleave_a_non_reentrant_grain(
