@@ -810,6 +810,11 @@ class GrpcTransport:
         unanswered (after forgetting those whose deadline passed). A peer's
         stream also carries the answers this silo waits for, so it is never
         paused: the excess is refused instead."""
+        may_answer = self._may_answer
+        if may_answer is not None and not may_answer(sender):
+            # Not a member (yet): the dispatcher learns of it or drops the
+            # request; counting it would let made-up senders grow ``_owed``.
+            return True
         owed = self._owed.get(sender)
         if owed is None:
             owed = self._owed[sender] = _Unanswered()
@@ -817,16 +822,19 @@ class GrpcTransport:
             owed.forget_expired()
             if owed.count >= self._options.max_in_flight:
                 return False
+        cap = int(time.time() * 1000) + self._timeout_ms
         deadline = message.expires_at_ms
-        owed.add(message.id, deadline if deadline else int(time.time() * 1000) + self._timeout_ms)
+        owed.add(message.id, deadline if 0 < deadline <= cap else cap)
         return True
 
     def _answered(self, target: SiloAddress, batch: list[Message]) -> None:
         owed = self._owed.get(target)
-        if owed is not None and owed.count:
+        if owed is not None:
             for m in batch:
                 if m.kind is MessageKind.RESPONSE:
                     owed.answered(m.correlation_id)
+            if not owed.count:
+                del self._owed[target]
 
     def _reject(self, env: Any, error: Exception, client_id: str | None) -> None:
         rejection = self._codec.rejection(env, pack(error_payload(error)))

@@ -62,6 +62,9 @@ _RESTARTED = f"{SiloRestartedError.__module__}.{SiloRestartedError.__qualname__}
 # Reminder ticks are at-least-once: after their silo died they are sent again.
 _TICK_METHOD = "receive_reminder"
 _VERDICT_POLL = 0.1
+# Requests from silos not (yet) in the table that may wait for a table read;
+# beyond it they are dropped, so made-up senders cannot pile up work.
+_MAX_STRANGERS = 1000
 # What gateway clients may always call on the reminder management grain.
 _MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all"})
 
@@ -108,6 +111,7 @@ class Dispatcher:
         self._sent: dict[_SentKey, Message] = {}
         self._sent_sweep_at = 1024
         self._client_management = options.client_management_allowed
+        self._strangers = 0  # requests waiting to learn whether their sender is a member
 
     # -- wiring -------------------------------------------------------------------------
 
@@ -402,13 +406,21 @@ class Dispatcher:
         if message.sender_client is None and (sender is None or not self._locator.knows(sender)):
             # Answers go only to members of the table: an address named in a
             # request is never dialled on its word alone.
+            if self._strangers >= _MAX_STRANGERS:
+                log.debug("dropped message from an unknown silo id=%d", message.id)
+                return
+            self._strangers += 1
             self._spawn(self._route_from_stranger(message))
             return
         self.route(message)
 
     async def _route_from_stranger(self, message: Message) -> None:
         sender = message.sender_silo
-        if sender is not None and await self._locator.learn(sender):
+        try:
+            known = sender is not None and await self._locator.learn(sender)
+        finally:
+            self._strangers -= 1
+        if known:
             self.route(message)
         else:
             log.warning(
