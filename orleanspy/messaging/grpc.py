@@ -763,6 +763,11 @@ class GrpcTransport:
             return
         target = message.target_silo
         if client is not None:
+            if message.kind is MessageKind.RESPONSE:
+                # Clients send calls; a "response" could only try to complete
+                # someone else's call.
+                log.debug("dropped a response from client=%s id=%d", client_id, message.id)
+                return
             message.sender_client = client.client_id
             message.sender_silo = me
             message.target_silo = None

@@ -8,10 +8,10 @@ sent the request. It also is the silo's ``CallInvoker``: calls made by grains
 and by ``silo.client`` start here.
 
 Requests this silo sends to another silo on behalf of its own callers (grains,
-``silo.client``, gateway clients) are remembered until answered, by target
-silo, so that a call never waits out the response timeout on a silo that is
-gone: when the connection to a silo is lost (``connection_lost``, also called
-when membership declares it Dead) every such call fails at once with
+``silo.client``, gateway clients) are remembered until answered, so that a
+call never waits out the response timeout on a silo that is gone: when the
+connection to a silo is lost (``connection_lost``, also called when
+membership declares it Dead) every such call fails at once with
 ``SiloUnavailableError`` and the grain's cached location is dropped. Only
 reminder ticks (at-least-once by contract) are sent again, and only once the
 target silo is known to be gone, to the grain's new activation. A call whose
@@ -243,12 +243,12 @@ class Dispatcher:
             self._reject(msg, MessageRejectedError(f"no transport to reach {silo}"))
         else:
             if msg.kind is MessageKind.REQUEST and _is_here(msg.sender_silo, self.address):
-                self._remember(silo, msg)
+                self._remember(msg)
             self._transport.send(silo, msg)
 
     # -- sent requests ------------------------------------------------------------------
 
-    def _remember(self, silo: SiloAddress, msg: Message) -> None:
+    def _remember(self, msg: Message) -> None:
         # One dict operation per call on the hot path; which silo a request
         # went to is read from the message itself when a connection is lost.
         sent = self._sent

@@ -562,10 +562,20 @@ async def test_gateway_overrides_what_a_client_claims(stack: AsyncExitStack) -> 
     forged.sender_silo = SiloAddress("10.9.9.9", 2, 1)
     forged.forward_count = 7
     forged.expires_at_ms = 0  # "never"
+    # A "response" from a client could only complete somebody else's call.
+    fake_answer = Message(
+        id=next_message_id(),
+        kind=MessageKind.RESPONSE,
+        correlation_id=12345,
+        target_silo=gateway.address,
+        body=b"\xc0",
+    )
+    conn.send(fake_answer)
     conn.send(forged)
 
     await sink.wait_for(lambda: len(sink.received) == 1)
     got = sink.received[0]
+    assert got.kind is MessageKind.REQUEST  # the stream is ordered: the answer was dropped
     assert got.headers == {}
     assert got.target_silo is None
     assert got.sender_silo == gateway.address
