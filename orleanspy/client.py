@@ -31,7 +31,7 @@ from orleanspy.reference import GrainFactory
 from orleanspy.reminders.management import ReminderManagementGrain
 from orleanspy.runtime.pending import PendingCalls
 from orleanspy.runtime.remote_errors import result_of
-from orleanspy.serialization import Codec
+from orleanspy.serialization import Codec, DecodeLimits
 
 if TYPE_CHECKING:
     from orleanspy.membership.table import MembershipTable
@@ -89,7 +89,9 @@ class ClusterClient:
             self._options.response_timeout.total_seconds()
         )
         self._factory = GrainFactory(self)
-        self._codec = Codec(reference_factory=self._factory.reference)
+        self._codec = Codec(
+            reference_factory=self._factory.reference, limits=DecodeLimits.of(self._options)
+        )
         self._refresh_now = asyncio.Event()
         self._refresh_lock = asyncio.Lock()
         self._timeout_ms = int(self._options.response_timeout.total_seconds() * 1000)

@@ -12,6 +12,7 @@
     │   ├── GrainMethodNotFoundError (AttributeError)  not a public ``async def`` of the class
     │   ├── ActivationError                    ``on_activate`` raised; nothing was activated
     │   ├── SiloUnavailableError               the target silo cannot be reached
+    │   │   └── SiloRestartedError             addressed to an earlier incarnation of a silo
     │   ├── MessageRejectedError               the receiver refused the message (malformed,
     │   │                                      oversized, too many forwards, shutting down)
     │   └── AuthenticationError                a connection without the right cluster secret
@@ -43,6 +44,7 @@ __all__ = [
     "RemoteGrainError",
     "SerializationError",
     "SiloDeclaredDeadError",
+    "SiloRestartedError",
     "SiloUnavailableError",
     "StorageError",
     "StorageUnavailableError",
@@ -100,6 +102,12 @@ class ActivationError(GrainCallError):
 
 class SiloUnavailableError(GrainCallError):
     """The silo that should receive a message cannot be reached."""
+
+
+class SiloRestartedError(SiloUnavailableError):
+    """The message named an earlier incarnation (generation) of a silo that has since
+    restarted on the same host and port. It was not run; the sender re-resolves the
+    grain and routes the call again."""
 
 
 class MessageRejectedError(GrainCallError):

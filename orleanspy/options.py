@@ -72,6 +72,16 @@ class MessagingOptions:
     enough to spread gRPC's per-frame cost (docs/decisions.md has the figures).
     ``cluster_secret``: when set, every silo-to-silo and client-to-gateway
     connection must present it or is refused.
+
+    Decoding bodies off the wire is bounded (a breach fails that call with
+    ``SerializationError``): ``max_nesting_depth`` lists/maps nested in one
+    msgpack document, ``max_extension_depth`` registered dataclasses nested in
+    one another, ``max_container_length`` items in one list or map,
+    ``max_string_length`` bytes in one string, binary or extension value
+    (``None``: ``max_message_size``).
+    ``max_in_flight``: requests one gateway client or one peer silo may have
+    unanswered; beyond it the stream is not read until answers go out, so gRPC
+    flow control pushes back on the sender.
     """
 
     response_timeout: timedelta = timedelta(seconds=30)
@@ -80,11 +90,25 @@ class MessagingOptions:
     max_batch: int = 32
     cluster_secret: str | None = None
     tls: TlsOptions | None = None
+    max_nesting_depth: int = 100
+    max_extension_depth: int = 16
+    max_container_length: int = 1_000_000
+    max_string_length: int | None = None
+    max_in_flight: int = 10_000
 
     def __post_init__(self) -> None:
         _durations(self, "response_timeout")
         _positive(self, "max_message_size")
         _positive(self, "max_batch")
+        for name in (
+            "max_nesting_depth",
+            "max_extension_depth",
+            "max_container_length",
+            "max_in_flight",
+        ):
+            _positive(self, name)
+        if self.max_string_length is not None:
+            _positive(self, "max_string_length")
         if self.max_forward_count < 0:
             raise ConfigurationError("MessagingOptions.max_forward_count must be >= 0")
         if self.cluster_secret is not None and not self.cluster_secret:
@@ -201,6 +225,12 @@ class SiloOptions:
     With ``redis_url`` set it joins the cluster ``cluster_id`` over gRPC on
     ``silo_port`` (``0`` picks a free port) and accepts clients on
     ``gateway_port`` (``None``: no gateway).
+
+    ``allow_client_management``: whether gateway clients may call the reminder
+    management grain's operations that change or delete rows (reading is always
+    allowed). ``None`` (the default) allows them only when clients must
+    authenticate, i.e. a cluster secret or TLS is set; calls made inside the
+    cluster (grains, ``silo.client``) are never restricted.
     """
 
     cluster_id: str = "dev"
@@ -220,6 +250,14 @@ class SiloOptions:
     reminders: ReminderOptions = field(default_factory=ReminderOptions)
     grain_types: tuple[Any, ...] | None = None
     use_uvloop: bool = True
+    allow_client_management: bool | None = None
+
+    @property
+    def client_management_allowed(self) -> bool:
+        """``allow_client_management`` with its default resolved."""
+        if self.allow_client_management is not None:
+            return self.allow_client_management
+        return self.messaging.cluster_secret is not None or self.messaging.tls is not None
 
     def __post_init__(self) -> None:
         for name in ("cluster_id", "service_id"):

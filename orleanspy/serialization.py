@@ -18,6 +18,13 @@ code  type
 Sets and frozensets arrive as lists. Anything else raises ``SerializationError``
 naming the type and how to make it travel. Pickle is never used: bytes from the
 network can only build the types above.
+
+Decoding is bounded (``DecodeLimits``): container nesting per msgpack document,
+extension nesting (a registered dataclass inside a dataclass, which decodes
+through a nested ``unpackb``, so each level costs C stack), container sizes and
+string, binary and extension lengths. Bytes that break a limit raise
+``SerializationError`` like any other garbage, so a hostile body fails its own
+call and never the process.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import msgpack
 from orleanspy.errors import SerializationError
 from orleanspy.identity import GrainId
 
-__all__ = ["Codec", "pack", "register_type", "registered_type", "unpack"]
+__all__ = ["Codec", "DecodeLimits", "pack", "register_type", "registered_type", "unpack"]
 
 _T = TypeVar("_T")
 
@@ -48,6 +55,46 @@ _EXT_DATACLASS = 6
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_NAIVE = datetime(1970, 1, 1)
 _US = timedelta(microseconds=1)
+
+# Every byte that can open a msgpack container (fixmap, fixarray, array16/32,
+# map16/32). Counting them in a body bounds its nesting depth from above at C
+# speed, so the exact (Python) depth walk runs only for bodies that could be deep.
+_CONTAINER_BYTES = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+_NOT_CONTAINER = bytes(b for b in range(256) if b not in _CONTAINER_BYTES)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DecodeLimits:
+    """Bounds on what decoding one body may build (see the module docstring).
+
+    ``max_depth``: containers nested in one msgpack document (the body, or one
+    extension's payload). ``max_ext_depth``: extension values nested in one
+    another. ``max_container_len``: items of one list or map. ``max_str_len`` /
+    ``max_bin_len`` / ``max_ext_len``: bytes of one string, binary or extension
+    payload. Together they bound the total nesting by
+    ``max_depth * (max_ext_depth + 1)``.
+    """
+
+    max_depth: int = 100
+    max_ext_depth: int = 16
+    max_container_len: int = 1_000_000
+    max_str_len: int = 4 * 1024 * 1024
+    max_bin_len: int = 4 * 1024 * 1024
+    max_ext_len: int = 4 * 1024 * 1024
+
+    @classmethod
+    def of(cls, options: Any) -> DecodeLimits:
+        """The limits a ``MessagingOptions`` sets."""
+        longest = options.max_string_length or options.max_message_size
+        return cls(
+            max_depth=options.max_nesting_depth,
+            max_ext_depth=options.max_extension_depth,
+            max_container_len=options.max_container_length,
+            max_str_len=longest,
+            max_bin_len=longest,
+            max_ext_len=longest,
+        )
+
 
 _registry: dict[str, type[Any]] = {}
 _names: dict[type[Any], str] = {}
@@ -114,13 +161,19 @@ class Codec:
 
     ``reference_factory(grain_id, interface)`` turns a decoded grain reference into
     a proxy bound to the receiving side's runtime; without one, references
-    decode to their ``GrainId``.
+    decode to their ``GrainId``. ``limits`` bound what ``decode`` builds.
     """
 
-    __slots__ = ("_packer", "_packing", "_reference_factory")
+    __slots__ = ("_ext_depth", "_limits", "_packer", "_packing", "_reference_factory")
 
-    def __init__(self, reference_factory: Callable[[GrainId, str | None], Any] | None = None):
+    def __init__(
+        self,
+        reference_factory: Callable[[GrainId, str | None], Any] | None = None,
+        limits: DecodeLimits | None = None,
+    ):
         self._reference_factory = reference_factory
+        self._limits = limits or DecodeLimits()
+        self._ext_depth = 0
         # One packer reused for every top-level encode (``msgpack.packb`` builds
         # a new one per call, which costs more than packing a small call). It
         # is not re-entrant, so a nested encode (one from inside the default
@@ -139,15 +192,42 @@ class Codec:
             self._packing = False
 
     def decode(self, data: bytes) -> Any:
-        """The value ``encode`` produced, or ``SerializationError`` for bad bytes."""
+        """The value ``encode`` produced, or ``SerializationError`` for bad bytes
+        or bytes that break the codec's ``DecodeLimits``."""
+        self._ext_depth = 0
         try:
-            return msgpack.unpackb(
-                data, ext_hook=self._ext_hook, raw=False, strict_map_key=False, use_list=True
-            )
+            return self._unpack(data)
         except SerializationError:
             raise
+        except RecursionError as exc:
+            raise SerializationError(
+                f"cannot deserialize {len(data)} bytes: nested too deeply"
+            ) from exc
         except Exception as exc:  # msgpack raises a zoo of types on garbage
             raise SerializationError(f"cannot deserialize {len(data)} bytes: {exc}") from exc
+
+    def _unpack(self, data: bytes) -> Any:
+        limits = self._limits
+        value = msgpack.unpackb(
+            data,
+            ext_hook=self._ext_hook,
+            raw=False,
+            strict_map_key=False,
+            use_list=True,
+            max_str_len=limits.max_str_len,
+            max_bin_len=limits.max_bin_len,
+            max_array_len=limits.max_container_len,
+            max_map_len=limits.max_container_len,
+            max_ext_len=limits.max_ext_len,
+        )
+        # Depth can exceed the limit only if the body has more container bytes
+        # (so only if it is longer than the limit, too).
+        if (
+            len(data) > limits.max_depth
+            and len(data.translate(None, _NOT_CONTAINER)) > limits.max_depth
+        ):
+            _check_depth(value, limits.max_depth)
+        return value
 
     def _ext_hook(self, code: int, data: bytes) -> Any:
         if code == _EXT_GRAIN_ID:
@@ -165,9 +245,18 @@ class Codec:
         if code == _EXT_UUID:
             return uuid.UUID(bytes=data)
         if code == _EXT_DATACLASS:
-            name, fields = msgpack.unpackb(
-                data, ext_hook=self._ext_hook, raw=False, strict_map_key=False
-            )
+            # Each level is a nested unpackb, i.e. C stack: bounded before recursing.
+            if self._ext_depth >= self._limits.max_ext_depth:
+                raise SerializationError(
+                    f"extension values nested more than {self._limits.max_ext_depth} deep"
+                )
+            self._ext_depth += 1
+            try:
+                name, fields = self._unpack(data)
+            finally:
+                self._ext_depth -= 1
+            if not isinstance(name, str) or not isinstance(fields, dict):
+                raise SerializationError("malformed dataclass extension value")
             cls = _registry.get(name)
             if cls is None:
                 raise SerializationError(
@@ -175,6 +264,24 @@ class Codec:
                 )
             return cls(**fields)
         raise SerializationError(f"unknown msgpack extension type {code}")
+
+
+def _check_depth(value: Any, max_depth: int) -> None:
+    """``SerializationError`` if lists/maps in ``value`` nest deeper than ``max_depth``
+    (iterative: a deep value must not exhaust the stack while being measured)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        depth += 1
+        if depth > max_depth:
+            raise SerializationError(f"containers nested more than {max_depth} deep")
+        stack.extend((child, depth) for child in children if isinstance(child, (list, dict)))
 
 
 def _default(value: Any) -> Any:

@@ -268,6 +268,8 @@ class MembershipService:
         while True:
             snap = await self.refresh()
             now = self._clock.now()
+            if await self._bury_earlier_incarnations(snap):
+                continue
             existing, etag = snap.get(self.address), snap.etag(self.address)
             if existing is not None and etag is not None:
                 # A retried start of the same run: take the row over unless it is Dead.
@@ -293,6 +295,26 @@ class MembershipService:
             if ok:
                 return
             await asyncio.sleep(0)
+
+    async def _bury_earlier_incarnations(self, snap: MembershipSnapshot) -> bool:
+        """Write Dead over a row of an earlier run on this very host and port (it
+        crashed: a live one would hold the port). ``True`` if a write was tried,
+        so the caller re-reads the table. Peers then drop its grains at once
+        instead of waiting for probes to declare it dead."""
+        me = self.address
+        for silo, (entry, etag) in snap.entries.items():
+            if (
+                silo.host == me.host
+                and silo.port == me.port
+                and silo.generation < me.generation
+                and entry.status is not SiloStatus.DEAD
+            ):
+                log.warning("membership: earlier incarnation declared dead silo=%s", silo)
+                await self._table.update_row(
+                    entry.with_status(SiloStatus.DEAD), etag, snap.version.next()
+                )
+                return True
+        return False
 
     # -- loops --------------------------------------------------------------
 

@@ -186,10 +186,11 @@ class FrameCodec:
             dict(headers) if headers else {},
         )
 
-    def rejection(self, env: Any, reason: str) -> tuple[Message, SiloAddress | None] | None:
-        """A REJECTED response to an invalid request envelope and where it goes
-        (``None`` address: back down the connection it came on), or ``None`` when
-        the envelope is not a request and is to be dropped."""
+    def rejection(self, env: Any, body: bytes) -> tuple[Message, SiloAddress | None] | None:
+        """A REJECTED response (``body``: the encoded error payload, as every other
+        error travels) to an invalid request envelope and where it goes (``None``
+        address: back down the connection it came on), or ``None`` when the
+        envelope is not a request and is to be dropped."""
         if env.kind != MessageKind.REQUEST:
             return None
         try:
@@ -200,7 +201,7 @@ class FrameCodec:
             id=next_message_id(),
             kind=MessageKind.RESPONSE,
             method=env.method[:200],
-            body=reason.encode(),
+            body=body,
             target_silo=sender,
             sender_client=env.sender_client or None,
             correlation_id=env.id,
@@ -283,8 +284,13 @@ class Outbox:
         return taken
 
     async def pump(
-        self, write: Callable[[bytes], Awaitable[None]], broken: Callable[[], bool]
+        self,
+        write: Callable[[bytes], Awaitable[None]],
+        broken: Callable[[], bool],
+        written: Callable[[list[Message]], None] | None = None,
     ) -> None:
+        """Write frames until cancelled or a write fails; ``written(batch)`` after
+        each frame that was written."""
         queue = self.queue
         stats = self.stats
         while not broken():
@@ -307,6 +313,8 @@ class Outbox:
             stats.frames_sent += 1
             stats.messages_sent += len(batch)
             self.in_flight = []
+            if written is not None:
+                written(batch)
 
 
 # ------------------------------------------------------------ grpc plumbing

@@ -28,19 +28,29 @@ Untrusted input
     A frame that does not parse aborts that stream with ``INVALID_ARGUMENT``; an
     envelope that parses but is invalid (bad grain id, unknown kind), whose body
     exceeds ``max_message_size``, or which names another generation of this silo
-    as its target is answered with a ``REJECTED`` response (body: the reason in
-    UTF-8) when it is a request, and dropped with a log line otherwise.
+    as its target is answered with a ``REJECTED`` response when it is a request,
+    and dropped with a log line otherwise. The response carries an error payload
+    encoded like every other error: ``MessageRejectedError`` with the reason, or
+    ``SiloRestartedError`` for an earlier incarnation, which tells the sender to
+    re-resolve the grain.
+
+Lost connections
+    When a peer link fails or is disconnected, the sink's optional
+    ``connection_lost(target, error)`` is called after its unwritten messages
+    went to ``undeliverable``: whatever was written on that link is now in doubt,
+    and the dispatcher fails (or, once the peer is known dead, re-routes) it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -57,6 +67,7 @@ from orleanspy.errors import (
     AuthenticationError,
     ClosedError,
     MessageRejectedError,
+    SiloRestartedError,
     SiloUnavailableError,
 )
 from orleanspy.identity import SiloAddress
@@ -68,9 +79,11 @@ from orleanspy.messaging.frames import (
     WireStats,
     unencodable,
 )
-from orleanspy.messaging.message import Message
+from orleanspy.messaging.message import Message, MessageKind
 from orleanspy.messaging.transport import MessageSink
 from orleanspy.options import MessagingOptions, TlsOptions
+from orleanspy.runtime.remote_errors import error_payload
+from orleanspy.serialization import pack
 
 __all__ = ["GrpcGatewayConnection", "GrpcTransport", "WireStats"]
 
@@ -89,6 +102,8 @@ _HEADROOM = 1 << 20
 _CONNECT_TIMEOUT = 5.0
 _STOP_FLUSH_TIMEOUT = 2.0
 _MAX_CLIENT_ID = 256
+# How often a paused client stream looks for expired requests to forget.
+_ROOM_RECHECK = 1.0
 # grpc-stubs lacks the aio EOF sentinel.
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 _Context = grpc.aio.ServicerContext[Any, Any]
@@ -262,6 +277,7 @@ class _PeerLink:
         assert sink is not None
         for message in undelivered:
             sink.undeliverable(message, error)
+        _connection_lost(sink, self.target, error)
 
     async def _run(self) -> None:
         what = f"silo {self.target}"
@@ -272,7 +288,11 @@ class _PeerLink:
             await _handshake(call, what)
             watcher = asyncio.create_task(self._watch(call, what))
             try:
-                await self.outbox.pump(call.write, lambda: self._broken is not None)
+                await self.outbox.pump(
+                    call.write,
+                    lambda: self._broken is not None,
+                    functools.partial(transport._answered, self.target),
+                )
             finally:
                 watcher.cancel()
             error: Exception = self._broken or SiloUnavailableError(f"{what}: stream ended")
@@ -304,20 +324,102 @@ class _PeerLink:
 # --------------------------------------------------------- gateway inbound
 
 
+class _Unanswered:
+    """Requests read from one sender and not answered yet, with their deadlines
+    (epoch ms, never 0). Counted per message, not per id: a hostile sender may
+    repeat ids, and a repeat waits in ``_repeats`` (empty but for such senders)."""
+
+    __slots__ = ("_by_id", "_repeats", "count")
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, int] = {}
+        self._repeats: list[tuple[int, int]] = []
+        self.count = 0
+
+    def add(self, msg_id: int, deadline: int) -> None:
+        if msg_id in self._by_id:
+            self._repeats.append((msg_id, deadline))
+        else:
+            self._by_id[msg_id] = deadline
+        self.count += 1
+
+    def answered(self, msg_id: int) -> None:
+        if self._by_id.pop(msg_id, 0):
+            self.count -= 1
+            return
+        repeats = self._repeats
+        for i, (repeat_id, _deadline) in enumerate(repeats):
+            if repeat_id == msg_id:
+                del repeats[i]
+                self.count -= 1
+                return
+
+    def forget_expired(self) -> None:
+        """Drop requests whose deadline passed: the silo dropped them unanswered."""
+        now_ms = time.time() * 1000
+        by_id = self._by_id
+        for msg_id in [k for k, deadline in by_id.items() if deadline < now_ms]:
+            del by_id[msg_id]
+        self._repeats = [r for r in self._repeats if r[1] >= now_ms]
+        self.count = len(by_id) + len(self._repeats)
+
+
 class _ClientLink:
-    """The gateway's downstream half of one client's stream."""
+    """The gateway's downstream half of one client's stream, and its flow control.
+
+    A request counts against ``max_in_flight`` from the moment it is read until
+    its response has been written to the client (or, unanswered, until its
+    deadline passed). While the count is at the limit the gateway reads no more
+    from this client, so gRPC's flow control stops the client's writes.
+    """
 
     def __init__(self, transport: GrpcTransport, client_id: str, context: Any) -> None:
         self.client_id = client_id
         self.outbox = Outbox(transport._codec, transport._options, transport.stats)
         self._context = context
+        self._limit = transport._options.max_in_flight
+        self.waiting = _Unanswered()
+        # Responses queued and not written yet.
+        self.unwritten = 0
+        self._room = asyncio.Event()
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"orleanspy-grpc-client-{client_id}"
         )
 
+    @property
+    def full(self) -> bool:
+        return self.waiting.count + self.unwritten >= self._limit
+
+    def request_read(self, message: Message) -> None:
+        self.waiting.add(message.id, message.expires_at_ms)
+
+    def response_queued(self, message: Message) -> None:
+        self.waiting.answered(message.correlation_id)
+        self.unwritten += 1
+
+    def _written(self, batch: list[Message]) -> None:
+        response = MessageKind.RESPONSE
+        for m in batch:
+            if m.kind is response:
+                self.unwritten -= 1
+        if not self.full:
+            self._room.set()
+
+    async def wait_for_room(self) -> None:
+        """Return once the client is below its in-flight limit."""
+        while self.full:
+            # Requests the silo dropped unanswered (expired) free their place.
+            self.waiting.forget_expired()
+            if not self.full:
+                return
+            self._room.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_ROOM_RECHECK):
+                    await self._room.wait()
+
     async def _run(self) -> None:
         try:
-            await self.outbox.pump(self._context.write, lambda: False)
+            await self.outbox.pump(self._context.write, lambda: False, self._written)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -361,6 +463,10 @@ class GrpcTransport:
         self._channels: dict[SiloAddress, grpc.aio.Channel] = {}
         self._stopped = False
         self._gossip_listener: Callable[[int], None] | None = None
+        self._may_answer: Callable[[SiloAddress], bool] | None = None
+        # Requests from each peer silo not answered yet.
+        self._owed: dict[SiloAddress, _Unanswered] = {}
+        self._timeout_ms = int(options.response_timeout.total_seconds() * 1000)
         self.stats = WireStats()
 
     # -- Transport properties
@@ -472,8 +578,23 @@ class GrpcTransport:
             return
         link = self._links.get(target)
         if link is None:
+            may_answer = self._may_answer
+            if (
+                message.kind is MessageKind.RESPONSE
+                and may_answer is not None
+                and not may_answer(target)
+            ):
+                # The address came from a request; only members are dialled.
+                log.warning("not answering a silo outside the membership table silo=%s", target)
+                return
             link = self._links[target] = _PeerLink(self, target)
         link.outbox.push(message)
+
+    def answer_only(self, predicate: Callable[[SiloAddress], bool] | None) -> None:
+        """Open links for responses only to silos ``predicate`` accepts (the
+        membership table's members): the address a response goes to is named by
+        the request, and a request may lie."""
+        self._may_answer = predicate
 
     def send_to_client(self, client_id: str, message: Message) -> None:
         """Queue ``message`` down a gateway client's stream; an unknown or
@@ -482,6 +603,8 @@ class GrpcTransport:
         if client is None or unencodable(message) is not None:
             log.debug("dropping message for absent client client=%s id=%d", client_id, message.id)
             return
+        if message.kind is MessageKind.RESPONSE:
+            client.response_queued(message)
         client.outbox.push(message)
 
     def on_gossip(self, listener: Callable[[int], None] | None) -> None:
@@ -491,8 +614,11 @@ class GrpcTransport:
     def disconnect(self, target: SiloAddress) -> None:
         """Drop the link to ``target``; its unwritten messages become undeliverable."""
         link = self._links.get(target)
+        error = SiloUnavailableError(f"silo {target}: disconnected")
         if link is not None:
-            link.fail(SiloUnavailableError(f"silo {target}: disconnected"))
+            link.fail(error)
+        elif self._sink is not None:
+            _connection_lost(self._sink, target, error)
         channel = self._channels.pop(target, None)
         if channel is not None:
             task = asyncio.get_running_loop().create_task(channel.close(None))
@@ -559,8 +685,12 @@ class GrpcTransport:
             frame = await context.read()
             if frame is _EOF:
                 return
-            if not self._receive_frame(frame, None):
+            envelopes = self._decode_frame(frame, None)
+            if envelopes is None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
+                return
+            for env in envelopes:
+                self._receive_envelope(env, None)
 
     async def _serve_client(self, _requests: Any, context: _Context) -> None:
         if not _authorized(self._options, context):
@@ -585,8 +715,14 @@ class GrpcTransport:
                 frame = await context.read()
                 if frame is _EOF:
                     return
-                if not self._receive_frame(frame, client_id):
+                envelopes = self._decode_frame(frame, client_id)
+                if envelopes is None:
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
+                    return
+                for env in envelopes:
+                    if link.full:
+                        await link.wait_for_room()
+                    self._receive_envelope(env, link)
         finally:
             if self._clients.get(client_id) is link:
                 del self._clients[client_id]
@@ -595,48 +731,119 @@ class GrpcTransport:
                 await link.task
             log.debug("gateway client disconnected client=%s", client_id)
 
-    def _receive_frame(self, frame: bytes, client_id: str | None) -> bool:
-        """Deliver one frame's messages; ``False`` if the frame does not parse.
-
-        ``client_id`` is set for gateway streams: the gateway stamps the client
-        and itself as the sender, whatever the client wrote.
-        """
+    def _decode_frame(self, frame: bytes, client_id: str | None) -> Sequence[Any] | None:
+        """The envelopes of one frame; ``None`` if the frame does not parse."""
         try:
             envelopes = FrameCodec.decode(frame)
         except DecodeError:
             log.warning("malformed frame bytes=%d client=%s", len(frame), client_id)
-            return False
-        sink = self._sink
-        assert sink is not None
-        codec = self._codec
-        me = self.address
-        generation = me.generation
-        max_body = self._options.max_message_size
+            return None
         self.stats.frames_received += 1
         self.stats.messages_received += len(envelopes)
-        for env in envelopes:
-            try:
-                message = codec.message(env, max_body)
-                target = message.target_silo
-                if target is not None and target.generation != generation:
-                    raise InvalidEnvelope(f"message for {target}, this is {me}")
-            except InvalidEnvelope as exc:
-                self._reject(env, str(exc), client_id)
-                continue
-            if client_id is not None:
-                message.sender_client = client_id
-                message.sender_silo = me
-            try:
-                sink.receive(message)
-            except Exception:
-                # The dispatcher's bug must not take the stream (and the peer's
-                # other messages) down with it.
-                log.exception("sink.receive raised id=%d", message.id)
+        return envelopes
+
+    def _receive_envelope(self, env: Any, client: _ClientLink | None) -> None:
+        """Deliver one envelope, from a gateway ``client`` or (``None``) a peer silo.
+
+        From a client, nothing it says about the cluster is trusted: the gateway
+        stamps the client and itself as the sender, and drops the client's
+        headers (a forged call chain could interleave turns on a non-reentrant
+        grain), target silo (it would bypass the directory) and forward count;
+        the deadline is capped at the response timeout. From a peer, a request
+        beyond ``max_in_flight`` unanswered ones of its sender is rejected.
+        """
+        sink = self._sink
+        assert sink is not None
+        me = self.address
+        client_id = client.client_id if client is not None else None
+        try:
+            message = self._codec.message(env, self._options.max_message_size)
+        except InvalidEnvelope as exc:
+            self._reject(env, MessageRejectedError(str(exc)), client_id)
+            return
+        target = message.target_silo
+        if client is not None:
+            if message.kind is MessageKind.RESPONSE:
+                # Clients send calls; a "response" could only try to complete
+                # someone else's call.
+                log.debug("dropped a response from client=%s id=%d", client_id, message.id)
+                return
+            message.sender_client = client.client_id
+            message.sender_silo = me
+            message.target_silo = None
+            message.forward_count = 0
+            if message.headers:
+                message.headers = {}
+            cap = int(time.time() * 1000) + self._timeout_ms
+            if not 0 < message.expires_at_ms <= cap:
+                message.expires_at_ms = cap
+            if message.kind is MessageKind.REQUEST:
+                client.request_read(message)
+        elif target is not None and target.generation != me.generation:
+            self._reject(
+                env,
+                SiloRestartedError(
+                    f"message for {target}, an earlier incarnation of this silo {me}; "
+                    "re-resolve the grain"
+                ),
+                None,
+            )
+            return
+        elif (
+            message.kind is MessageKind.REQUEST
+            and message.sender_silo is not None
+            and not self._owe(message.sender_silo, message)
+        ):
+            self._reject(
+                env,
+                MessageRejectedError(
+                    f"silo {me} is overloaded: {self._options.max_in_flight} requests "
+                    f"from {message.sender_silo} are unanswered"
+                ),
+                None,
+            )
+            return
+        try:
+            sink.receive(message)
+        except Exception:
+            # The dispatcher's bug must not take the stream (and the peer's
+            # other messages) down with it.
+            log.exception("sink.receive raised id=%d", message.id)
+
+    def _owe(self, sender: SiloAddress, message: Message) -> bool:
+        """Count a request from peer ``sender``; ``False`` if it has too many
+        unanswered (after forgetting those whose deadline passed). A peer's
+        stream also carries the answers this silo waits for, so it is never
+        paused: the excess is refused instead."""
+        may_answer = self._may_answer
+        if may_answer is not None and not may_answer(sender):
+            # Not a member (yet): the dispatcher learns of it or drops the
+            # request; counting it would let made-up senders grow ``_owed``.
+            return True
+        owed = self._owed.get(sender)
+        if owed is None:
+            owed = self._owed[sender] = _Unanswered()
+        if owed.count >= self._options.max_in_flight:
+            owed.forget_expired()
+            if owed.count >= self._options.max_in_flight:
+                return False
+        cap = int(time.time() * 1000) + self._timeout_ms
+        deadline = message.expires_at_ms
+        owed.add(message.id, deadline if 0 < deadline <= cap else cap)
         return True
 
-    def _reject(self, env: Any, reason: str, client_id: str | None) -> None:
-        rejection = self._codec.rejection(env, reason)
-        log.info("rejected message id=%d client=%s reason=%s", env.id, client_id, reason)
+    def _answered(self, target: SiloAddress, batch: list[Message]) -> None:
+        owed = self._owed.get(target)
+        if owed is not None:
+            for m in batch:
+                if m.kind is MessageKind.RESPONSE:
+                    owed.answered(m.correlation_id)
+            if not owed.count:
+                del self._owed[target]
+
+    def _reject(self, env: Any, error: Exception, client_id: str | None) -> None:
+        rejection = self._codec.rejection(env, pack(error_payload(error)))
+        log.info("rejected message id=%d client=%s reason=%s", env.id, client_id, error)
         if rejection is None:
             return
         response, sender = rejection
@@ -645,6 +852,16 @@ class GrpcTransport:
             self.send_to_client(client_id, response)
         elif sender is not None:
             self.send(sender, response)
+
+
+def _connection_lost(sink: MessageSink, target: SiloAddress, error: Exception) -> None:
+    lost = getattr(sink, "connection_lost", None)
+    if lost is None:
+        return
+    try:
+        lost(target, error)
+    except Exception:
+        log.exception("connection_lost raised peer=%s", target)
 
 
 def _ignore_result(task: asyncio.Task[Any]) -> None:

@@ -47,6 +47,7 @@ class ClusterLocator:
         self._last_refresh = 0.0
         self._alive_for: MembershipSnapshot | None = None
         self._alive_set: set[SiloAddress] = set()
+        self._member_set: set[SiloAddress] = set()
         self._refreshing: asyncio.Future[MembershipSnapshot] | None = None
 
     def attach(self, membership: MembershipService) -> None:
@@ -66,14 +67,30 @@ class ClusterLocator:
 
     def _alive(self, silo: SiloAddress) -> bool:
         # Asked on every call: answer from a set rebuilt once per snapshot.
+        self._follow_snapshot()
+        return silo in self._alive_set or silo == self._address()
+
+    def _follow_snapshot(self) -> None:
         snapshot = self._membership.snapshot
         if snapshot is not self._alive_for:
             self._alive_for = snapshot
+            # A silo restarted on the same host and port supersedes its earlier
+            # incarnations as soon as its row appears, before they are declared
+            # Dead: what lived there is gone.
+            newest: dict[tuple[str, int], int] = {}
+            for s in snapshot.entries:
+                endpoint = (s.host, s.port)
+                newest[endpoint] = max(newest.get(endpoint, s.generation), s.generation)
             self._alive_set = {
                 s for s, (entry, _etag) in snapshot.entries.items()
                 if entry.status <= SiloStatus.ACTIVE
+                and s.generation == newest[s.host, s.port]
             }  # fmt: skip
-        return silo in self._alive_set or silo == self._address()
+            # Members may still send and must get answers while they shut down.
+            self._member_set = {
+                s for s, (entry, _etag) in snapshot.entries.items()
+                if entry.status < SiloStatus.DEAD and s.generation == newest[s.host, s.port]
+            }  # fmt: skip
 
     def cached(self, grain_id: GrainId) -> SiloAddress | None:
         hit = self._directory.peek(grain_id)
@@ -118,6 +135,36 @@ class ClusterLocator:
 
     def invalidate(self, grain_id: GrainId) -> None:
         self._directory.invalidate(grain_id)
+
+    def knows(self, silo: SiloAddress) -> bool:
+        self._follow_snapshot()
+        return silo in self._member_set or silo == self._address()
+
+    async def learn(self, silo: SiloAddress) -> bool:
+        if self.knows(silo):
+            return True
+        await self._refresh(wait=True)
+        return self.knows(silo)
+
+    async def _refresh(self, *, wait: bool = False) -> None:
+        """Re-read the table: concurrent callers share one read, and reads start
+        at most every ``_REFRESH_MIN_INTERVAL`` (``wait``: wait for the next one
+        rather than give up)."""
+        refreshing = self._refreshing
+        if refreshing is None or refreshing.done():
+            since = time.monotonic() - self._last_refresh
+            if since < _REFRESH_MIN_INTERVAL:
+                if not wait:
+                    return
+                await asyncio.sleep(_REFRESH_MIN_INTERVAL - since)
+                await self._refresh()
+                return
+            self._last_refresh = time.monotonic()
+            refreshing = self._refreshing = asyncio.ensure_future(self._membership.refresh())
+        try:
+            await asyncio.shield(refreshing)
+        except Exception as exc:
+            log.warning("membership refresh failed error=%r", exc)
 
     async def silo_unreachable(self, silo: SiloAddress) -> bool:
         """A send to ``silo`` failed: re-read membership (rate-limited) and say

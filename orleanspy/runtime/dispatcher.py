@@ -6,6 +6,17 @@ the silo that has or should create the activation. Responses complete the
 caller's pending future, or travel back to the silo (or gateway client) that
 sent the request. It also is the silo's ``CallInvoker``: calls made by grains
 and by ``silo.client`` start here.
+
+Requests this silo sends to another silo on behalf of its own callers (grains,
+``silo.client``, gateway clients) are remembered until answered, so that a
+call never waits out the response timeout on a silo that is gone: when the
+connection to a silo is lost (``connection_lost``, also called when
+membership declares it Dead) every such call fails at once with
+``SiloUnavailableError`` and the grain's cached location is dropped. Only
+reminder ticks (at-least-once by contract) are sent again, and only once the
+target silo is known to be gone, to the grain's new activation. A call whose
+target turned out to be an earlier incarnation of a restarted silo
+(``SiloRestartedError``: it never ran) is routed again after re-resolving.
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from orleanspy.clock import Clock
 from orleanspy.errors import (
     GrainMethodNotFoundError,
     MessageRejectedError,
+    SiloRestartedError,
     SiloUnavailableError,
     UnknownGrainTypeError,
 )
@@ -28,13 +40,14 @@ from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.transport import Transport
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
+from orleanspy.reminders.management import MANAGEMENT_TYPE
 from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
 from orleanspy.runtime.locator import Locator
 from orleanspy.runtime.pending import PendingCalls
 from orleanspy.runtime.remote_errors import error_payload, result_of
-from orleanspy.serialization import Codec
+from orleanspy.serialization import Codec, DecodeLimits
 
 if TYPE_CHECKING:
     from orleanspy.directory import ActivationAddress
@@ -42,6 +55,18 @@ if TYPE_CHECKING:
 __all__ = ["Dispatcher"]
 
 log = logging.getLogger(__name__)
+
+# A sent request is remembered under (gateway client or None, message id).
+_SentKey = tuple[str | None, int]
+_RESTARTED = f"{SiloRestartedError.__module__}.{SiloRestartedError.__qualname__}"
+# Reminder ticks are at-least-once: after their silo died they are sent again.
+_TICK_METHOD = "receive_reminder"
+_VERDICT_POLL = 0.1
+# Requests from silos not (yet) in the table that may wait for a table read;
+# beyond it they are dropped, so made-up senders cannot pile up work.
+_MAX_STRANGERS = 1000
+# What gateway clients may always call on the reminder management grain.
+_MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all"})
 
 
 class Dispatcher:
@@ -60,7 +85,9 @@ class Dispatcher:
     ) -> None:
         self.address = address
         self.clock = clock
-        self.codec = Codec(reference_factory=self._reference)
+        self.codec = Codec(
+            reference_factory=self._reference, limits=DecodeLimits.of(options.messaging)
+        )
         self.activation_timeout = options.activation_timeout.total_seconds()
         self.deactivation_timeout = options.deactivation_timeout.total_seconds()
         self._response_timeout = options.messaging.response_timeout.total_seconds()
@@ -80,6 +107,11 @@ class Dispatcher:
             check_interval=options.collection_check_interval,
         )
         self._reminders: Any = None
+        # Requests sent to other silos and not answered yet (see module docstring).
+        self._sent: dict[_SentKey, Message] = {}
+        self._sent_sweep_at = 1024
+        self._client_management = options.client_management_allowed
+        self._strangers = 0  # requests waiting to learn whether their sender is a member
 
     # -- wiring -------------------------------------------------------------------------
 
@@ -210,7 +242,86 @@ class Dispatcher:
         elif self._transport is None:
             self._reject(msg, MessageRejectedError(f"no transport to reach {silo}"))
         else:
+            if msg.kind is MessageKind.REQUEST and _is_here(msg.sender_silo, self.address):
+                self._remember(msg)
             self._transport.send(silo, msg)
+
+    # -- sent requests ------------------------------------------------------------------
+
+    def _remember(self, msg: Message) -> None:
+        # One dict operation per call on the hot path; which silo a request
+        # went to is read from the message itself when a connection is lost.
+        sent = self._sent
+        sent[msg.sender_client, msg.id] = msg
+        if len(sent) >= self._sent_sweep_at:
+            self._sweep_sent()
+
+    def _sweep_sent(self) -> None:
+        # Calls whose caller has given up (expired, or timed out here) and which
+        # were never answered; without this a silo that swallows requests would
+        # grow it.
+        now = self.clock.now_ms()
+        for key, msg in list(self._sent.items()):
+            if not msg.expires_at_ms or msg.expires_at_ms < now:
+                del self._sent[key]
+        self._sent_sweep_at = max(1024, 2 * len(self._sent))
+
+    def _forget_sent(self, key: _SentKey) -> Message | None:
+        return self._sent.pop(key, None)
+
+    def connection_lost(self, silo: SiloAddress, error: Exception) -> None:
+        """The link to ``silo`` broke (or it was declared dead): every request
+        written to it and not answered fails now with ``SiloUnavailableError``,
+        and the grains' cached locations are dropped. Reminder ticks wait for
+        the membership verdict and go to the new activation if ``silo`` is gone."""
+        keys = [key for key, msg in self._sent.items() if msg.target_silo == silo]
+        if not keys:
+            return
+        failure = SiloUnavailableError(f"silo {silo} was lost with the call in flight: {error}")
+        ticks: list[Message] = []
+        for key in keys:
+            msg = self._sent.pop(key)
+            if msg.target_grain is not None:
+                self._locator.invalidate(msg.target_grain)
+            if _is_tick(msg):
+                ticks.append(msg)
+            else:
+                self._fail(msg, failure)
+        log.info(
+            "connection lost silo=%s failed=%d ticks_waiting=%d",
+            silo,
+            len(keys) - len(ticks),
+            len(ticks),
+        )
+        if ticks:
+            self._spawn(self._resend_when_gone(silo, ticks, failure))
+
+    async def _resend_when_gone(
+        self, silo: SiloAddress, ticks: list[Message], failure: Exception
+    ) -> None:
+        """Send reminder ticks again once ``silo`` is known to be gone; fail them
+        if their caller's deadline comes first (the silo may be alive after all,
+        and then the tick may have run: at least once, never blindly twice)."""
+        while True:
+            try:
+                gone = await self._locator.silo_unreachable(silo)
+            except Exception as exc:
+                log.warning("membership check failed silo=%s error=%r", silo, exc)
+                gone = False
+            live = [
+                m for m in ticks if not m.expires_at_ms or m.expires_at_ms > self.clock.now_ms()
+            ]
+            if gone:
+                log.info("silo gone; reminder ticks sent again silo=%s ticks=%d", silo, len(live))
+                for msg in live:
+                    msg.forward_count += 1
+                    self.reroute(msg)
+                return
+            if not live:
+                for msg in ticks:
+                    self._fail(msg, failure)
+                return
+            await asyncio.sleep(_VERDICT_POLL)
 
     def reroute(self, message: Message) -> None:
         """Route again from scratch (the activation it reached went away)."""
@@ -260,21 +371,85 @@ class Dispatcher:
     def receive(self, message: Message) -> None:
         """A message from the network (another silo, or a client via the gateway)."""
         if message.kind is MessageKind.RESPONSE:
+            if self._sent:
+                sent = self._forget_sent((message.sender_client, message.correlation_id))
+                if (
+                    sent is not None
+                    and message.status is ResponseStatus.REJECTED
+                    and self._restarted(message)
+                ):
+                    # The target was an earlier incarnation; the call never ran.
+                    self._retry_restarted(sent)
+                    return
             if message.sender_client is None and message.target_silo is self.address:
                 self._complete(message)  # the common case: an answer to a call from here
             else:
                 self.send_response(message)
             return
-        if message.sender_client is not None and message.sender_silo is None:
-            message.sender_silo = self.address
+        if message.sender_client is not None:
+            if message.sender_silo is None:
+                message.sender_silo = self.address
+            if not self._client_management and _is_management_change(message):
+                self._reject(
+                    message,
+                    MessageRejectedError(
+                        f"{message.method} of the reminder management grain is not allowed "
+                        "from clients of this cluster: set a cluster secret or TLS, or "
+                        "SiloOptions(allow_client_management=True)"
+                    ),
+                )
+                return
         if message.expires_at_ms and message.expires_at_ms < self.clock.now_ms():
             log.debug("dropped expired message id=%d", message.id)
             return
+        sender = message.sender_silo
+        if message.sender_client is None and (sender is None or not self._locator.knows(sender)):
+            # Answers go only to members of the table: an address named in a
+            # request is never dialled on its word alone.
+            if self._strangers >= _MAX_STRANGERS:
+                log.debug("dropped message from an unknown silo id=%d", message.id)
+                return
+            self._strangers += 1
+            self._spawn(self._route_from_stranger(message))
+            return
         self.route(message)
+
+    async def _route_from_stranger(self, message: Message) -> None:
+        sender = message.sender_silo
+        try:
+            known = sender is not None and await self._locator.learn(sender)
+        finally:
+            self._strangers -= 1
+        if known:
+            self.route(message)
+        else:
+            log.warning(
+                "dropped message from a silo not in the membership table id=%d sender=%s",
+                message.id,
+                sender,
+            )
+
+    def _restarted(self, response: Message) -> bool:
+        try:
+            payload = self.codec.decode(response.body)
+        except Exception:
+            return False
+        return isinstance(payload, dict) and payload.get("type") == _RESTARTED
+
+    def _retry_restarted(self, message: Message) -> None:
+        target = message.target_silo
+        if target is None or message.forward_count >= self._max_forwards:
+            self._fail(message, SiloRestartedError(f"{target} restarted; giving up"))
+            return
+        self._spawn(
+            self._retry_elsewhere(message, target, SiloRestartedError(f"{target} restarted"))
+        )
 
     def undeliverable(self, message: Message, error: Exception) -> None:
         """The transport could not deliver: route again if the target silo turns out
         to be gone, else fail the call; responses are dropped."""
+        if self._sent and message.kind is not MessageKind.RESPONSE:
+            self._forget_sent((message.sender_client, message.id))
         if message.target_grain is not None:
             self._locator.invalidate(message.target_grain)
         target = message.target_silo
@@ -299,6 +474,8 @@ class Dispatcher:
         if gone:
             message.forward_count += 1
             self.reroute(message)
+        elif _is_tick(message):
+            await self._resend_when_gone(target, [message], error)
         else:
             self._fail(message, error)
 
@@ -345,6 +522,19 @@ class Dispatcher:
     async def close(self, exc: Exception) -> None:
         """Fail every call still waiting and stop the timeout sweeper (silo stopped)."""
         await self._pending.close(exc)
+
+
+def _is_management_change(msg: Message) -> bool:
+    """A call to the reminder management grain other than a read."""
+    gid = msg.target_grain
+    return (
+        gid is not None and gid.type_name == MANAGEMENT_TYPE and msg.method not in _MANAGEMENT_READS
+    )
+
+
+def _is_tick(msg: Message) -> bool:
+    """A reminder tick sent by this silo's reminder service (not by a client)."""
+    return msg.method == _TICK_METHOD and msg.sender_client is None
 
 
 def _is_here(silo: SiloAddress | None, here: SiloAddress) -> bool:

@@ -55,6 +55,16 @@ class Locator(Protocol):
         the message may be routed again."""
         ...
 
+    def knows(self, silo: SiloAddress) -> bool:
+        """``True`` if ``silo`` is this silo or a live member of the cluster as
+        this silo last read the membership table (no I/O)."""
+        ...
+
+    async def learn(self, silo: SiloAddress) -> bool:
+        """``knows(silo)``, after re-reading the membership table if it does not
+        (rate-limited): for a silo that joined since the last read."""
+        ...
+
 
 class LocalLocator:
     """Every grain lives here: the embedded single-silo default."""
@@ -85,3 +95,9 @@ class LocalLocator:
 
     async def silo_unreachable(self, silo: SiloAddress) -> bool:
         return False
+
+    def knows(self, silo: SiloAddress) -> bool:
+        return silo == self._address
+
+    async def learn(self, silo: SiloAddress) -> bool:
+        return silo == self._address

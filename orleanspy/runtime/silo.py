@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
+import ipaddress
 import logging
 import time
 from contextlib import AsyncExitStack
@@ -288,7 +289,11 @@ class Silo:
             transport=transport,
         )
         self._dispatcher = dispatcher
+        answer_only = getattr(transport, "answer_only", None)
+        if answer_only is not None:
+            answer_only(locator.knows)
         await transport.start(stack, dispatcher)
+        _warn_if_exposed(o)
         self.address = transport.address
         self.gateway_port = transport.gateway_port
         dispatcher.address = self.address
@@ -408,6 +413,28 @@ class Silo:
     def activation_count(self) -> int:
         """How many activations this silo holds right now."""
         return 0 if self._dispatcher is None else len(self._dispatcher.catalog)
+
+
+def _warn_if_exposed(options: SiloOptions) -> None:
+    """Shout when the ports are reachable from other hosts with no authentication."""
+    m = options.messaging
+    if m.cluster_secret is not None or m.tls is not None or _is_loopback(options.host):
+        return
+    log.warning(
+        "SECURITY: silo listens on %s without a cluster secret or TLS; anyone who can "
+        "reach its silo or gateway port can call any grain and join the cluster. Set "
+        "MessagingOptions(cluster_secret=...) or tls=..., or bind to 127.0.0.1",
+        options.host,
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 async def _gossip(transport: Transport, timeout: float, silo: SiloAddress, version: int) -> bool:

@@ -6,6 +6,7 @@ import asyncio
 import shutil
 import socket
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -15,12 +16,20 @@ import grpc
 import grpc.aio
 import pytest
 
-from orleanspy.errors import AuthenticationError, SiloUnavailableError
+from orleanspy.errors import (
+    AuthenticationError,
+    MessageRejectedError,
+    SiloRestartedError,
+    SiloUnavailableError,
+)
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import GrpcGatewayConnection, GrpcTransport
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
 from orleanspy.options import MessagingOptions, TlsOptions
+from orleanspy.runtime.remote_errors import rebuild_error
+from orleanspy.serialization import unpack
+from orleanspy.testing.cluster import wait_for
 
 DEADLINE = 10.0
 
@@ -213,7 +222,10 @@ async def test_restarted_peer_rejects_messages_for_old_generation(stack: AsyncEx
 
     rejection = next(m for m in a_sink.received if m.correlation_id == stale.id)
     assert rejection.status is ResponseStatus.REJECTED
-    assert b"this is" in rejection.body
+    # Encoded like every other error, and typed: the sender re-resolves the grain.
+    error = rebuild_error(unpack(rejection.body))
+    assert isinstance(error, SiloRestartedError)
+    assert "earlier incarnation" in str(error)
     assert new_sink.received == []
 
 
@@ -296,7 +308,9 @@ async def test_invalid_envelopes_get_rejected_responses(stack: AsyncExitStack) -
     by_id = {m.correlation_id: m for m in a_sink.received}
     assert set(by_id) == {7001, 7003}  # the unknown kind is not a request: dropped
     assert all(m.status is ResponseStatus.REJECTED for m in by_id.values())
-    assert b"bad target grain" in by_id[7001].body
+    error = rebuild_error(unpack(by_id[7001].body))
+    assert isinstance(error, MessageRejectedError)
+    assert "bad target grain" in str(error)
     assert b_sink.received == []
 
 
@@ -313,7 +327,9 @@ async def test_oversized_body_gets_a_rejected_response(stack: AsyncExitStack) ->
 
     by_id = {m.correlation_id: m for m in a_sink.received}
     assert by_id[big.id].status is ResponseStatus.REJECTED
-    assert b"exceeds max_message_size" in by_id[big.id].body
+    error = rebuild_error(unpack(by_id[big.id].body))
+    assert isinstance(error, MessageRejectedError)
+    assert "exceeds max_message_size" in str(error)
     assert by_id[small.id].status is ResponseStatus.OK
     assert [m.id for m in b_sink.received] == [small.id]
 
@@ -490,3 +506,118 @@ async def test_a_ping_carrying_a_table_version_reaches_the_gossip_listener(
     b.on_gossip(None)
     assert await a.ping(b.address, 2.0, table_version=9)
     assert heard == [2**40]
+
+
+# -- untrusted senders: bounded in-flight requests, client claims overridden
+
+
+def client_request(i: int, **headers: str) -> Message:
+    msg = Message.request(
+        GrainId("Counter", f"k{i}"),
+        "add",
+        b"\x92\x90\x80",
+        one_way=False,
+        expires_at_ms=int(time.time() * 1000) + 60_000,
+    )
+    msg.headers.update(headers)
+    return msg
+
+
+async def test_gateway_stops_reading_a_client_at_max_in_flight(stack: AsyncExitStack) -> None:
+    gateway, sink = await start(stack, MessagingOptions(max_in_flight=5), gateway=True)
+    answers: list[Message] = []
+    conn = GrpcGatewayConnection(
+        f"127.0.0.1:{gateway.gateway_port}",
+        client_id="greedy",
+        options=MessagingOptions(),
+        on_message=answers.append,
+        on_closed=lambda _e: None,
+    )
+    await stack.enter_async_context(conn)
+    for i in range(100):
+        conn.send(client_request(i))
+
+    await sink.wait_for(lambda: len(sink.received) == 5)
+    # Nothing is answered, so nothing more is read however long we look; the
+    # answers below are what lets the next requests in.
+    for message in sink.received[:3]:
+        gateway.send_to_client("greedy", message.response(ResponseStatus.OK, b"\xc0"))
+    await sink.wait_for(lambda: len(sink.received) == 8)
+    await wait_for(lambda: len(answers) == 3, 10)
+    assert len(sink.received) == 8
+
+
+async def test_gateway_overrides_what_a_client_claims(stack: AsyncExitStack) -> None:
+    gateway, sink = await start(stack, gateway=True)
+    conn = GrpcGatewayConnection(
+        f"127.0.0.1:{gateway.gateway_port}",
+        client_id="liar",
+        options=MessagingOptions(),
+        on_message=lambda _m: None,
+        on_closed=lambda _e: None,
+    )
+    await stack.enter_async_context(conn)
+    forged = client_request(1, chain="Counter/k1")
+    forged.target_silo = SiloAddress("10.9.9.9", 1, 1)
+    forged.sender_silo = SiloAddress("10.9.9.9", 2, 1)
+    forged.forward_count = 7
+    forged.expires_at_ms = 0  # "never"
+    # A "response" from a client could only complete somebody else's call.
+    fake_answer = Message(
+        id=next_message_id(),
+        kind=MessageKind.RESPONSE,
+        correlation_id=12345,
+        target_silo=gateway.address,
+        body=b"\xc0",
+    )
+    conn.send(fake_answer)
+    conn.send(forged)
+
+    await sink.wait_for(lambda: len(sink.received) == 1)
+    got = sink.received[0]
+    assert got.kind is MessageKind.REQUEST  # the stream is ordered: the answer was dropped
+    assert got.headers == {}
+    assert got.target_silo is None
+    assert got.sender_silo == gateway.address
+    assert got.sender_client == "liar"
+    assert got.forward_count == 0
+    assert 0 < got.expires_at_ms <= time.time() * 1000 + 30_000
+
+
+async def test_a_peer_past_max_in_flight_gets_overloaded_rejections(
+    stack: AsyncExitStack,
+) -> None:
+    a, a_sink = await start(stack)
+    b, b_sink = await start(stack, MessagingOptions(max_in_flight=3))
+    sent = [request(a, b.address) for _ in range(5)]
+    for message in sent:
+        a.send(b.address, message)
+
+    await a_sink.wait_for(lambda: len(a_sink.received) == 2)
+    assert len(b_sink.received) == 3
+    for rejection in a_sink.received:
+        assert rejection.kind is MessageKind.RESPONSE
+        assert rejection.status is ResponseStatus.REJECTED
+        error = rebuild_error(unpack(rejection.body))
+        assert isinstance(error, MessageRejectedError)
+        assert "overloaded" in str(error)
+    # An answer written back frees a place.
+    b.send(a.address, b_sink.received[0].response(ResponseStatus.OK, b"\xc0"))
+    await a_sink.wait_for(lambda: len(a_sink.received) == 3)
+    extra = request(a, b.address)
+    a.send(b.address, extra)
+    await b_sink.wait_for(lambda: any(m.id == extra.id for m in b_sink.received))
+
+
+async def test_responses_are_never_dialled_to_addresses_outside_the_table(
+    stack: AsyncExitStack,
+) -> None:
+    a, a_sink = await start(stack)
+    b, b_sink = await start(stack)
+    b.answer_only(lambda silo: False)
+    b_sink.echo_via = b
+    a.send(b.address, request(a, b.address))
+    await b_sink.wait_for(lambda: len(b_sink.received) == 1)
+    # b knows no member to answer: it opened no link, so a hears nothing.
+    assert b.stats.frames_sent == 0
+    assert a_sink.received == []
