@@ -551,12 +551,21 @@ async def test_same_port_restart_costs_at_most_one_failed_call(redis_url: str) -
         (stable,) = c.start(1, "--slow-detection")
         (restarting,) = c.start(1, "--slow-detection", "--port", str(port), expect=2)
         async with ClusterClient(gateways=[stable.endpoint]) as client:
-            keys = [f"p{i}" for i in range(40)]
-            where = await asyncio.gather(*(client.get_grain(GRAIN, k).where() for k in keys))
-            on_it = [
-                k for k, (_, pid) in zip(keys, where, strict=True) if pid == restarting.proc.pid
-            ]
-            assert on_it
+            on_it: list[str] = []
+            batches = iter(range(1000))
+
+            async def some_on_it() -> bool:
+                # The stable silo may place a few batches before it sees the
+                # second silo Active; new keys are placed afresh each round.
+                b = next(batches)
+                keys = [f"p{b}-{i}" for i in range(40)]
+                where = await asyncio.gather(*(client.get_grain(GRAIN, k).where() for k in keys))
+                on_it.extend(
+                    k for k, (_, pid) in zip(keys, where, strict=True) if pid == restarting.proc.pid
+                )
+                return bool(on_it)
+
+            await wait_for(some_on_it, 20, interval=0.1, what="grains placed on the second silo")
             restarting.proc.send_signal(signal.SIGKILL)
             restarting.proc.wait(5)
             (reborn,) = c.start(1, "--slow-detection", "--port", str(port), expect=2)
