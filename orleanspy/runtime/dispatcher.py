@@ -38,6 +38,7 @@ from orleanspy.serialization import Codec
 
 if TYPE_CHECKING:
     from orleanspy.directory import ActivationAddress
+    from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Dispatcher"]
 
@@ -80,6 +81,8 @@ class Dispatcher:
             check_interval=options.collection_check_interval,
         )
         self._reminders: Any = None
+        # Grain storage providers by name, set by the silo before it starts.
+        self.grain_storage: Mapping[str, GrainStorage] = {}
 
     # -- wiring -------------------------------------------------------------------------
 
