@@ -67,7 +67,7 @@ STATE_FORMAT_VERSION: Final = 1
 """The first byte of every stored state; a later format gets a new number."""
 
 # Names end storage keys (``...:<name>`` in Redis), so they hold no ':' or '}'.
-_NAME: Final = re.compile(r"[A-Za-z0-9_.\-]{1,128}")
+_NAME: Final = re.compile(r"[\w.\-]{1,128}")
 
 
 # -- the stored form --------------------------------------------------------------------
@@ -220,14 +220,11 @@ class StateDeclaration(Generic[T]):
         self.attribute = ""
 
     def __set_name__(self, owner: type, attribute: str) -> None:
+        # An attribute name is always a valid state name (1-128 long is checked
+        # by the grain class collecting its states).
         self.attribute = attribute
         if not self.name:
             self.name = attribute
-        if not _NAME.fullmatch(self.name):
-            raise ConfigurationError(
-                f"{owner.__qualname__}.{attribute}: state name {self.name!r} must be 1-128 "
-                "letters, digits, '_', '.' or '-' (pass name=... to persistent_state)"
-            )
 
     @overload
     def __get__(self, instance: None, owner: type) -> StateDeclaration[T]: ...
@@ -288,6 +285,10 @@ def persistent_state(
     """
     if not isinstance(state_type, type):
         raise ConfigurationError(f"persistent_state needs a type, got {state_type!r}")
+    if name is not None and not _NAME.fullmatch(name):
+        raise ConfigurationError(
+            f"persistent_state name {name!r} must be 1-128 letters, digits, '_', '.' or '-'"
+        )
     if not isinstance(storage, str) or not storage:
         raise ConfigurationError("persistent_state storage must be a non-empty provider name")
     try:
