@@ -169,7 +169,7 @@ def test_cluster_demo_runs_and_spreads_calls_over_three_silos() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=40,
+        timeout=60,
         check=False,
     )
 
@@ -186,4 +186,8 @@ def test_cluster_demo_runs_and_spreads_calls_over_three_silos() -> None:
     # After the graceful stop exactly one silo serves nothing and the rest serve all.
     assert sorted(rounds[3].values())[0] == 0
     assert sum(rounds[3].values()) == 60
+    # The billing grain's state outlived the SIGKILL of the silo that held it.
+    fired = re.search(r"reminder fired on (silo-\d+), which loaded plan 'gold'", result.stdout)
+    killed = re.search(r"SIGKILLed (silo-\d+)", result.stdout)
+    assert fired and killed and fired.group(1) != killed.group(1), result.stdout
     assert "done" in result.stdout.splitlines()[-1]
