@@ -150,11 +150,8 @@ async def _raw_postgres(url: str, grains: int, seconds: float) -> dict[str, floa
             "INSERT INTO raw_state VALUES ($1, $2, 0) ON CONFLICT DO NOTHING",
             [(f"w{c}", data) for c in range(grains)],
         )
-        writes = await _rate(
-            lambda c, _: pool.execute("UPDATE raw_state SET data = $2 WHERE id = $1", f"w{c}", data),
-            grains,
-            seconds,
-        )
+        update = "UPDATE raw_state SET data = $2 WHERE id = $1"
+        writes = await _rate(lambda c, _: pool.execute(update, f"w{c}", data), grains, seconds)
         reads = await _rate(
             lambda c, _: pool.fetchrow("SELECT data, v FROM raw_state WHERE id = $1", f"w{c}"),
             grains,
@@ -180,9 +177,7 @@ async def _bench(
     for _ in range(args.rounds):
         for op, rate in (await baseline(url, args.grains, args.seconds)).items():
             raw[op].append(rate)
-        for op, rate in (
-            await _orleanspy(url, args.grains, args.seconds, seeded, fresh)
-        ).items():
+        for op, rate in (await _orleanspy(url, args.grains, args.seconds, seeded, fresh)).items():
             ours[op].append(rate)
     rows = []
     for op, raw_name in (("write", "HSET" if store == "redis" else "UPDATE"),

@@ -12,8 +12,9 @@ signals; everything else takes options as values.
     orleanspy reminders --redis-url redis://127.0.0.1:6379/0 count
 
 ``ORLEANSPY_REDIS_URL``, ``ORLEANSPY_CLUSTER_ID``, ``ORLEANSPY_SERVICE_ID`` and
-``ORLEANSPY_GRAIN_STORAGE`` stand in for the flags. ``silo`` prints ``READY <address> <gateway port>`` once
-the silo is Active and stops gracefully on SIGTERM or SIGINT.
+``ORLEANSPY_GRAIN_STORAGE`` stand in for the flags. ``silo`` prints
+``READY <address> <gateway port>`` once the silo is Active and stops gracefully on
+SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
