@@ -7,12 +7,12 @@ are ``@read_only``, or it is a call back into this grain along the current call
 chain (see ``runtime.context``). Timer ticks are turns too.
 
 Lifecycle: ACTIVATING (directory registration, persistent state loaded,
-``on_activate``) → VALID →
-DEACTIVATING (turns drain, ``on_deactivate``) → INVALID. Messages that reach an
-activation that is going away are handed back to the dispatcher, which routes
-them to a fresh activation. An ``InconsistentStateError`` that escapes a turn
-(a state write lost to another activation) deactivates the activation, so the
-next call reloads the state, as in Orleans.
+``on_activate``) → VALID → DEACTIVATING (turns drain, ``on_deactivate``) →
+INVALID. Messages that reach an activation that is going away are handed back
+to the dispatcher, which routes them to a fresh activation. An
+``InconsistentStateError`` that escapes a turn (a state write lost to another
+activation) deactivates the activation, so the next call reloads the state, as
+in Orleans.
 """
 
 from __future__ import annotations

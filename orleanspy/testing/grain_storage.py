@@ -22,7 +22,8 @@ or, for one test per check::
 A failed check raises ``AssertionError`` saying what was expected. The checks
 cover the read of a missing state, write and read back (bytes unchanged, states
 of different grains and names apart), etag conflicts (stale, made-up, and after
-a clear), clear, a 1 MB state, concurrent writers (exactly one wins), and bad
+a clear), clear, a 1 MB state, concurrent writers (exactly one wins), many
+concurrent reads (each gets its own state, also from a provider that batches), and bad
 data in storage, which must reach the grain as a ``StorageError`` that names
 the state, never as a crash or a silently wrong value.
 """
@@ -189,6 +190,25 @@ async def check_concurrent_writers_one_wins(factory: StorageFactory) -> None:
         assert cleared != (written is not None), "a clear and a write with one etag: one wins"
 
 
+async def check_concurrent_reads_each_get_their_own(factory: StorageFactory) -> None:
+    async with factory() as storage:
+        expected: dict[tuple[GrainId, str], StoredState | None] = {}
+        for i in range(100):
+            gid = _gid(f"many-{i}")
+            for name in ("s", "t"):
+                if (i + len(name)) % 3 == 0:
+                    expected[(gid, name)] = None  # never written
+                    continue
+                data = f"{i}/{name}".encode()
+                etag = await storage.write(gid, name, data, None)
+                assert etag is not None
+                expected[(gid, name)] = StoredState(data, etag)
+        keys = list(expected) * 2  # each state read twice at once
+        results = await asyncio.gather(*(storage.read(gid, name) for gid, name in keys))
+        for (gid, name), got in zip(keys, results, strict=True):
+            assert got == expected[(gid, name)], f"{gid} {name!r}: read {got!r}"
+
+
 @dataclass
 class _ProfileV1:
     name: str = ""
@@ -262,6 +282,7 @@ GRAIN_STORAGE_CHECKS: Final[tuple[Check, ...]] = (
     check_etags_never_come_back,
     check_large_state,
     check_concurrent_writers_one_wins,
+    check_concurrent_reads_each_get_their_own,
     check_bad_data_is_a_clear_error,
 )
 """Every check, each taking the factory; for one pytest case per check."""

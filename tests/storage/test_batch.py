@@ -1,0 +1,83 @@
+"""``ReadBatcher``: reads beyond the concurrency limit share a lookup."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from orleanspy.storage._batch import ReadBatcher
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.calls: list[list[int]] = []
+        self.release = asyncio.Event()
+        self.fail: Exception | None = None
+        self.running = 0
+        self.most_running = 0
+
+    async def lookup(self, keys: Sequence[int]) -> Mapping[int, str]:
+        self.calls.append(list(keys))
+        self.running += 1
+        self.most_running = max(self.most_running, self.running)
+        try:
+            await self.release.wait()
+        finally:
+            self.running -= 1
+        if self.fail is not None:
+            raise self.fail
+        return {k: f"v{k}" for k in keys if k % 2 == 0}
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_reads_beyond_the_limit_share_lookups() -> None:
+    store = _Store()
+    batcher = ReadBatcher(store.lookup, concurrency=2, max_batch=10)
+    readers = [asyncio.ensure_future(batcher.read(k)) for k in range(25)]
+    await _settle()
+    store.release.set()
+    assert await asyncio.gather(*readers) == [f"v{k}" if k % 2 == 0 else None for k in range(25)]
+    assert store.most_running <= 2
+    assert sorted(k for call in store.calls for k in call) == list(range(25))
+    assert all(len(call) <= 10 for call in store.calls)
+    assert len(store.calls) < 25
+
+
+async def test_a_lone_read_does_not_wait_for_a_batch() -> None:
+    store = _Store()
+    store.release.set()
+    batcher = ReadBatcher(store.lookup, concurrency=4)
+    assert await batcher.read(2) == "v2"
+    assert store.calls == [[2]]
+
+
+async def test_a_failed_lookup_fails_every_reader_of_it_and_later_reads_work() -> None:
+    store = _Store()
+    store.fail = ConnectionError("down")
+    batcher = ReadBatcher(store.lookup, concurrency=1)
+    readers = [asyncio.ensure_future(batcher.read(k)) for k in range(5)]
+    await _settle()
+    store.release.set()
+    results = await asyncio.gather(*readers, return_exceptions=True)
+    assert all(isinstance(r, ConnectionError) for r in results)
+    store.fail = None
+    assert await batcher.read(4) == "v4"
+
+
+async def test_a_cancelled_reader_leaves_the_others_their_results() -> None:
+    store = _Store()
+    batcher = ReadBatcher(store.lookup, concurrency=1)
+    readers = [asyncio.ensure_future(batcher.read(k)) for k in (0, 2, 4)]
+    await _settle()
+    readers[1].cancel()
+    store.release.set()
+    assert await readers[0] == "v0"
+    assert await readers[2] == "v4"
+    with pytest.raises(asyncio.CancelledError):
+        await readers[1]
