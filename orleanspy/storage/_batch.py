@@ -47,12 +47,21 @@ class ReadBatcher(Generic[K, V]):
         future: asyncio.Future[V | None] = loop.create_future()
         self._queue.append((key, future))
         if len(self._workers) < self._concurrency:
-            worker = loop.create_task(self._drain())
-            self._workers.add(worker)
-            worker.add_done_callback(self._workers.discard)
+            self._workers.add(loop.create_task(self._drain()))
         return await future
 
     async def _drain(self) -> None:
+        try:
+            await self._drain_queue()
+        finally:
+            # Leave the set in the same step as the last look at the queue (not in a
+            # done-callback, a loop round later): a read queued in between would
+            # find the set full of finished workers and wait forever.
+            task = asyncio.current_task()
+            if task is not None:
+                self._workers.discard(task)
+
+    async def _drain_queue(self) -> None:
         while self._queue:
             batch = [item for item in self._queue[: self._max_batch] if not item[1].done()]
             del self._queue[: self._max_batch]

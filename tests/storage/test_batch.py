@@ -81,3 +81,16 @@ async def test_a_cancelled_reader_leaves_the_others_their_results() -> None:
     assert await readers[2] == "v4"
     with pytest.raises(asyncio.CancelledError):
         await readers[1]
+
+
+async def test_a_read_queued_as_the_last_worker_finishes_is_served() -> None:
+    store = _Store()
+    store.release.set()
+    batcher = ReadBatcher(store.lookup, concurrency=1)
+
+    async def reader() -> list[str | None]:
+        # Each result wakes this task in the loop round its worker ends, so every
+        # next read is queued before a done-callback of that worker could run.
+        return [await batcher.read(k) for k in range(0, 40, 2)]
+
+    assert await asyncio.wait_for(reader(), timeout=5) == [f"v{k}" for k in range(0, 40, 2)]
