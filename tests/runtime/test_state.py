@@ -144,14 +144,19 @@ async def test_read_reloads_and_clear_removes() -> None:
         assert await storage.read(gid, "profile") is not None
 
 
-@pytest.mark.parametrize("backend", ["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "postgres"])
+def shared_storage(request: pytest.FixtureRequest) -> InMemoryGrainStorage | str:
+    """Grain storage two silos share: a memory provider, or a Redis or PostgreSQL URL."""
+    if request.param == "memory":
+        return InMemoryGrainStorage()
+    url: str = request.getfixturevalue(f"{request.param}_url")
+    return url
+
+
 async def test_second_activation_writing_gets_inconsistent_state_and_reloads(
-    backend: str, request: pytest.FixtureRequest
+    shared_storage: InMemoryGrainStorage | str,
 ) -> None:
-    storage: InMemoryGrainStorage | str = InMemoryGrainStorage()
-    if backend == "redis":
-        storage = request.getfixturevalue("redis_url")
-    async with duplicate_activations(storage) as (a, b):
+    async with duplicate_activations(shared_storage) as (a, b):
         first = a.client.get_grain(StateAccountGrain, "twin")
         second = b.client.get_grain(StateAccountGrain, "twin")
         # Both activations exist and have read "nothing stored".
