@@ -172,13 +172,14 @@ async def _bench(
         storage = make()
         await storage.start(stack)
         await _seed(storage, range(seeded), Codec())
-    fresh = itertools.count()
     ours: dict[str, list[float]] = {"write": [], "activate": []}
     raw: dict[str, list[float]] = {"write": [], "activate": []}
     baseline = _raw_redis if store == "redis" else _raw_postgres
     for _ in range(args.rounds):
         for op, rate in (await baseline(url, args.grains, args.seconds)).items():
             raw[op].append(rate)
+        # Every round's silo starts empty, so each round activates the seeded grains anew.
+        fresh = itertools.count()
         for op, rate in (await _orleanspy(url, args.grains, args.seconds, seeded, fresh)).items():
             ours[op].append(rate)
     rows = []
