@@ -241,3 +241,21 @@ async def test_postgres_unreachable_is_storage_unavailable() -> None:
     async with AsyncExitStack() as stack:
         with pytest.raises(StorageUnavailableError):
             await storage.start(stack)
+
+
+def test_asyncpg_loads_only_with_the_postgresql_backend() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, orleanspy, orleanspy.storage, orleanspy.storage.factory, orleanspy.testing\n"
+        "from orleanspy.storage.factory import grain_storage_from_url\n"
+        "grain_storage_from_url('redis://x', service_id='s')\n"
+        "assert 'asyncpg' not in sys.modules, 'asyncpg imported too early'\n"
+        "grain_storage_from_url('postgresql://x', service_id='s')\n"
+        "assert 'asyncpg' in sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
