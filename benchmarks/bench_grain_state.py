@@ -14,9 +14,9 @@ whose "default" storage is that store:
   same bytes, same concurrency, same connection pool size.
 - ``activate``: a call to a grain never activated before, whose state was
   stored beforehand: the activation reads the state, then the call returns it;
-  baseline: raw ``HMGET`` / ``SELECT`` of one record. On PostgreSQL the provider
-  lets reads beyond its pool's connections share one query (``storage._batch``);
-  the baseline reads one record per query.
+  baseline: raw ``HMGET`` / ``SELECT`` of one record. The providers let reads
+  that arrive together share one pipeline or query (``storage._batch``); the
+  baseline reads one record per command.
 
 Orleanspy and the baseline alternate for ``--rounds`` rounds; the median of each
 is reported. Target: orleanspy at least 0.5x the raw store.

@@ -1,11 +1,12 @@
 """Reads that share a round trip when the store is busy.
 
 Many activations load state at once when a silo takes over the grains of a dead
-one. Each read on its own costs a query and a pooled connection; once every
-connection is busy, further reads would only queue for one. ``ReadBatcher``
-lets up to ``concurrency`` lookups run at once, and hands the reads that arrive
-beyond that to the next lookup as one batch. Under light load nothing waits for
-a batch to fill; under heavy load the store sees fewer, larger queries.
+one. Each read on its own costs a round trip, a pooled connection and the
+client's per-command work. ``ReadBatcher`` runs up to ``concurrency`` lookups at
+once; a lookup starts one loop step after the read that asked for it and takes
+every read queued by then (at most ``max_batch``), and reads that arrive while
+all lookups are busy wait for the next one. A lone read never waits for a batch
+to fill; reads that arrive together share one round trip.
 """
 
 from __future__ import annotations

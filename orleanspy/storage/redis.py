@@ -11,19 +11,24 @@ Redis Cluster. State names cannot hold ':' or '}' (``orleanspy.state`` checks),
 so no two states share a key.
 
 Writes and clears are Lua scripts: compare the stored etag, then write or
-delete, atomically. Etags are 64 random bits made by the writer, so an etag
-never comes back after a clear (a counter in the hash would restart at 1).
+delete, atomically. Reads beyond ``read_concurrency`` at once share one pipeline
+(see ``storage._batch``), so a silo activating many grains at once pays the
+client's per-command cost once per batch, not once per grain. Etags are 64
+random bits made by the writer, so an etag never comes back after a clear (a
+counter in the hash would restart at 1).
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy.errors import StorageError
 from orleanspy.identity import GrainId
+from orleanspy.storage._batch import ReadBatcher
 from orleanspy.storage.contract import StoredState
 
 __all__ = ["RedisGrainStorage"]
@@ -61,10 +66,16 @@ class RedisGrainStorage:
     ``url_or_client``: a URL (the provider creates its client and closes it with
     the start stack) or a ``redis.asyncio.Redis`` client created with bytes
     responses (never closed here). ``service_id`` scopes the keys.
+    ``read_concurrency`` reads run on their own at once; more share pipelines.
     """
 
-    def __init__(self, url_or_client: str | Redis, *, service_id: str = "default") -> None:
+    def __init__(
+        self, url_or_client: str | Redis, *, service_id: str = "default", read_concurrency: int = 8
+    ) -> None:
         self.service_id = service_id
+        self._reads: ReadBatcher[str, StoredState | StorageError] = ReadBatcher(
+            self._lookup, concurrency=read_concurrency
+        )
         self._url = url_or_client if isinstance(url_or_client, str) else None
         self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
         self._prefix = f"{key_prefix(service_id)}state:{{{service_id}:"
@@ -91,18 +102,39 @@ class RedisGrainStorage:
         return f"{self._prefix}{grain_id.canonical}}}:{name}"
 
     async def read(self, grain_id: GrainId, name: str) -> StoredState | None:
-        key = self.key(grain_id, name)
+        stored = await self._reads.read(self.key(grain_id, name))
+        if isinstance(stored, StorageError):
+            raise stored
+        return stored
+
+    async def _lookup(self, keys: Sequence[str]) -> Mapping[str, StoredState | StorageError]:
+        """The records at ``keys``: one ``HMGET``, or a pipeline of them. A malformed
+        record is its key's error, not the whole batch's."""
         with translate_errors("grain state read"):
-            data, etag = await self._c.hmget(key, ["d", "e"])
-        if data is None and etag is None:
-            return None
-        if not isinstance(data, bytes) or not isinstance(etag, bytes):
-            raise StorageError(
-                f"malformed grain state record at redis key {key!r}: it needs fields 'd' "
-                "and 'e' as bytes (was it written by something else, or by a client with "
-                "decode_responses=True?)"
-            )
-        return StoredState(data, etag.decode())
+            if len(keys) == 1:
+                replies = [await self._c.hmget(keys[0], ["d", "e"])]
+            else:
+                pipe = self._c.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hmget(key, ["d", "e"])
+                replies = await pipe.execute(raise_on_error=False)
+        found: dict[str, StoredState | StorageError] = {}
+        for key, reply in zip(keys, replies, strict=True):
+            if isinstance(reply, Exception):
+                found[key] = StorageError(f"redis error during grain state read: {reply}")
+                continue
+            data, etag = reply
+            if data is None and etag is None:
+                continue
+            if not isinstance(data, bytes) or not isinstance(etag, bytes):
+                found[key] = StorageError(
+                    f"malformed grain state record at redis key {key!r}: it needs fields 'd' "
+                    "and 'e' as bytes (was it written by something else, or by a client with "
+                    "decode_responses=True?)"
+                )
+                continue
+            found[key] = StoredState(data, etag.decode())
+        return found
 
     async def write(
         self, grain_id: GrainId, name: str, data: bytes, etag: str | None
