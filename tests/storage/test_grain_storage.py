@@ -259,3 +259,26 @@ def test_asyncpg_loads_only_with_the_postgresql_backend() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+async def test_redis_a_bad_record_in_a_batch_fails_only_its_own_read(redis_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        storage = RedisGrainStorage(redis_url, service_id="shop")
+        await storage.start(stack)
+        client = connect(redis_url)
+        stack.push_async_callback(client.aclose)
+        good = GrainId("Account", "good")
+        etag = await storage.write(good, "s", b"fine", None)
+        await client.set(storage.key(GID, "s"), b"a string, not a hash")
+        await client.hset(storage.key(GID, "t"), "d", b"no etag")
+        results = await asyncio.gather(
+            storage.read(good, "s"),
+            storage.read(GID, "s"),
+            storage.read(GID, "t"),
+            storage.read(GID, "missing"),
+            return_exceptions=True,
+        )
+        assert results[0] == StoredState(b"fine", etag)
+        assert isinstance(results[1], StorageError) and "WRONGTYPE" in str(results[1])
+        assert isinstance(results[2], StorageError) and "malformed" in str(results[2])
+        assert results[3] is None
