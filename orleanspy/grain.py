@@ -205,7 +205,7 @@ class Grain:
     which ``@register_reminder`` rows are created at start-up).
 
     The runtime creates instances; ``__init__`` takes no arguments and runs after
-    ``grain_id`` is available.
+    ``grain_id`` is available and every ``persistent_state`` attribute is loaded.
     """
 
     __grain_definition__: ClassVar[GrainDefinition]
