@@ -14,9 +14,12 @@ whose "default" storage is that store:
   same bytes, same concurrency, same connection pool size.
 - ``activate``: a call to a grain never activated before, whose state was
   stored beforehand: the activation reads the state, then the call returns it;
-  baseline: raw ``HMGET`` / ``SELECT`` of one record. The providers let reads
-  that arrive together share one pipeline or query (``storage._batch``); the
-  baseline reads one record per command.
+  baseline: raw ``HMGET`` / ``SELECT`` of one record.
+
+The providers let operations that arrive together share one round trip
+(``storage._batch``): Redis reads and writes go in pipelines, PostgreSQL reads in
+one query. The baselines send one command per operation, as a hand-written
+store in a grain would.
 
 Orleanspy and the baseline alternate for ``--rounds`` rounds; the median of each
 is reported. Target: orleanspy at least 0.5x the raw store.

@@ -1,52 +1,54 @@
-"""Reads that share a round trip when the store is busy.
+"""Operations that share a round trip when the store is busy.
 
 Many activations load state at once when a silo takes over the grains of a dead
-one. Each read on its own costs a round trip, a pooled connection and the
-client's per-command work. ``ReadBatcher`` runs up to ``concurrency`` lookups at
-once; a lookup starts one loop step after the read that asked for it and takes
-every read queued by then (at most ``max_batch``), and reads that arrive while
-all lookups are busy wait for the next one. A lone read never waits for a batch
-to fill; reads that arrive together share one round trip.
+one, and many grains write at once under load. Each operation on its own costs a
+round trip, a pooled connection and the client's per-command work. ``Batcher``
+runs up to ``concurrency`` batches at once; a batch starts one loop step after
+the operation that asked for it and takes every operation queued by then (at
+most ``max_batch``), and operations that arrive while all batches are busy wait
+for the next one. A lone operation never waits for a batch to fill; operations
+that arrive together share one round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-__all__ = ["ReadBatcher"]
+__all__ = ["Batcher"]
 
-K = TypeVar("K", bound=Hashable)
-V = TypeVar("V")
+I = TypeVar("I")  # noqa: E741
+R = TypeVar("R")
 
 
-class ReadBatcher(Generic[K, V]):
-    """``read(key)`` through ``lookup(keys) -> {key: value}`` (missing keys: ``None``).
+class Batcher(Generic[I, R]):
+    """``submit(item)`` through ``run(items) -> results`` (same order, same length).
 
-    At most ``concurrency`` lookups run at once, each for at most ``max_batch``
-    keys. A reader that is cancelled stops waiting; the lookup it joined still
-    completes for the others. A failed lookup raises its exception in every
-    reader of that batch.
+    A result that is an ``Exception`` is raised to the caller of that item only.
+    An exception from ``run`` itself is raised to every caller of that batch. A
+    caller that is cancelled stops waiting; its batch still completes for the
+    others (and an operation already sent may still take effect, as it would
+    without batching).
     """
 
     def __init__(
         self,
-        lookup: Callable[[Sequence[K]], Awaitable[Mapping[K, V]]],
+        run: Callable[[Sequence[I]], Awaitable[Sequence[R | Exception]]],
         *,
         concurrency: int,
         max_batch: int = 256,
     ) -> None:
-        self._lookup = lookup
+        self._run = run
         self._concurrency = max(1, concurrency)
         self._max_batch = max_batch
-        self._queue: list[tuple[K, asyncio.Future[V | None]]] = []
+        self._queue: list[tuple[I, asyncio.Future[R]]] = []
         self._workers: set[asyncio.Task[None]] = set()
 
-    async def read(self, key: K) -> V | None:
+    async def submit(self, item: I) -> R:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[V | None] = loop.create_future()
-        self._queue.append((key, future))
+        future: asyncio.Future[R] = loop.create_future()
+        self._queue.append((item, future))
         if len(self._workers) < self._concurrency:
             self._workers.add(loop.create_task(self._drain()))
         return await future
@@ -56,7 +58,7 @@ class ReadBatcher(Generic[K, V]):
             await self._drain_queue()
         finally:
             # Leave the set in the same step as the last look at the queue (not in a
-            # done-callback, a loop round later): a read queued in between would
+            # done-callback, a loop round later): an item queued in between would
             # find the set full of finished workers and wait forever.
             task = asyncio.current_task()
             if task is not None:
@@ -64,12 +66,16 @@ class ReadBatcher(Generic[K, V]):
 
     async def _drain_queue(self) -> None:
         while self._queue:
-            batch = [item for item in self._queue[: self._max_batch] if not item[1].done()]
+            batch = [entry for entry in self._queue[: self._max_batch] if not entry[1].done()]
             del self._queue[: self._max_batch]
             if not batch:
                 continue
             try:
-                found = await self._lookup([key for key, _ in batch])
+                results = await self._run([item for item, _ in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(
+                        f"batch returned {len(results)} results for {len(batch)} items"
+                    )
             except BaseException as exc:
                 for _, future in batch:
                     if not future.done():
@@ -80,6 +86,10 @@ class ReadBatcher(Generic[K, V]):
                 if isinstance(exc, Exception):
                     continue
                 raise
-            for key, future in batch:
-                if not future.done():
-                    future.set_result(found.get(key))
+            for (_, future), result in zip(batch, results, strict=True):
+                if future.done():
+                    continue
+                if isinstance(result, Exception):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)

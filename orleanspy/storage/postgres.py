@@ -11,7 +11,7 @@ silos starting together do not race on the catalog)::
         version bigint NOT NULL,          -- the etag
         PRIMARY KEY (service_id, grain_id, state_name));
 
-Reads beyond the pool's connections share one ``SELECT ... = ANY($2)`` (see
+Reads that arrive together share one ``SELECT ... = ANY($2)`` (see
 ``storage._batch``), so a silo activating many grains at once sends fewer,
 larger queries. The version column is the etag. Every write takes the next value of one
 sequence, so a version never comes back for a state, also after a clear
@@ -23,7 +23,7 @@ statement, and a lost race changes no row and returns none.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any, Final
 
@@ -32,7 +32,7 @@ import asyncpg
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import ConfigurationError, StorageError, StorageUnavailableError
 from orleanspy.identity import GrainId
-from orleanspy.storage._batch import ReadBatcher
+from orleanspy.storage._batch import Batcher
 from orleanspy.storage.contract import StoredState
 
 __all__ = ["PostgresGrainStorage"]
@@ -105,11 +105,11 @@ class PostgresGrainStorage:
             " PRIMARY KEY (service_id, grain_id, state_name))",
         )
         self._read = f"SELECT data, version FROM {table} WHERE {where}"
-        self._read_many = (
+        self._select_many = (
             f"SELECT grain_id, state_name, data, version FROM {table}"
             " WHERE service_id = $1 AND grain_id = ANY($2::text[])"
         )
-        self._reads: ReadBatcher[tuple[str, str], StoredState] | None = None
+        self._reads: Batcher[tuple[str, str], StoredState | None] | None = None
         self._insert = (
             f"INSERT INTO {table} (service_id, grain_id, state_name, data, version)"
             f" VALUES ($1, $2, $3, $4, nextval('{seq}'))"
@@ -136,7 +136,7 @@ class PostgresGrainStorage:
                 await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK)
                 for statement in self._schema:
                     await conn.execute(statement)
-        self._reads = ReadBatcher(self._lookup, concurrency=self._pool.get_max_size())
+        self._reads = Batcher(self._read_many, concurrency=self._pool.get_max_size())
 
     @property
     def _p(self) -> Any:
@@ -147,21 +147,22 @@ class PostgresGrainStorage:
     async def read(self, grain_id: GrainId, name: str) -> StoredState | None:
         if self._reads is None:
             raise RuntimeError("PostgresGrainStorage used before start()")
-        return await self._reads.read((grain_id.canonical, name))
+        return await self._reads.submit((grain_id.canonical, name))
 
-    async def _lookup(
+    async def _read_many(
         self, keys: Sequence[tuple[str, str]]
-    ) -> Mapping[tuple[str, str], StoredState]:
+    ) -> Sequence[StoredState | Exception | None]:
         """The stored states of ``keys`` (one query; a lone key uses the primary key)."""
         with _translate("grain state read"):
             if len(keys) == 1:
                 grain, name = keys[0]
                 row = await self._p.fetchrow(self._read, self.service_id, grain, name)
-                return {} if row is None else {keys[0]: StoredState(bytes(row[0]), str(row[1]))}
+                return [None if row is None else StoredState(bytes(row[0]), str(row[1]))]
             grains = list({grain for grain, _ in keys})
-            rows = await self._p.fetch(self._read_many, self.service_id, grains)
+            rows = await self._p.fetch(self._select_many, self.service_id, grains)
         # Rows of other states of the same grains came along; readers take only theirs.
-        return {(r[0], r[1]): StoredState(bytes(r[2]), str(r[3])) for r in rows}
+        found = {(r[0], r[1]): StoredState(bytes(r[2]), str(r[3])) for r in rows}
+        return [found.get(key) for key in keys]
 
     async def write(
         self, grain_id: GrainId, name: str, data: bytes, etag: str | None

@@ -11,9 +11,10 @@ Redis Cluster. State names cannot hold ':' or '}' (``orleanspy.state`` checks),
 so no two states share a key.
 
 Writes and clears are Lua scripts: compare the stored etag, then write or
-delete, atomically. Reads beyond ``read_concurrency`` at once share one pipeline
-(see ``storage._batch``), so a silo activating many grains at once pays the
-client's per-command cost once per batch, not once per grain. Etags are 64
+delete, atomically. Reads and writes that arrive together share one pipeline
+(see ``storage._batch``), so a silo activating or writing many grains at once
+pays the round trip and the client's per-call cost once per batch, not once per
+grain. Etags are 64
 random bits made by the writer, so an etag never comes back after a clear (a
 counter in the hash would restart at 1).
 """
@@ -21,14 +22,14 @@ counter in the hash would restart at 1).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
-from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy._redis import NoScriptError, Redis, connect, key_prefix, translate_errors
 from orleanspy.errors import StorageError
 from orleanspy.identity import GrainId
-from orleanspy.storage._batch import ReadBatcher
+from orleanspy.storage._batch import Batcher
 from orleanspy.storage.contract import StoredState
 
 __all__ = ["RedisGrainStorage"]
@@ -60,25 +61,36 @@ return 1
 """
 
 
+_MALFORMED: Final = (
+    "malformed grain state record at redis key {key!r}: it needs fields 'd' and 'e' as "
+    "bytes (was it written by something else, or by a client with decode_responses=True?)"
+)
+
+# One write: (key, expected etag or '', data, new etag).
+_Write = tuple[str, str, bytes, str]
+
+
 class RedisGrainStorage:
     """A ``GrainStorage`` in Redis.
 
     ``url_or_client``: a URL (the provider creates its client and closes it with
     the start stack) or a ``redis.asyncio.Redis`` client created with bytes
-    responses (never closed here). ``service_id`` scopes the keys.
-    ``read_concurrency`` reads run on their own at once; more share pipelines.
+    responses (never closed here). ``service_id`` scopes the keys. Up to
+    ``concurrency`` reads (and as many writes) go to Redis on their own at once;
+    more share pipelines.
     """
 
     def __init__(
-        self, url_or_client: str | Redis, *, service_id: str = "default", read_concurrency: int = 8
+        self, url_or_client: str | Redis, *, service_id: str = "default", concurrency: int = 8
     ) -> None:
         self.service_id = service_id
-        self._reads: ReadBatcher[str, StoredState | StorageError] = ReadBatcher(
-            self._lookup, concurrency=read_concurrency
-        )
         self._url = url_or_client if isinstance(url_or_client, str) else None
         self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
         self._prefix = f"{key_prefix(service_id)}state:{{{service_id}:"
+        self._reads: Batcher[str, StoredState | None] = Batcher(
+            self._read_many, concurrency=concurrency
+        )
+        self._writes: Batcher[_Write, bool] = Batcher(self._write_many, concurrency=concurrency)
         self._write: Any = None
         self._clear: Any = None
 
@@ -102,14 +114,25 @@ class RedisGrainStorage:
         return f"{self._prefix}{grain_id.canonical}}}:{name}"
 
     async def read(self, grain_id: GrainId, name: str) -> StoredState | None:
-        stored = await self._reads.read(self.key(grain_id, name))
-        if isinstance(stored, StorageError):
-            raise stored
-        return stored
+        return await self._reads.submit(self.key(grain_id, name))
 
-    async def _lookup(self, keys: Sequence[str]) -> Mapping[str, StoredState | StorageError]:
+    async def write(
+        self, grain_id: GrainId, name: str, data: bytes, etag: str | None
+    ) -> str | None:
+        new = secrets.token_hex(8)
+        done = await self._writes.submit((self.key(grain_id, name), etag or "", data, new))
+        return new if done else None
+
+    async def clear(self, grain_id: GrainId, name: str, etag: str | None) -> bool:
+        with translate_errors("grain state clear"):
+            done = await self._clear(keys=[self.key(grain_id, name)], args=[etag or ""])
+        return bool(done)
+
+    # -- batches ------------------------------------------------------------------------
+
+    async def _read_many(self, keys: Sequence[str]) -> list[StoredState | Exception | None]:
         """The records at ``keys``: one ``HMGET``, or a pipeline of them. A malformed
-        record is its key's error, not the whole batch's."""
+        record is its own read's error, not the whole batch's."""
         with translate_errors("grain state read"):
             if len(keys) == 1:
                 replies = [await self._c.hmget(keys[0], ["d", "e"])]
@@ -118,33 +141,41 @@ class RedisGrainStorage:
                 for key in keys:
                     pipe.hmget(key, ["d", "e"])
                 replies = await pipe.execute(raise_on_error=False)
-        found: dict[str, StoredState | StorageError] = {}
-        for key, reply in zip(keys, replies, strict=True):
-            if isinstance(reply, Exception):
-                found[key] = StorageError(f"redis error during grain state read: {reply}")
-                continue
-            data, etag = reply
-            if data is None and etag is None:
-                continue
-            if not isinstance(data, bytes) or not isinstance(etag, bytes):
-                found[key] = StorageError(
-                    f"malformed grain state record at redis key {key!r}: it needs fields 'd' "
-                    "and 'e' as bytes (was it written by something else, or by a client with "
-                    "decode_responses=True?)"
-                )
-                continue
-            found[key] = StoredState(data, etag.decode())
-        return found
+        return [_record(key, reply) for key, reply in zip(keys, replies, strict=True)]
 
-    async def write(
-        self, grain_id: GrainId, name: str, data: bytes, etag: str | None
-    ) -> str | None:
-        new = secrets.token_hex(8)
+    async def _write_many(self, writes: Sequence[_Write]) -> list[bool | Exception]:
+        """Run the write script for each of ``writes`` (a pipeline for several; the
+        scripts still run one after another, each atomic)."""
         with translate_errors("grain state write"):
-            done = await self._write(keys=[self.key(grain_id, name)], args=[etag or "", data, new])
-        return new if done else None
+            if len(writes) == 1:
+                key, expected, data, new = writes[0]
+                return [bool(await self._write(keys=[key], args=[expected, data, new]))]
+            replies = await self._pipelined_writes(writes)
+            if any(isinstance(r, NoScriptError) for r in replies):
+                # A restarted or flushed Redis lost the script: none of these ran.
+                await self._c.script_load(_WRITE)
+                replies = await self._pipelined_writes(writes)
+        return [
+            StorageError(f"redis error during grain state write: {r}")
+            if isinstance(r, Exception)
+            else bool(r)
+            for r in replies
+        ]
 
-    async def clear(self, grain_id: GrainId, name: str, etag: str | None) -> bool:
-        with translate_errors("grain state clear"):
-            done = await self._clear(keys=[self.key(grain_id, name)], args=[etag or ""])
-        return bool(done)
+    async def _pipelined_writes(self, writes: Sequence[_Write]) -> list[Any]:
+        pipe = self._c.pipeline(transaction=False)
+        for key, expected, data, new in writes:
+            pipe.evalsha(self._write.sha, 1, key, expected, data, new)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+
+def _record(key: str, reply: Any) -> StoredState | Exception | None:
+    if isinstance(reply, Exception):
+        return StorageError(f"redis error during grain state read: {reply}")
+    data, etag = reply
+    if data is None and etag is None:
+        return None
+    if not isinstance(data, bytes) or not isinstance(etag, bytes):
+        return StorageError(_MALFORMED.format(key=key))
+    return StoredState(data, etag.decode())

@@ -282,3 +282,27 @@ async def test_redis_a_bad_record_in_a_batch_fails_only_its_own_read(redis_url: 
         assert isinstance(results[1], StorageError) and "WRONGTYPE" in str(results[1])
         assert isinstance(results[2], StorageError) and "malformed" in str(results[2])
         assert results[3] is None
+
+
+async def test_redis_batched_writes_survive_a_script_flush_and_a_bad_record(
+    redis_url: str,
+) -> None:
+    async with AsyncExitStack() as stack:
+        storage = RedisGrainStorage(redis_url, service_id="shop")
+        await storage.start(stack)
+        client = connect(redis_url)
+        stack.push_async_callback(client.aclose)
+        grains = [GrainId("Account", k) for k in range(20)]
+        etags = await asyncio.gather(*(storage.write(g, "s", b"v1", None) for g in grains))
+        assert all(etags)
+        await client.script_flush()  # as a restarted Redis would have forgotten it
+        await client.set(storage.key(GID, "s"), b"a string, not a hash")
+        results = await asyncio.gather(
+            *(storage.write(g, "s", b"v2", e) for g, e in zip(grains, etags, strict=True)),
+            storage.write(GID, "s", b"x", None),
+            return_exceptions=True,
+        )
+        assert all(isinstance(r, str) for r in results[:-1]), results
+        assert isinstance(results[-1], StorageError) and "WRONGTYPE" in str(results[-1])
+        for g, etag in zip(grains, results, strict=False):
+            assert await storage.read(g, "s") == StoredState(b"v2", etag)
