@@ -333,3 +333,27 @@ async def test_persistent_state_mirrors_ipersistentstate() -> None:
         assert s.exists and s.etag is not None
         await s.clear()
         assert (s.state, s.etag, s.exists) == (Profile(), None, False)
+
+
+class FarewellGrain(Grain):
+    """Writes its state in on_deactivate: the storage must still be open then."""
+
+    log = persistent_state(Cart)
+
+    async def touch(self) -> None:
+        return None
+
+    async def entries(self) -> list[str]:
+        return self.log.state.items
+
+    async def on_deactivate(self) -> None:
+        self.log.state.items.append("deactivated")
+        await self.log.write()
+
+
+async def test_on_deactivate_can_write_state_while_the_silo_stops(redis_url: str) -> None:
+    options = SiloOptions(storage={"default": redis_url})
+    async with Silo.local(options) as silo:
+        await silo.client.get_grain(FarewellGrain, "f").touch()
+    async with Silo.local(options) as silo:
+        assert await silo.client.get_grain(FarewellGrain, "f").entries() == ["deactivated"]
