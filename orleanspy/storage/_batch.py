@@ -18,11 +18,11 @@ from typing import Generic, TypeVar
 
 __all__ = ["Batcher"]
 
-I = TypeVar("I")  # noqa: E741
-R = TypeVar("R")
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
 
 
-class Batcher(Generic[I, R]):
+class Batcher(Generic[ItemT, ResultT]):
     """``submit(item)`` through ``run(items) -> results`` (same order, same length).
 
     A result that is an ``Exception`` is raised to the caller of that item only.
@@ -34,7 +34,7 @@ class Batcher(Generic[I, R]):
 
     def __init__(
         self,
-        run: Callable[[Sequence[I]], Awaitable[Sequence[R | Exception]]],
+        run: Callable[[Sequence[ItemT]], Awaitable[Sequence[ResultT | Exception]]],
         *,
         concurrency: int,
         max_batch: int = 256,
@@ -42,12 +42,12 @@ class Batcher(Generic[I, R]):
         self._run = run
         self._concurrency = max(1, concurrency)
         self._max_batch = max_batch
-        self._queue: list[tuple[I, asyncio.Future[R]]] = []
+        self._queue: list[tuple[ItemT, asyncio.Future[ResultT]]] = []
         self._workers: set[asyncio.Task[None]] = set()
 
-    async def submit(self, item: I) -> R:
+    async def submit(self, item: ItemT) -> ResultT:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[R] = loop.create_future()
+        future: asyncio.Future[ResultT] = loop.create_future()
         self._queue.append((item, future))
         if len(self._workers) < self._concurrency:
             self._workers.add(loop.create_task(self._drain()))
