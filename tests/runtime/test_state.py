@@ -17,6 +17,7 @@ from orleanspy import (
     InconsistentStateError,
     Silo,
     SiloOptions,
+    StorageUnavailableError,
     persistent_state,
 )
 from orleanspy.identity import GrainId
@@ -26,6 +27,7 @@ from orleanspy.storage.memory import InMemoryGrainStorage
 from orleanspy.storage.redis import RedisGrainStorage
 from orleanspy.testing.activations import duplicate_activations
 from orleanspy.testing.cluster import wait_for
+from orleanspy.testing.redis_server import RedisServer
 
 
 @dataclass
@@ -357,3 +359,22 @@ async def test_on_deactivate_can_write_state_while_the_silo_stops(redis_url: str
         await silo.client.get_grain(FarewellGrain, "f").touch()
     async with Silo.local(options) as silo:
         assert await silo.client.get_grain(FarewellGrain, "f").entries() == ["deactivated"]
+
+
+async def test_a_storage_outage_is_an_error_and_lost_data_is_never_overwritten_silently(
+    own_redis: RedisServer,
+) -> None:
+    async with Silo.local(SiloOptions(storage={"default": own_redis.url})) as silo:
+        g = silo.client.get_grain(StateAccountGrain, "outage")
+        assert await g.visit() == 1
+        own_redis.kill()
+        with pytest.raises(StorageUnavailableError):
+            await g.visit()
+        own_redis.start()  # without persistence: the stored state is gone
+        # The activation still holds the etag of a state the store no longer has:
+        # its write is refused instead of quietly re-creating the state.
+        with pytest.raises(InconsistentStateError):
+            await g.visit()
+        gid = GrainId("StateAccountGrain", "outage")
+        await wait_for(lambda: _gone(silo, gid), timeout=10, what="the stale activation gone")
+        assert await g.visit() == 1  # reloaded: what the store holds now
