@@ -1,8 +1,9 @@
 """orleanspy: virtual actors for Python with an adaptive reminder service.
 
-Write grains by subclassing ``Grain`` (and ``Remindable`` for reminders), host
-them in a ``Silo`` (``Silo.local()`` for one process), call them through proxies
-from ``silo.client`` or a ``ClusterClient``.
+Write grains by subclassing ``Grain`` (and ``Remindable`` for reminders), declare
+durable state with ``persistent_state``, host them in a ``Silo`` (``Silo.local()``
+for one process), call them through proxies from ``silo.client`` or a
+``ClusterClient``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from orleanspy.errors import (
     GrainCallError,
     GrainCallTimeoutError,
     GrainMethodNotFoundError,
+    InconsistentStateError,
     MembershipError,
     MessageRejectedError,
     OrleansPyError,
@@ -58,6 +60,7 @@ from orleanspy.run import run
 from orleanspy.runtime.silo import Silo
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import register_type
+from orleanspy.state import PersistentState, persistent_state
 
 __version__ = "0.1.0"
 
@@ -75,6 +78,7 @@ __all__ = [
     "GrainId",
     "GrainMethodNotFoundError",
     "GrainReference",
+    "InconsistentStateError",
     "MembershipError",
     "MembershipOptions",
     "MessageRejectedError",
@@ -82,6 +86,7 @@ __all__ = [
     "MissedReminder",
     "MissedReminderAction",
     "OrleansPyError",
+    "PersistentState",
     "Remindable",
     "ReminderEntry",
     "ReminderError",
@@ -104,6 +109,7 @@ __all__ = [
     "__version__",
     "always_interleave",
     "one_way",
+    "persistent_state",
     "read_only",
     "reentrant",
     "register_reminder",

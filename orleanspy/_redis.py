@@ -16,9 +16,11 @@ from redis import exceptions as rexc
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import StorageError, StorageUnavailableError
 
-__all__ = ["Redis", "connect", "key_prefix", "translate_errors"]
+__all__ = ["NoScriptError", "Redis", "connect", "key_prefix", "translate_errors"]
 
 Redis = aioredis.Redis
+# A script's reply in a pipeline run with raise_on_error=False when Redis lost the script.
+NoScriptError = rexc.NoScriptError
 
 
 def connect(url: str, *, max_connections: int = 64) -> aioredis.Redis:

@@ -6,13 +6,15 @@ signals; everything else takes options as values.
 ::
 
     orleanspy silo --redis-url redis://127.0.0.1:6379/0 --import myapp.grains \\
-                   --silo-port 11111 --gateway-port 30000
+                   --silo-port 11111 --gateway-port 30000 \\
+                   --storage postgresql://app@db/app    # grain state (default: Redis)
     orleanspy reminders --redis-url redis://127.0.0.1:6379/0 upcoming --minutes 10
     orleanspy reminders --redis-url redis://127.0.0.1:6379/0 count
 
-``ORLEANSPY_REDIS_URL``, ``ORLEANSPY_CLUSTER_ID`` and ``ORLEANSPY_SERVICE_ID``
-stand in for the flags. ``silo`` prints ``READY <address> <gateway port>`` once
-the silo is Active and stops gracefully on SIGTERM or SIGINT.
+``ORLEANSPY_REDIS_URL``, ``ORLEANSPY_CLUSTER_ID``, ``ORLEANSPY_SERVICE_ID`` and
+``ORLEANSPY_GRAIN_STORAGE`` stand in for the flags. ``silo`` prints
+``READY <address> <gateway port>`` once the silo is Active and stops gracefully on
+SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from orleanspy.client import ClusterClient
-from orleanspy.errors import OrleansPyError
+from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.options import MessagingOptions, SiloOptions
 from orleanspy.run import run
 from orleanspy.runtime.silo import Silo
@@ -53,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     silo.add_argument("--host", default="127.0.0.1")
     silo.add_argument("--silo-port", type=int, default=0)
     silo.add_argument("--gateway-port", type=int, default=0)
+    silo.add_argument("--storage", metavar="URL", default=env("ORLEANSPY_GRAIN_STORAGE"),
+                      help="grain state storage \"default\": a redis:// or postgresql:// URL "
+                      "(default: the --redis-url Redis)")  # fmt: skip
 
     rem = commands.add_parser("reminders", help="inspect the reminder table")
     what = rem.add_subparsers(dest="what", required=True)
@@ -67,6 +72,14 @@ def _messaging(args: argparse.Namespace) -> MessagingOptions:
     return MessagingOptions(cluster_secret=args.secret) if args.secret else MessagingOptions()
 
 
+def _grain_storage(url: str | None) -> dict[str, str] | None:
+    if url is None:
+        return None
+    if not url.startswith(("redis://", "rediss://", "unix://", "postgresql://", "postgres://")):
+        raise ConfigurationError(f"--storage {url!r}: give a redis:// or postgresql:// URL")
+    return {"default": url}
+
+
 async def _run_silo(args: argparse.Namespace) -> None:
     for module in args.imports:
         importlib.import_module(module)
@@ -79,6 +92,7 @@ async def _run_silo(args: argparse.Namespace) -> None:
         gateway_port=args.gateway_port,
         redis_url=args.redis_url,
         messaging=_messaging(args),
+        storage=_grain_storage(args.storage),
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

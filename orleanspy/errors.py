@@ -17,7 +17,8 @@
     │   │                                      oversized, too many forwards, shutting down)
     │   └── AuthenticationError                a connection without the right cluster secret
     ├── StorageError                           a store misbehaved (bad data, script error)
-    │   └── StorageUnavailableError            the store cannot be reached right now
+    │   ├── StorageUnavailableError            the store cannot be reached right now
+    │   └── InconsistentStateError             a grain state write lost to a newer etag
     ├── MembershipError                        the membership protocol could not proceed
     │   └── SiloDeclaredDeadError              this silo read itself Dead in the table
     ├── ReminderError (ValueError)             an invalid reminder registration
@@ -37,6 +38,7 @@ __all__ = [
     "GrainCallError",
     "GrainCallTimeoutError",
     "GrainMethodNotFoundError",
+    "InconsistentStateError",
     "MembershipError",
     "MessageRejectedError",
     "OrleansPyError",
@@ -124,6 +126,15 @@ class StorageError(OrleansPyError):
 
 class StorageUnavailableError(StorageError):
     """A storage provider cannot be reached right now; the operation may be retried."""
+
+
+class InconsistentStateError(StorageError):
+    """A grain state write or clear carried an etag the store no longer holds.
+
+    Another activation (or a writer outside the grain) changed the stored state
+    since this activation read it. The activation is deactivated when this
+    escapes a grain call, so the next call reloads the state (as in Orleans).
+    """
 
 
 class MembershipError(OrleansPyError):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 from orleanspy.errors import ConfigurationError, UnknownGrainTypeError
 from orleanspy.identity import GrainId, GrainKey
+from orleanspy.state import StateDeclaration
 
 if TYPE_CHECKING:
     from orleanspy.reminders.model import (
@@ -88,7 +89,8 @@ class GrainDefinition:
     """Everything the runtime needs to know about a grain class, built once.
 
     ``reminder_keys`` are the keys for which ``@register_reminder`` rows are
-    created at silo start-up (default: the single key ``""``).
+    created at silo start-up (default: the single key ``""``). ``states`` are the
+    ``persistent_state`` declarations, loaded at every activation.
     """
 
     type_name: str
@@ -100,6 +102,7 @@ class GrainDefinition:
     reminders: tuple[DeclaredReminder, ...] = ()
     reminder_keys: tuple[GrainKey, ...] = ("",)
     remindable: bool = False
+    states: tuple[StateDeclaration[Any], ...] = ()
 
     def grain_id(self, key: GrainKey) -> GrainId:
         return GrainId(self.type_name, key)
@@ -174,6 +177,25 @@ def _collect_methods(cls: type) -> dict[str, GrainMethodInfo]:
     return methods
 
 
+def _collect_states(cls: type) -> tuple[StateDeclaration[Any], ...]:
+    by_attribute: dict[str, StateDeclaration[Any]] = {}
+    for klass in reversed(cls.__mro__):
+        for attribute, value in vars(klass).items():
+            if isinstance(value, StateDeclaration):
+                by_attribute[attribute] = value
+            else:
+                by_attribute.pop(attribute, None)
+    names: dict[str, str] = {}
+    for attribute, decl in by_attribute.items():
+        if decl.name in names:
+            raise ConfigurationError(
+                f"{cls.__qualname__}: states {names[decl.name]!r} and {attribute!r} are both "
+                f"named {decl.name!r} in storage; pass name=... to one of them"
+            )
+        names[decl.name] = attribute
+    return tuple(by_attribute.values())
+
+
 class Grain:
     """Base class of every grain. Subclass it and write public ``async def`` methods.
 
@@ -183,7 +205,7 @@ class Grain:
     which ``@register_reminder`` rows are created at start-up).
 
     The runtime creates instances; ``__init__`` takes no arguments and runs after
-    ``grain_id`` is available.
+    ``grain_id`` is available and every ``persistent_state`` attribute is loaded.
     """
 
     __grain_definition__: ClassVar[GrainDefinition]
@@ -223,6 +245,7 @@ class Grain:
             reminders=parent.reminders if parent else (),
             reminder_keys=tuple(reminder_keys) if reminder_keys is not None else ("",),
             remindable=issubclass(cls, Remindable),
+            states=_collect_states(cls),
         )
         cls.__grain_definition__ = defn
         _register(defn)

@@ -7,6 +7,7 @@ it. Defaults follow Orleans where Orleans has one (REFERENCE.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -231,6 +232,12 @@ class SiloOptions:
     allowed). ``None`` (the default) allows them only when clients must
     authenticate, i.e. a cluster secret or TLS is set; calls made inside the
     cluster (grains, ``silo.client``) are never restricted.
+
+    ``storage`` names the grain storage providers that ``persistent_state``
+    declarations refer to: each value is a provider object (a ``GrainStorage``)
+    or a URL (``memory://``, ``redis://``, ``rediss://``, ``unix://``,
+    ``postgresql://``). Left ``None``, the silo has one provider, ``"default"``:
+    Redis at ``redis_url`` when that is set, otherwise in memory.
     """
 
     cluster_id: str = "dev"
@@ -251,6 +258,7 @@ class SiloOptions:
     grain_types: tuple[Any, ...] | None = None
     use_uvloop: bool = True
     allow_client_management: bool | None = None
+    storage: Mapping[str, Any] | None = None
 
     @property
     def client_management_allowed(self) -> bool:
@@ -282,4 +290,34 @@ class SiloOptions:
         ):
             raise ConfigurationError(
                 "SiloOptions.redis_url must start with redis://, rediss:// or unix://"
+            )
+        if self.storage is not None:
+            _check_storage(self.storage)
+
+
+_STORAGE_METHODS = ("start", "read", "write", "clear")
+
+
+def _check_storage(storage: Mapping[str, Any]) -> None:
+    from orleanspy.storage.factory import GRAIN_STORAGE_SCHEMES
+
+    if not isinstance(storage, Mapping):
+        raise ConfigurationError(
+            "SiloOptions.storage must map provider names to providers or URLs, "
+            'e.g. {"default": "redis://127.0.0.1:6379/0"}'
+        )
+    for name, value in storage.items():
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f"SiloOptions.storage: {name!r} is not a provider name")
+        if isinstance(value, str):
+            scheme = value.partition("://")[0].lower() if "://" in value else value.lower()
+            if scheme not in GRAIN_STORAGE_SCHEMES:
+                raise ConfigurationError(
+                    f"SiloOptions.storage[{name!r}]: {value!r} is not a storage URL; use one "
+                    f"of {', '.join(s + '://' for s in GRAIN_STORAGE_SCHEMES)}"
+                )
+        elif not all(callable(getattr(value, m, None)) for m in _STORAGE_METHODS):
+            raise ConfigurationError(
+                f"SiloOptions.storage[{name!r}]: {value!r} is neither a URL nor a GrainStorage "
+                "(start, read, write, clear)"
             )

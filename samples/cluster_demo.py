@@ -4,7 +4,10 @@ It starts a private ``redis-server`` (unless ``--redis-url`` is given), three
 silo processes joined through the Redis membership table and talking gRPC on
 loopback, and a ``ClusterClient``. It counts where calls to 60 counter grains
 land, stops one silo gracefully (its grains are re-activated on the others),
-calls again, then stops everything and exits 0.
+calls again. Then a billing grain saves its plan in persistent state (Redis) and
+registers a reminder; the demo SIGKILLs the silo that holds it, and the reminder
+fires on the survivor, which loads the saved plan. Then it stops everything and
+exits 0.
 
 Run: ``make cluster-demo`` (or ``python -m samples.cluster_demo``).
 """
@@ -21,9 +24,20 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import timedelta
 
-from orleanspy import ClusterClient, Grain, Silo, SiloOptions, run
+from orleanspy import (
+    ClusterClient,
+    Grain,
+    GrainCallError,
+    Remindable,
+    Silo,
+    SiloOptions,
+    TickStatus,
+    persistent_state,
+    run,
+)
 from orleanspy.options import MembershipOptions
 from orleanspy.testing.redis_server import RedisServer
 
@@ -54,6 +68,38 @@ class DemoCounterGrain(Grain):
     async def add(self, n: int) -> tuple[str, int]:
         self.count += n
         return str(self._activation.runtime.address), self.count
+
+
+@dataclass
+class BillingAccount:
+    plan: str = "none"
+    bills: int = 0
+    last_billed_on: str = ""
+
+
+class DemoBillingGrain(Grain, Remindable):
+    """Keeps its plan in persistent state and bills it on a reminder every second."""
+
+    account = persistent_state(BillingAccount)  # "default" storage: the cluster's Redis
+
+    async def subscribe(self, plan: str) -> str:
+        self.account.state.plan = plan
+        await self.account.write()
+        await self.register_or_update_reminder("bill", period=timedelta(seconds=1))
+        return str(self._activation.runtime.address)
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        self.account.state.bills += 1
+        self.account.state.last_billed_on = str(self._activation.runtime.address)
+        await self.account.write()
+
+    async def status(self) -> tuple[str, int, str]:
+        a = self.account.state
+        return a.plan, a.bills, a.last_billed_on
+
+    async def cancel(self) -> None:
+        await self.unregister_reminder("bill")
+        await self.account.clear()
 
 
 # -- one silo (a child process) ------------------------------------------------------
@@ -168,8 +214,38 @@ async def drive(redis_url: str) -> None:
             say(f"{name} exited with code {proc.returncode}")
             await call_round(client, names, 3)
             say("grains moved from the stopped silo started over at 1; the others kept counting")
+            await billing_survives_sigkill(client, names, procs)
         say("client closed; stopping the remaining silos")
     say("done")
+
+
+async def billing_survives_sigkill(
+    client: ClusterClient, names: dict[str, str], procs: dict[str, subprocess.Popen[str]]
+) -> None:
+    """Save state, kill the silo holding the grain, see a survivor's reminder read it."""
+    billing = client.get_grain(DemoBillingGrain, "acme")
+    holder = await billing.subscribe("gold")
+    say(f"billing grain acme saved plan 'gold' on {names[holder]} and bills every second")
+    while (await billing.status())[1] < 1:
+        await asyncio.sleep(0.1)
+    plan, bills, _ = await billing.status()
+    say(f"{names[holder]} billed plan {plan!r}: {bills} bill so far")
+    procs[holder].send_signal(signal.SIGKILL)
+    procs[holder].wait()
+    say(f"SIGKILLed {names[holder]}: no goodbye, its activation of acme is lost")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            plan, bills, where = await billing.status()
+            if where and where != holder:
+                break
+        except GrainCallError:
+            pass  # until the survivors declare the killed silo dead
+        if time.monotonic() > deadline:
+            raise TimeoutError("the reminder did not fire on a survivor")
+        await asyncio.sleep(0.2)
+    say(f"reminder fired on {names[where]}, which loaded plan {plan!r} from storage: {bills} bills")
+    await billing.cancel()
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """The orleanspy demo, on the embedded default (one process, in-memory providers).
 
 A tiny shop: carts reserve stock from inventory grains (grains calling grains,
-one turn at a time), a stats grain keeps a grain timer ticking, and a report
+one turn at a time), a customer grain keeps loyalty points in persistent state
+across a deactivation, a stats grain keeps a grain timer ticking, and a report
 grain gets durable reminders — an interval one declared on the class and a
 6-field cron one (seconds first) registered at run time. It runs for a few
 seconds, prints what happens, and stops cleanly (Ctrl-C stops it early).
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 from orleanspy import (
@@ -24,6 +26,7 @@ from orleanspy import (
     Silo,
     SiloOptions,
     TickStatus,
+    persistent_state,
     register_reminder,
     run,
 )
@@ -63,6 +66,28 @@ class CartGrain(Grain):
             self.items.append(product)
             await self.get_grain(StatsGrain, "shop").record(product)
         return f"cart {self.grain_key}: {product} {'reserved' if ok else 'SOLD OUT'}"
+
+
+@dataclass
+class Loyalty:
+    points: int = 0
+
+
+class CustomerGrain(Grain):
+    """Loyalty points in persistent state: loaded before on_activate, kept by write()."""
+
+    loyalty = persistent_state(Loyalty)  # the silo's "default" storage (memory here)
+
+    async def on_activate(self) -> None:
+        say(f"activated customer {self.grain_key}: {self.loyalty.state.points} points loaded")
+
+    async def earn(self, points: int) -> int:
+        self.loyalty.state.points += points
+        await self.loyalty.write()
+        return self.loyalty.state.points
+
+    async def leave(self) -> None:
+        self.deactivate_on_idle()
 
 
 class StatsGrain(Grain):
@@ -106,6 +131,15 @@ async def main(seconds: float = 5.0) -> None:
             say(line)
         say(f"lamps left: {await silo.client.get_grain(InventoryGrain, 'lamp').remaining()}")
         await carts[0].add("chair")
+
+        ann = silo.client.get_grain(CustomerGrain, "ann")
+        say(f"ann has {await ann.earn(10)} points")
+        active = silo.activation_count
+        await ann.leave()
+        while silo.activation_count == active:  # wait for the deactivation to finish
+            await asyncio.sleep(0.01)
+        say("ann deactivated")
+        say(f"ann has {await ann.earn(5)} points: her state outlived the activation")
 
         await silo.client.get_grain(ReportGrain, "daily").schedule_cron()
         upcoming = await silo.client.reminders.upcoming(timedelta(minutes=1))

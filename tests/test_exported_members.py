@@ -17,6 +17,8 @@ EXPECTED = {
     "always_interleave", "one_way", "read_only", "reentrant", "register_reminder",
     "register_type", "run", "uniform_hash",
 }  # fmt: skip
+# Grain persistent state.
+EXPECTED |= {"InconsistentStateError", "PersistentState", "persistent_state"}
 
 
 def test_all_is_exactly_the_public_surface() -> None:

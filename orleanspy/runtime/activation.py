@@ -6,10 +6,13 @@ order. A message may run alongside running ones when the class is
 are ``@read_only``, or it is a call back into this grain along the current call
 chain (see ``runtime.context``). Timer ticks are turns too.
 
-Lifecycle: ACTIVATING (directory registration, ``on_activate``) → VALID →
-DEACTIVATING (turns drain, ``on_deactivate``) → INVALID. Messages that reach an
-activation that is going away are handed back to the dispatcher, which routes
-them to a fresh activation.
+Lifecycle: ACTIVATING (directory registration, persistent state loaded,
+``on_activate``) → VALID → DEACTIVATING (turns drain, ``on_deactivate``) →
+INVALID. Messages that reach an activation that is going away are handed back
+to the dispatcher, which routes them to a fresh activation. An
+``InconsistentStateError`` that escapes a turn (a state write lost to another
+activation) deactivates the activation, so the next call reloads the state, as
+in Orleans.
 """
 
 from __future__ import annotations
@@ -18,12 +21,12 @@ import asyncio
 import enum
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orleanspy.clock import Clock
-from orleanspy.errors import ActivationError
+from orleanspy.errors import ActivationError, ConfigurationError, InconsistentStateError
 from orleanspy.grain import Grain, GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
@@ -34,6 +37,7 @@ from orleanspy.serialization import Codec
 
 if TYPE_CHECKING:
     from orleanspy.directory import ActivationAddress
+    from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Activation", "ActivationHost", "ActivationState"]
 
@@ -56,6 +60,8 @@ class ActivationHost(Protocol):
     address: SiloAddress
     activation_timeout: float
     deactivation_timeout: float
+    # Grain storage providers by name (``SiloOptions.storage``).
+    grain_storage: Mapping[str, GrainStorage]
 
     def get_grain(self, grain: Any, key: Any) -> Any: ...
     @property
@@ -132,9 +138,11 @@ class Activation:
                 return
             grain = self.definition.cls.__new__(self.definition.cls)
             grain._activation = self
-            grain.__init__()  # type: ignore[misc]
-            self.grain = grain
             async with asyncio.timeout(host.activation_timeout):
+                if self.definition.states:
+                    await self._load_states(grain)
+                grain.__init__()  # type: ignore[misc]
+                self.grain = grain
                 await grain.on_activate()
         except asyncio.CancelledError:
             self.state = ActivationState.INVALID
@@ -146,6 +154,26 @@ class Activation:
         self.state = ActivationState.VALID
         self.last_activity = host.clock.now()
         self._pump()
+
+    async def _load_states(self, grain: Grain) -> None:
+        """Bind and read every declared persistent state (before ``__init__``)."""
+        host = self.runtime
+        states = []
+        for decl in self.definition.states:
+            storage = host.grain_storage.get(decl.storage)
+            if storage is None:
+                raise ConfigurationError(
+                    f"{self.definition.cls.__qualname__}.{decl.attribute} uses grain storage "
+                    f"{decl.storage!r}, which this silo does not have (it has "
+                    f"{sorted(host.grain_storage)}); name it in SiloOptions(storage={{...}})"
+                )
+            states.append(
+                decl.bind(grain, grain_id=self.grain_id, storage=storage, codec=host.codec)
+            )
+        if len(states) == 1:
+            await states[0].read()
+        else:
+            await asyncio.gather(*(s.read() for s in states))
 
     def _fail_activation(self, exc: Exception) -> None:
         self.state = ActivationState.INVALID
@@ -159,7 +187,7 @@ class Activation:
                 continue
             if first and item.kind is MessageKind.REQUEST:
                 first = False
-                err = ActivationError(f"{self.grain_id}: on_activate raised {exc!r}")
+                err = ActivationError(f"{self.grain_id}: activation failed: {exc!r}")
                 err.__cause__ = exc
                 payload = error_payload(err)
                 payload["traceback"] = error_payload(exc)["traceback"]
@@ -259,6 +287,8 @@ class Activation:
                 host.send_response(message.response(ResponseStatus.ERROR, codec.encode(err)))
             raise
         except Exception as exc:
+            if isinstance(exc, InconsistentStateError):
+                self.request_deactivation()
             if message.kind is MessageKind.REQUEST:
                 payload = error_payload(exc)
                 host.send_response(message.response(ResponseStatus.ERROR, codec.encode(payload)))
@@ -278,6 +308,8 @@ class Activation:
             tick.done.cancel()
             raise
         except Exception as exc:
+            if isinstance(exc, InconsistentStateError):
+                self.request_deactivation()
             if not tick.done.done():
                 tick.done.set_exception(exc)
         finally:

@@ -51,6 +51,7 @@ from orleanspy.serialization import Codec, DecodeLimits
 
 if TYPE_CHECKING:
     from orleanspy.directory import ActivationAddress
+    from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Dispatcher"]
 
@@ -112,6 +113,8 @@ class Dispatcher:
         self._sent_sweep_at = 1024
         self._client_management = options.client_management_allowed
         self._strangers = 0  # requests waiting to learn whether their sender is a member
+        # Grain storage providers by name, set by the silo before it starts.
+        self.grain_storage: Mapping[str, GrainStorage] = {}
 
     # -- wiring -------------------------------------------------------------------------
 

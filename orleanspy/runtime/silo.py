@@ -14,6 +14,7 @@ import functools
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
@@ -40,6 +41,7 @@ from orleanspy.ring import RingRange
 from orleanspy.runtime.cluster import RingFollower
 from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
+from orleanspy.storage.contract import GrainStorage
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
 
 __all__ = ["Silo", "SiloClient", "SiloState"]
@@ -167,6 +169,7 @@ class Silo:
                     grain_types=types,
                 )
                 self._dispatcher = dispatcher
+                await self._start_grain_storage(stack, dispatcher, None)
                 await dispatcher.catalog.start(stack)
                 await self._start_reminders(stack, dispatcher, types)
                 self._reminders().set_ranges([RingRange.full()])
@@ -292,6 +295,8 @@ class Silo:
         answer_only = getattr(transport, "answer_only", None)
         if answer_only is not None:
             answer_only(locator.knows)
+        # Before the transport: a call may activate a grain as soon as it listens.
+        await self._start_grain_storage(stack, dispatcher, redis if o.redis_url else None)
         await transport.start(stack, dispatcher)
         _warn_if_exposed(o)
         self.address = transport.address
@@ -329,6 +334,41 @@ class Silo:
         stack.push_async_callback(self._leave_cluster, membership)
         membership.add_listener(follower)
         await register_declared_reminders(dispatcher.reminders, types.values())
+
+    async def _start_grain_storage(
+        self,
+        stack: AsyncExitStack,
+        dispatcher: Dispatcher,
+        redis: Callable[[], Any] | None,
+    ) -> None:
+        """Start the providers of ``SiloOptions.storage`` (URLs opened here). Without
+        it, ``"default"`` is Redis on the silo's own client when there is one, else
+        memory. Started before the catalog, so they close after the last
+        ``on_deactivate`` has had its chance to write."""
+        from orleanspy.storage.factory import grain_storage_from_url
+
+        o = self.options
+        wanted: dict[str, Any]
+        if o.storage is not None:
+            wanted = dict(o.storage)
+        elif redis is not None:
+            from orleanspy.storage.redis import RedisGrainStorage
+
+            wanted = {"default": RedisGrainStorage(redis(), service_id=o.service_id)}
+        else:
+            from orleanspy.storage.memory import InMemoryGrainStorage
+
+            wanted = {"default": InMemoryGrainStorage()}
+        providers: dict[str, GrainStorage] = {}
+        for name, value in wanted.items():
+            provider = (
+                grain_storage_from_url(value, service_id=o.service_id)
+                if isinstance(value, str)
+                else value
+            )
+            await provider.start(stack)
+            providers[name] = provider
+        dispatcher.grain_storage = providers
 
     async def _final_membership_write(self, membership: MembershipService) -> None:
         """Last step of a graceful stop, once grains are gone: write Dead."""

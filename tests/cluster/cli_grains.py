@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-from orleanspy import Grain, Remindable, TickStatus
+from orleanspy import Grain, Remindable, TickStatus, persistent_state
 
 
 class CliEchoGrain(Grain, Remindable):
@@ -16,3 +17,16 @@ class CliEchoGrain(Grain, Remindable):
 
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
         return None
+
+
+@dataclass
+class CliNote:
+    text: str = ""
+
+
+class CliStateGrain(Grain):
+    note = persistent_state(CliNote)
+
+    async def save(self, text: str) -> None:
+        self.note.state.text = text
+        await self.note.write()

@@ -13,8 +13,9 @@ import argparse
 import asyncio
 import os
 import signal
+from dataclasses import dataclass
 
-from orleanspy import Grain, Silo, SiloOptions, run
+from orleanspy import Grain, Silo, SiloOptions, persistent_state, run
 from orleanspy.testing.cluster import FAST_MEMBERSHIP
 
 
@@ -30,6 +31,27 @@ class ProcWhereGrain(Grain):
     async def hit(self) -> tuple[str, int, int]:
         self.calls += 1
         return str(self._activation.runtime.address), os.getpid(), self.calls
+
+
+@dataclass
+class ProcPlan:
+    plan: str = "free"
+    written_by: int = 0
+
+
+class ProcStateGrain(Grain):
+    """Keeps a plan in persistent state (the silo's default storage: Redis)."""
+
+    account = persistent_state(ProcPlan)
+
+    async def set_plan(self, plan: str) -> int:
+        self.account.state = ProcPlan(plan, os.getpid())
+        await self.account.write()
+        return os.getpid()
+
+    async def get_plan(self) -> tuple[str, int, int]:
+        """The plan, the pid that wrote it, and the pid answering."""
+        return self.account.state.plan, self.account.state.written_by, os.getpid()
 
 
 async def main(redis_url: str, name: str, expect: int) -> None:

@@ -127,13 +127,49 @@ async def test_sigkilled_silo_process_is_declared_dead_and_calls_keep_working(
             assert all(after[k][2] == 1 for k in moved)
 
 
+@pytest.mark.slow
+async def test_grain_state_written_before_a_sigkill_is_read_on_a_survivor(
+    redis_url: str,
+) -> None:
+    with silo_processes(redis_url, 2) as silos:
+        async with AsyncExitStack() as stack:
+            table = RedisMembershipTable(redis_url, cluster_id="dev", service_id="default")
+            await table.start(stack)
+            client = await stack.enter_async_context(ClusterClient(redis_url=redis_url))
+            await wait_for(lambda: len(client.gateways) == 2, timeout=10)
+            victim, survivor = silos
+            keys = range(20)
+            writers = await asyncio.gather(
+                *(client.get_grain("ProcStateGrain", k).set_plan(f"plan-{k}") for k in keys)
+            )
+            on_victim = [k for k in keys if writers[k] == victim.proc.pid]
+            assert on_victim, "placement put no grain on the first silo"
+
+            victim.proc.send_signal(signal.SIGKILL)
+            victim.proc.wait(5)
+
+            async def victim_dead() -> bool:
+                return (await table.read_all()).status(victim.address) is SiloStatus.DEAD
+
+            await wait_for(victim_dead, timeout=15, what="the killed silo Dead in the table")
+            await wait_for(lambda: len(client.gateways) == 1, timeout=5)
+            answers = await asyncio.gather(
+                *(client.get_grain("ProcStateGrain", k).get_plan() for k in keys)
+            )
+            for k in keys:
+                plan, written_by, answered_by = answers[k]
+                assert (plan, written_by) == (f"plan-{k}", writers[k])
+                assert answered_by == survivor.proc.pid
+            assert any(answers[k][1] == victim.proc.pid for k in on_victim)
+
+
 def test_cluster_demo_runs_and_spreads_calls_over_three_silos() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "samples.cluster_demo"],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=40,
+        timeout=60,
         check=False,
     )
 
@@ -150,4 +186,8 @@ def test_cluster_demo_runs_and_spreads_calls_over_three_silos() -> None:
     # After the graceful stop exactly one silo serves nothing and the rest serve all.
     assert sorted(rounds[3].values())[0] == 0
     assert sum(rounds[3].values()) == 60
+    # The billing grain's state outlived the SIGKILL of the silo that held it.
+    fired = re.search(r"reminder fired on (silo-\d+), which loaded plan 'gold'", result.stdout)
+    killed = re.search(r"SIGKILLed (silo-\d+)", result.stdout)
+    assert fired and killed and fired.group(1) != killed.group(1), result.stdout
     assert "done" in result.stdout.splitlines()[-1]

@@ -1,0 +1,181 @@
+"""``RedisGrainStorage``: grain state in Redis, one hash per grain state.
+
+Layout (``P`` = ``orleanspy:<service_id>:``)::
+
+    P state:{<service_id>:<grain type>/<key>}:<state name>   HASH  d -> state bytes
+                                                                   e -> etag
+
+The braces are a Redis Cluster hash tag: every state of one grain lives in one
+slot, and each script touches exactly one key, so the layout runs unchanged on
+Redis Cluster. State names cannot hold ':' or '}' (``orleanspy.state`` checks),
+so no two states share a key.
+
+Writes and clears are Lua scripts: compare the stored etag, then write or
+delete, atomically. Reads and writes that arrive together share one pipeline
+(see ``storage._batch``), so a silo activating or writing many grains at once
+pays the round trip and the client's per-call cost once per batch, not once per
+grain. Etags are 64
+random bits made by the writer, so an etag never comes back after a clear (a
+counter in the hash would restart at 1).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from typing import Any, Final
+
+from orleanspy._redis import NoScriptError, Redis, connect, key_prefix, translate_errors
+from orleanspy.errors import StorageError
+from orleanspy.identity import GrainId
+from orleanspy.storage._batch import Batcher
+from orleanspy.storage.contract import StoredState
+
+__all__ = ["RedisGrainStorage"]
+
+# KEYS: the state hash. ARGV: expected etag ('' = nothing stored), data, new etag.
+# Returns 1 when written, false on a lost race.
+_WRITE: Final = """
+local cur = redis.call('HGET', KEYS[1], 'e')
+if ARGV[1] == '' then
+  if cur then return false end
+elseif cur ~= ARGV[1] then
+  return false
+end
+redis.call('HSET', KEYS[1], 'd', ARGV[2], 'e', ARGV[3])
+return 1
+"""
+
+# KEYS: the state hash. ARGV: expected etag ('' = nothing stored).
+# Returns 1 when the state is gone now, 0 on a lost race.
+_CLEAR: Final = """
+local cur = redis.call('HGET', KEYS[1], 'e')
+if ARGV[1] == '' then
+  if cur then return 0 end
+  return 1
+end
+if cur ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+_MALFORMED: Final = (
+    "malformed grain state record at redis key {key!r}: it needs fields 'd' and 'e' as "
+    "bytes (was it written by something else, or by a client with decode_responses=True?)"
+)
+
+# One write: (key, expected etag or '', data, new etag).
+_Write = tuple[str, str, bytes, str]
+
+
+class RedisGrainStorage:
+    """A ``GrainStorage`` in Redis.
+
+    ``url_or_client``: a URL (the provider creates its client and closes it with
+    the start stack) or a ``redis.asyncio.Redis`` client created with bytes
+    responses (never closed here). ``service_id`` scopes the keys. Up to
+    ``concurrency`` reads (and as many writes) go to Redis on their own at once;
+    more share pipelines.
+    """
+
+    def __init__(
+        self, url_or_client: str | Redis, *, service_id: str = "default", concurrency: int = 8
+    ) -> None:
+        self.service_id = service_id
+        self._url = url_or_client if isinstance(url_or_client, str) else None
+        self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._prefix = f"{key_prefix(service_id)}state:{{{service_id}:"
+        self._reads: Batcher[str, StoredState | None] = Batcher(
+            self._read_many, concurrency=concurrency
+        )
+        self._writes: Batcher[_Write, bool] = Batcher(self._write_many, concurrency=concurrency)
+        self._write: Any = None
+        self._clear: Any = None
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Connect (if given a URL) and register the scripts."""
+        if self._client is None:
+            assert self._url is not None
+            self._client = connect(self._url)
+            stack.push_async_callback(self._client.aclose)
+        self._write = self._client.register_script(_WRITE)
+        self._clear = self._client.register_script(_CLEAR)
+
+    @property
+    def _c(self) -> Redis:
+        if self._client is None:
+            raise RuntimeError("RedisGrainStorage used before start()")
+        return self._client
+
+    def key(self, grain_id: GrainId, name: str) -> str:
+        """The Redis key of one grain state (for tools and tests)."""
+        return f"{self._prefix}{grain_id.canonical}}}:{name}"
+
+    async def read(self, grain_id: GrainId, name: str) -> StoredState | None:
+        return await self._reads.submit(self.key(grain_id, name))
+
+    async def write(
+        self, grain_id: GrainId, name: str, data: bytes, etag: str | None
+    ) -> str | None:
+        new = secrets.token_hex(8)
+        done = await self._writes.submit((self.key(grain_id, name), etag or "", data, new))
+        return new if done else None
+
+    async def clear(self, grain_id: GrainId, name: str, etag: str | None) -> bool:
+        with translate_errors("grain state clear"):
+            done = await self._clear(keys=[self.key(grain_id, name)], args=[etag or ""])
+        return bool(done)
+
+    # -- batches ------------------------------------------------------------------------
+
+    async def _read_many(self, keys: Sequence[str]) -> list[StoredState | Exception | None]:
+        """The records at ``keys``: one ``HMGET``, or a pipeline of them. A malformed
+        record is its own read's error, not the whole batch's."""
+        with translate_errors("grain state read"):
+            if len(keys) == 1:
+                replies = [await self._c.hmget(keys[0], ["d", "e"])]
+            else:
+                pipe = self._c.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hmget(key, ["d", "e"])
+                replies = await pipe.execute(raise_on_error=False)
+        return [_record(key, reply) for key, reply in zip(keys, replies, strict=True)]
+
+    async def _write_many(self, writes: Sequence[_Write]) -> list[bool | Exception]:
+        """Run the write script for each of ``writes`` (a pipeline for several; the
+        scripts still run one after another, each atomic)."""
+        with translate_errors("grain state write"):
+            if len(writes) == 1:
+                key, expected, data, new = writes[0]
+                return [bool(await self._write(keys=[key], args=[expected, data, new]))]
+            replies = await self._pipelined_writes(writes)
+            if any(isinstance(r, NoScriptError) for r in replies):
+                # A restarted or flushed Redis lost the script: none of these ran.
+                await self._c.script_load(_WRITE)
+                replies = await self._pipelined_writes(writes)
+        return [
+            StorageError(f"redis error during grain state write: {r}")
+            if isinstance(r, Exception)
+            else bool(r)
+            for r in replies
+        ]
+
+    async def _pipelined_writes(self, writes: Sequence[_Write]) -> list[Any]:
+        pipe = self._c.pipeline(transaction=False)
+        for key, expected, data, new in writes:
+            pipe.evalsha(self._write.sha, 1, key, expected, data, new)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
+
+def _record(key: str, reply: Any) -> StoredState | Exception | None:
+    if isinstance(reply, Exception):
+        return StorageError(f"redis error during grain state read: {reply}")
+    data, etag = reply
+    if data is None and etag is None:
+        return None
+    if not isinstance(data, bytes) or not isinstance(etag, bytes):
+        return StorageError(_MALFORMED.format(key=key))
+    return StoredState(data, etag.decode())
