@@ -1,0 +1,689 @@
+"""``PostgresReminderTable``: reminder rows in PostgreSQL, woken by LISTEN/NOTIFY.
+
+One table holds every service's rows (``service_id`` leads every key)::
+
+    orleanspy_reminders
+        service_id, grain_id, name     PRIMARY KEY (also serves read_grain)
+        grain_hash  bigint             the grain's ring position, 0 .. 2**32-1
+        bucket      smallint           grain_hash >> 24: 256 slices of the ring
+        priority    smallint           -128 .. 127, higher first
+        next_due    bigint             ms since the epoch (as start_at, last_fire)
+        version     bigint             the etag; every write takes a fresh value
+                                       from the sequence orleanspy_reminder_version
+    index (service_id, priority, bucket, next_due)   read_due
+    index (service_id, grain_hash)                   read_range
+    index (service_id, next_due)                     upcoming
+
+``read_due(r, before, limit)`` orders by priority (higher first), then
+``next_due``. It is one statement: a loose index scan finds the priorities in
+use (one index descent each, a handful in practice), and for each priority and
+each bucket the range overlaps, an index range scan over
+``next_due <= before`` returns at most ``limit`` rows (the hash bounds filter
+only the two edge buckets, inside the index). So the cost grows with the rows
+returned and the buckets touched, never with the rows of the table or of the
+range. A range that wraps is just more buckets.
+
+Every write is one statement: the change, checked against ``version`` where
+the contract asks for a compare-and-swap, and a ``pg_notify`` on the service's
+channel carrying ``hash|next_due_ms|grain|name`` (``next_due`` empty for a
+removal). PostgreSQL sends the notification at commit, so a listener never
+hears of a write that did not happen.
+
+``changes()`` feeds are served by one LISTEN connection per table. When that
+connection is lost the table reconnects and re-LISTENs in the background; once
+it listens again, every open feed raises ``StorageUnavailableError`` once, so
+its reader (the reminder service) opens a new feed and re-reads its ranges.
+Nothing is lost: a write committed before the new LISTEN is in that re-read,
+one committed after reaches the new feed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections import deque
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from orleanspy._postgres import Pool, connect, migrate, open_pool, translate_errors
+from orleanspy.clock import from_ms, to_ms
+from orleanspy.errors import StorageError, StorageUnavailableError
+from orleanspy.identity import GrainId
+from orleanspy.reminders.model import (
+    MissedReminderAction,
+    ReminderChange,
+    ReminderEntry,
+    ScheduleUpdate,
+)
+from orleanspy.ring import HASH_SPACE, RingRange
+
+__all__ = ["PostgresReminderTable"]
+
+_log = logging.getLogger(__name__)
+
+_TOP: Final = HASH_SPACE - 1
+_BUCKET_SHIFT: Final = 24
+# A notification payload must stay below 8000 bytes; longer ones (huge grain
+# keys) are sent as "hash|!" and make every feed re-read, losing nothing.
+_MAX_PAYLOAD: Final = 7900
+# A feed whose reader fell this far behind drops its backlog and asks for a re-read.
+_MAX_BACKLOG: Final = 100_000
+# How often the LISTEN connection is checked for a silent loss.
+_HEALTH_S: Final = 5.0
+_BACKOFF_MIN_S: Final = 0.05
+_BACKOFF_MAX_S: Final = 2.0
+
+_SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        "CREATE SEQUENCE IF NOT EXISTS orleanspy_reminder_version",
+        """CREATE TABLE IF NOT EXISTS orleanspy_reminders (
+            service_id text NOT NULL,
+            grain_id text NOT NULL,
+            name text NOT NULL,
+            grain_hash bigint NOT NULL,
+            bucket smallint NOT NULL,
+            priority smallint NOT NULL,
+            start_at bigint NOT NULL,
+            next_due bigint NOT NULL,
+            period_ms bigint,
+            cron text,
+            tz text,
+            last_fire bigint,
+            action smallint NOT NULL,
+            version bigint NOT NULL,
+            PRIMARY KEY (service_id, grain_id, name)
+        )""",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_due "
+        "ON orleanspy_reminders (service_id, priority, bucket, next_due)",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_hash "
+        "ON orleanspy_reminders (service_id, grain_hash)",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_next_due "
+        "ON orleanspy_reminders (service_id, next_due)",
+        f"""CREATE OR REPLACE FUNCTION orleanspy_reminder_notify(
+                channel text, h bigint, due bigint, g text, n text) RETURNS void
+            LANGUAGE sql AS $$
+            SELECT pg_notify(channel, CASE WHEN octet_length(p) < {_MAX_PAYLOAD}
+                                           THEN p ELSE h || '|!' END)
+            FROM (SELECT h || '|' || coalesce(due::text, '') || '|' || g || '|' || n AS p) x
+            $$""",
+    ),
+)
+
+_COLUMNS: Final = (
+    "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
+    "last_fire, priority, action, version"
+)
+
+_UPSERT: Final = """
+WITH w AS (
+    INSERT INTO orleanspy_reminders AS t (
+        service_id, grain_id, name, grain_hash, bucket, priority, start_at, next_due,
+        period_ms, cron, tz, last_fire, action, version)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+            nextval('orleanspy_reminder_version'))
+    ON CONFLICT (service_id, grain_id, name) DO UPDATE SET
+        grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
+        priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
+        next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
+        cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
+        action = EXCLUDED.action, version = EXCLUDED.version
+    RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name
+)
+SELECT w.version, orleanspy_reminder_notify($14, w.grain_hash, w.next_due, w.grain_id, w.name)
+FROM w
+"""
+
+# Parallel arrays, one element per update; the ordinal says which update won.
+_UPDATE_MANY: Final = """
+WITH u AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
+        WITH ORDINALITY AS u(grain_id, name, version, next_due, last_fire, i)
+), w AS (
+    UPDATE orleanspy_reminders t
+    SET next_due = u.next_due, last_fire = u.last_fire,
+        version = nextval('orleanspy_reminder_version')
+    FROM u
+    WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
+        AND t.version = u.version
+    RETURNING u.i, t.version, t.grain_hash, t.next_due, t.grain_id, t.name
+)
+SELECT w.i, w.version, orleanspy_reminder_notify($7, w.grain_hash, w.next_due, w.grain_id, w.name)
+FROM w
+"""
+
+_UPDATE_ONE: Final = """
+WITH w AS (
+    UPDATE orleanspy_reminders
+    SET next_due = $5, last_fire = $6, version = nextval('orleanspy_reminder_version')
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
+    RETURNING version, grain_hash, next_due, grain_id, name
+)
+SELECT w.version, orleanspy_reminder_notify($7, w.grain_hash, w.next_due, w.grain_id, w.name)
+FROM w
+"""
+
+_REMOVE: Final = """
+WITH w AS (
+    DELETE FROM orleanspy_reminders
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
+    RETURNING grain_hash, grain_id, name
+)
+SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FROM w
+"""
+
+# $1 service, $2 before (ms), $3 limit, then the planned slices as parallel
+# arrays: bucket, lowest and highest hash inside it (inclusive).
+_READ_DUE: Final = f"""
+WITH RECURSIVE prio(p) AS (
+    SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1
+    UNION ALL
+    SELECT (SELECT max(priority) FROM orleanspy_reminders
+            WHERE service_id = $1 AND priority < prio.p)
+    FROM prio WHERE prio.p IS NOT NULL
+)
+SELECT r.* FROM prio
+CROSS JOIN unnest($4::smallint[], $5::bigint[], $6::bigint[]) AS s(bucket, lo, hi)
+CROSS JOIN LATERAL (
+    SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+    WHERE service_id = $1 AND priority = prio.p AND bucket = s.bucket
+        AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
+    ORDER BY next_due
+    LIMIT $3
+) r
+WHERE prio.p IS NOT NULL
+ORDER BY r.priority DESC, r.next_due, r.grain_hash
+LIMIT $3
+"""
+
+_UPCOMING: Final = f"""
+SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+WHERE service_id = $1 AND next_due <= $2
+ORDER BY next_due, grain_hash
+LIMIT $3
+"""
+
+_READ_RANGE: Final = f"""
+SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+WHERE service_id = $1 AND grain_hash BETWEEN $2 AND $3
+"""
+
+
+def _intervals(r: RingRange) -> list[tuple[int, int]]:
+    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
+    if r.size == HASH_SPACE:
+        return [(0, _TOP)]
+    lo = (r.begin + 1) % HASH_SPACE
+    if lo <= r.end:
+        return [(lo, r.end)]
+    return [(lo, _TOP), (0, r.end)]
+
+
+def _slices(r: RingRange) -> tuple[list[int], list[int], list[int]]:
+    """The buckets ``r`` overlaps, each with ``r``'s inclusive hash bounds inside it."""
+    buckets: list[int] = []
+    los: list[int] = []
+    his: list[int] = []
+    for a, b in _intervals(r):
+        for bucket in range(a >> _BUCKET_SHIFT, (b >> _BUCKET_SHIFT) + 1):
+            buckets.append(bucket)
+            los.append(max(a, bucket << _BUCKET_SHIFT))
+            his.append(min(b, ((bucket + 1) << _BUCKET_SHIFT) - 1))
+    return buckets, los, his
+
+
+def _channel(service_id: str) -> str:
+    # A channel is an identifier (at most 63 bytes); a digest fits any service id.
+    return "orleanspy_rem_" + hashlib.blake2b(service_id.encode(), digest_size=12).hexdigest()
+
+
+def _version(etag: str) -> int | None:
+    """The version an etag names, or ``None`` for an etag no row can have."""
+    if not etag.isdigit() or len(etag) > 18:
+        return None
+    return int(etag)
+
+
+def _row(rec: Any) -> ReminderEntry:
+    try:
+        period = rec["period_ms"]
+        last = rec["last_fire"]
+        return ReminderEntry(
+            service_id=rec["service_id"],
+            grain_id=GrainId.parse(rec["grain_id"]),
+            name=rec["name"],
+            start_at=from_ms(rec["start_at"]),
+            next_due=from_ms(rec["next_due"]),
+            period=None if period is None else timedelta(milliseconds=period),
+            cron=rec["cron"],
+            tz=rec["tz"],
+            last_fire=None if last is None else from_ms(last),
+            priority=int(rec["priority"]),
+            action=MissedReminderAction(rec["action"]),
+            etag=str(rec["version"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StorageError(f"malformed reminder row in postgresql: {exc}") from exc
+
+
+def _due_order(row: ReminderEntry) -> tuple[int, int, int, str]:
+    return (-int(row.priority), to_ms(row.next_due), row.hash, row.key)
+
+
+class PostgresReminderTable:
+    """A ``ReminderTable`` (and ``BatchingReminderTable``) in PostgreSQL.
+
+    ``url_or_pool``: a ``postgresql://`` URL (the table opens a pool and a
+    LISTEN connection, both closed with the start stack) or an ``asyncpg``
+    pool (used as is and never closed here; the LISTEN connection is then
+    acquired from it and released on close). ``start`` creates or migrates the
+    schema.
+    """
+
+    def __init__(self, url_or_pool: str | Pool, *, service_id: str) -> None:
+        self.service_id = service_id
+        self._source = url_or_pool
+        self._pool: Pool | None = None
+        self._channel = _channel(service_id)
+        self._listener: _Listener | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Connect, create or migrate the schema, and LISTEN for changes.
+
+        Raises ``StorageUnavailableError`` if the server cannot be reached,
+        ``StorageError`` if the stored schema is newer than this release knows.
+        """
+        if self._pool is not None:
+            raise RuntimeError("PostgresReminderTable.start() was already called")
+        pool = await open_pool(self._source, stack)
+        await migrate(pool, "reminders", _SCHEMA)
+        self._pool = pool
+        listener = _Listener(self._source, self._channel)
+        await listener.start()
+        # Pushed after the pool's close, so it unwinds first.
+        stack.push_async_callback(listener.close)
+        self._listener = listener
+
+    @property
+    def _p(self) -> Pool:
+        if self._pool is None:
+            raise RuntimeError("PostgresReminderTable used before start()")
+        return self._pool
+
+    # -- writes ---------------------------------------------------------------------
+
+    async def upsert(self, entry: ReminderEntry) -> str:
+        """Insert or replace the row unconditionally; returns its new etag."""
+        h = entry.hash
+        with translate_errors("reminder upsert"):
+            version = await self._p.fetchval(
+                _UPSERT,
+                self.service_id,
+                entry.grain_id.canonical,
+                entry.name,
+                h,
+                h >> _BUCKET_SHIFT,
+                int(entry.priority),
+                to_ms(entry.start_at),
+                to_ms(entry.next_due),
+                None if entry.period is None else entry.period // timedelta(milliseconds=1),
+                entry.cron,
+                entry.tz,
+                None if entry.last_fire is None else to_ms(entry.last_fire),
+                int(entry.action),
+                self._channel,
+            )
+        return str(version)
+
+    async def update_schedule(
+        self,
+        grain_id: GrainId,
+        name: str,
+        etag: str,
+        next_due: datetime,
+        last_fire: datetime | None,
+    ) -> str | None:
+        """CAS on the version: the new etag, or ``None`` if the row is gone or moved on."""
+        version = _version(etag)
+        if version is None:
+            return None
+        with translate_errors("reminder update_schedule"):
+            new = await self._p.fetchval(
+                _UPDATE_ONE,
+                self.service_id,
+                grain_id.canonical,
+                name,
+                version,
+                to_ms(next_due),
+                None if last_fire is None else to_ms(last_fire),
+                self._channel,
+            )
+        return None if new is None else str(new)
+
+    async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
+        """``update_schedule`` for each update, in order: one statement over
+        ``unnest`` arrays (a round per repeat of a key within the batch, since
+        a later update of a key must see the earlier one's outcome).
+
+        Each statement is atomic; on ``StorageUnavailableError`` an earlier
+        round may have applied. Retrying is safe: an applied update then
+        reports a lost race.
+        """
+        results: list[str | None] = [None] * len(updates)
+        pending = [i for i, u in enumerate(updates) if _version(u.etag) is not None]
+        while pending:
+            seen: set[tuple[str, str]] = set()
+            now: list[int] = []
+            later: list[int] = []
+            for i in pending:
+                key = (updates[i].grain_id.canonical, updates[i].name)
+                (later if key in seen else now).append(i)
+                seen.add(key)
+            if later:
+                # A repeat of a key that this round updates can only win against
+                # the etag this round makes, which its caller cannot know.
+                won_keys = await self._update_round(updates, now, results)
+                later = [
+                    i
+                    for i in later
+                    if (updates[i].grain_id.canonical, updates[i].name) not in won_keys
+                ]
+            else:
+                await self._update_round(updates, now, results)
+            pending = later
+        return results
+
+    async def _update_round(
+        self, updates: Sequence[ScheduleUpdate], indices: list[int], results: list[str | None]
+    ) -> set[tuple[str, str]]:
+        # Key order, so two batches touching the same rows lock them in one order.
+        indices = sorted(indices, key=lambda i: (updates[i].grain_id.canonical, updates[i].name))
+        with translate_errors("reminder update_schedule_many"):
+            records = await self._p.fetch(
+                _UPDATE_MANY,
+                self.service_id,
+                [updates[i].grain_id.canonical for i in indices],
+                [updates[i].name for i in indices],
+                [_version(updates[i].etag) for i in indices],
+                [to_ms(updates[i].next_due) for i in indices],
+                [
+                    None if updates[i].last_fire is None else to_ms(updates[i].last_fire)  # type: ignore[arg-type]
+                    for i in indices
+                ],
+                self._channel,
+            )
+        won: set[tuple[str, str]] = set()
+        for rec in records:
+            i = indices[int(rec["i"]) - 1]
+            results[i] = str(rec["version"])
+            won.add((updates[i].grain_id.canonical, updates[i].name))
+        return won
+
+    async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
+        version = _version(etag)
+        if version is None:
+            return False
+        with translate_errors("reminder remove"):
+            records = await self._p.fetch(
+                _REMOVE, self.service_id, grain_id.canonical, name, version, self._channel
+            )
+        return bool(records)
+
+    # -- reads ----------------------------------------------------------------------
+
+    async def read(self, grain_id: GrainId, name: str) -> ReminderEntry | None:
+        with translate_errors("reminder read"):
+            rec = await self._p.fetchrow(
+                f"SELECT {_COLUMNS} FROM orleanspy_reminders "
+                "WHERE service_id = $1 AND grain_id = $2 AND name = $3",
+                self.service_id,
+                grain_id.canonical,
+                name,
+            )
+        return None if rec is None else _row(rec)
+
+    async def read_grain(self, grain_id: GrainId) -> list[ReminderEntry]:
+        """Every row of the grain in name order (a primary-key prefix scan)."""
+        with translate_errors("reminder read_grain"):
+            records = await self._p.fetch(
+                f"SELECT {_COLUMNS} FROM orleanspy_reminders "
+                "WHERE service_id = $1 AND grain_id = $2",
+                self.service_id,
+                grain_id.canonical,
+            )
+        rows = [_row(rec) for rec in records]
+        rows.sort(key=lambda row: row.name)
+        return rows
+
+    async def read_range(self, r: RingRange) -> list[ReminderEntry]:
+        """Every row in ``r``, ordered by hash then key (index range scans)."""
+        rows: list[ReminderEntry] = []
+        with translate_errors("reminder read_range"):
+            for lo, hi in _intervals(r):
+                records = await self._p.fetch(_READ_RANGE, self.service_id, lo, hi)
+                rows.extend(_row(rec) for rec in records)
+        rows.sort(key=lambda row: (row.hash, row.key))
+        return rows
+
+    async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
+        """Due rows of ``r``: priority descending, then ``next_due`` ascending (ties by
+        hash, then key), at most ``limit``. One statement; see the module doc."""
+        if limit <= 0:
+            return []
+        buckets, los, his = _slices(r)
+        with translate_errors("reminder read_due"):
+            records = await self._p.fetch(
+                _READ_DUE, self.service_id, to_ms(before), limit, buckets, los, his
+            )
+        rows = [_row(rec) for rec in records]
+        rows.sort(key=_due_order)
+        return rows
+
+    async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
+        """Rows across the ring with ``next_due <= before``, earliest first."""
+        if limit <= 0:
+            return []
+        with translate_errors("reminder upcoming"):
+            records = await self._p.fetch(_UPCOMING, self.service_id, to_ms(before), limit)
+        rows = [_row(rec) for rec in records]
+        rows.sort(key=lambda row: (to_ms(row.next_due), row.hash, row.key))
+        return rows
+
+    async def count(self) -> int:
+        """How many rows the service has (an index-only count: PostgreSQL keeps no
+        row count, so this grows with the table; tools only)."""
+        with translate_errors("reminder count"):
+            n = await self._p.fetchval(
+                "SELECT count(*) FROM orleanspy_reminders WHERE service_id = $1", self.service_id
+            )
+        return int(n)
+
+    # -- change feed ----------------------------------------------------------------
+
+    def changes(self) -> _PostgresChanges:
+        """A new subscription, receiving every change from this call on.
+
+        The table's LISTEN connection is already listening, so nothing
+        committed after this call is missed while the connection holds. When
+        it is lost and listens again, the feed raises
+        ``StorageUnavailableError`` once (changes may have been missed: re-read);
+        it ends on ``aclose`` or when the table is closed.
+        """
+        if self._listener is None:
+            raise RuntimeError("PostgresReminderTable used before start()")
+        return self._listener.subscribe()
+
+
+_GAP: Final = object()
+
+
+class _PostgresChanges:
+    """One subscriber's queue of changes, filled by the table's listener."""
+
+    def __init__(self, listener: _Listener) -> None:
+        self._listener = listener
+        self._queue: deque[object] = deque()
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def push(self, item: object) -> None:
+        if self._closed:
+            return
+        if len(self._queue) >= _MAX_BACKLOG:
+            # The reader is far behind: a re-read replaces the backlog.
+            self._queue.clear()
+            item = _GAP
+        self._queue.append(item)
+        self._ready.set()
+
+    def __aiter__(self) -> _PostgresChanges:
+        return self
+
+    async def __anext__(self) -> ReminderChange:
+        while not self._closed:
+            if self._queue:
+                item = self._queue.popleft()
+                if item is _GAP:
+                    raise StorageUnavailableError(
+                        "reminder change feed was interrupted; changes may have been missed"
+                    )
+                assert isinstance(item, ReminderChange)
+                return item
+            self._ready.clear()
+            await self._ready.wait()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        """End the subscription, also for a reader waiting in another task."""
+        self._closed = True
+        self._queue.clear()
+        self._ready.set()
+        self._listener.unsubscribe(self)
+
+
+class _Listener:
+    """The table's LISTEN connection: fans notifications out to the feeds, and
+    reconnects when the connection is lost, then tells every feed to re-read."""
+
+    def __init__(self, source: str | Pool, channel: str) -> None:
+        self._source = source
+        self._channel = channel
+        self._feeds: set[_PostgresChanges] = set()
+        self._conn: Any = None
+        self._lost = asyncio.Event()
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._listen()
+        self._task = asyncio.create_task(self._watch(), name=f"reminder-listen-{self._channel}")
+
+    def subscribe(self) -> _PostgresChanges:
+        feed = _PostgresChanges(self)
+        if self._closed:
+            feed._closed = True
+        else:
+            self._feeds.add(feed)
+        return feed
+
+    def unsubscribe(self, feed: _PostgresChanges) -> None:
+        self._feeds.discard(feed)
+
+    async def _listen(self) -> None:
+        conn = await connect(self._source)
+        try:
+            with translate_errors("reminder LISTEN"):
+                await conn.add_listener(self._channel, self._on_notify)
+            conn.add_termination_listener(self._on_terminated)
+        except BaseException:
+            await self._release(conn)
+            raise
+        self._conn = conn
+        self._lost.clear()
+
+    def _on_terminated(self, conn: Any) -> None:
+        if conn is self._conn:
+            self._lost.set()
+
+    def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        change = _decode(payload)
+        if change is None:
+            return
+        for feed in list(self._feeds):
+            feed.push(change)
+
+    async def _watch(self) -> None:
+        """Check the connection every few seconds (a silent network loss raises
+        no event); on loss, reconnect with backoff, then flag a gap."""
+        delay = _BACKOFF_MIN_S
+        while not self._closed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._lost.wait(), _HEALTH_S)
+            if not self._lost.is_set():
+                try:
+                    with translate_errors("reminder LISTEN health check"):
+                        await self._conn.fetchval("SELECT 1", timeout=_HEALTH_S)
+                    continue
+                except StorageError as exc:
+                    _log.warning("reminder LISTEN connection failed its check error=%s", exc)
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await self._release(conn)
+            while not self._closed:
+                try:
+                    await self._listen()
+                    break
+                except StorageError as exc:
+                    _log.warning(
+                        "reminder LISTEN connection lost; reconnecting error=%s delay_s=%.2f",
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _BACKOFF_MAX_S)
+            delay = _BACKOFF_MIN_S
+            _log.info("reminder LISTEN connection restored; feeds will re-read")
+            for feed in list(self._feeds):
+                feed.push(_GAP)
+
+    async def _release(self, conn: Any) -> None:
+        with contextlib.suppress(Exception):
+            if isinstance(self._source, str):
+                await asyncio.wait_for(conn.close(), 5)
+            else:
+                with contextlib.suppress(Exception):
+                    await conn.remove_listener(self._channel, self._on_notify)
+                await self._source.release(conn)
+
+    async def close(self) -> None:
+        self._closed = True
+        for feed in list(self._feeds):
+            await feed.aclose()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await self._release(conn)
+
+
+def _decode(payload: str) -> object:
+    """``hash|next_due_ms|grain|name`` as a ``ReminderChange``; ``hash|!`` (a write
+    whose payload was too long to send) as ``_GAP``, so feeds re-read; ``None``
+    (logged) if malformed."""
+    if payload.endswith("|!") and payload.count("|") == 1:
+        return _GAP
+    try:
+        _, due, rest = payload.split("|", 2)
+        canonical, _, name = rest.rpartition("|")
+        return ReminderChange(GrainId.parse(canonical), name, from_ms(int(due)) if due else None)
+    except ValueError:
+        _log.warning("reminder change ignored: malformed payload %.100r", payload)
+        return None
