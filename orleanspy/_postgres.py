@@ -51,9 +51,7 @@ def is_postgres_url(url: str) -> bool:
     return url.startswith(_SCHEMES)
 
 
-async def open_pool(
-    source: str | Pool, stack: AsyncExitStack, *, max_size: int = 10
-) -> Pool:
+async def open_pool(source: str | Pool, stack: AsyncExitStack, *, max_size: int = 10) -> Pool:
     """The pool for ``source``: a URL gets a new pool closed when ``stack`` unwinds;
     a pool is used as is (its owner closes it)."""
     if not isinstance(source, str):
