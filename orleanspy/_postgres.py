@@ -24,12 +24,10 @@ import asyncpg
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import StorageError, StorageUnavailableError
 
-__all__ = ["Pool", "is_postgres_url", "migrate", "open_pool", "translate_errors"]
+__all__ = ["Pool", "connect", "migrate", "open_pool", "translate_errors"]
 
 # asyncpg ships no type information: an ``asyncpg.Pool``, typed loosely.
 Pool: TypeAlias = Any
-
-_SCHEMES = ("postgresql://", "postgres://")
 
 # Any fixed number: the advisory lock that serialises schema migrations.
 _MIGRATION_LOCK = 0x6F726C65
@@ -44,11 +42,6 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.AdminShutdownError,
     asyncpg.exceptions.InterfaceError,
 )
-
-
-def is_postgres_url(url: str) -> bool:
-    """Whether ``url`` names a PostgreSQL server (``postgresql://`` or ``postgres://``)."""
-    return url.startswith(_SCHEMES)
 
 
 async def open_pool(source: str | Pool, stack: AsyncExitStack, *, max_size: int = 10) -> Pool:
