@@ -297,9 +297,10 @@ class PostgresReminderTable:
 
         Raises ``StorageUnavailableError`` if the server cannot be reached,
         ``StorageError`` if the stored schema is newer than this release knows.
+        A second call does nothing (the first start's stack owns the connections).
         """
         if self._pool is not None:
-            raise RuntimeError("PostgresReminderTable.start() was already called")
+            return
         pool = await open_pool(self._source, stack)
         await migrate(pool, "reminders", _SCHEMA)
         self._pool = pool
