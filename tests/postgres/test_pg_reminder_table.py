@@ -176,12 +176,21 @@ async def test_unreachable_server_is_storage_unavailable() -> None:
             pass
 
 
+@pytest.mark.parametrize("source", ["url", "pool"])
 async def test_killed_listen_connection_reports_a_gap_then_follows_again(
-    postgres_url: str,
+    postgres_url: str, source: str
 ) -> None:
     """pg_terminate_backend on the LISTEN connection: the feed raises once (its
-    reader re-reads), and a new feed hears writes made after the reconnect."""
-    async with table_at(postgres_url) as table:
+    reader re-reads), and a new feed hears writes made after the reconnect. With
+    a pool given, the LISTEN connection comes from the pool and is replaced there."""
+    async with AsyncExitStack() as stack:
+        if source == "pool":
+            pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=3)
+            stack.push_async_callback(pool.close)
+            table = PostgresReminderTable(pool, service_id="svc")
+        else:
+            table = PostgresReminderTable(postgres_url, service_id="svc")
+        await table.start(stack)
         feed = table.changes()
         g = GrainId("K", "x")
         await table.upsert(entry(g))
