@@ -29,6 +29,11 @@ __all__ = ["Pool", "connect", "migrate", "open_pool", "translate_errors"]
 # asyncpg ships no type information: an ``asyncpg.Pool``, typed loosely.
 Pool: TypeAlias = Any
 
+# JIT compilation of a plan costs ~200 ms on a fresh connection and pays off only
+# for long analytic queries; the providers run short indexed statements, some with
+# large (and pessimistic) cost estimates, e.g. read_due over the whole ring.
+SERVER_SETTINGS = {"jit": "off"}
+
 # Any fixed number: the advisory lock that serialises schema migrations.
 _MIGRATION_LOCK = 0x6F726C65
 
@@ -45,12 +50,15 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 
 
 async def open_pool(source: str | Pool, stack: AsyncExitStack, *, max_size: int = 10) -> Pool:
-    """The pool for ``source``: a URL gets a new pool closed when ``stack`` unwinds;
-    a pool is used as is (its owner closes it)."""
+    """The pool for ``source``: a URL gets a new pool (``SERVER_SETTINGS`` on every
+    connection) closed when ``stack`` unwinds; a pool is used as is (its owner
+    closes it, and chooses its settings)."""
     if not isinstance(source, str):
         return source
     with translate_errors("connect"):
-        pool = await asyncpg.create_pool(source, min_size=1, max_size=max_size, timeout=10)
+        pool = await asyncpg.create_pool(
+            source, min_size=1, max_size=max_size, timeout=10, server_settings=SERVER_SETTINGS
+        )
     stack.push_async_callback(pool.close)
     return pool
 

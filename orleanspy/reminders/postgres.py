@@ -242,9 +242,14 @@ def _channel(service_id: str) -> str:
 
 def _version(etag: str) -> int | None:
     """The version an etag names, or ``None`` for an etag no row can have."""
-    if not etag.isdigit() or len(etag) > 18:
+    if not etag.isascii() or not etag.isdigit() or len(etag) > 19:
         return None
-    return int(etag)
+    version = int(etag)
+    return version if version < 1 << 63 else None
+
+
+def _ms_or_none(at: datetime | None) -> int | None:
+    return None if at is None else to_ms(at)
 
 
 def _row(rec: Any) -> ReminderEntry:
@@ -335,7 +340,7 @@ class PostgresReminderTable:
                 None if entry.period is None else entry.period // timedelta(milliseconds=1),
                 entry.cron,
                 entry.tz,
-                None if entry.last_fire is None else to_ms(entry.last_fire),
+                _ms_or_none(entry.last_fire),
                 int(entry.action),
                 self._channel,
             )
@@ -361,7 +366,7 @@ class PostgresReminderTable:
                 name,
                 version,
                 to_ms(next_due),
-                None if last_fire is None else to_ms(last_fire),
+                _ms_or_none(last_fire),
                 self._channel,
             )
         return None if new is None else str(new)
@@ -412,10 +417,7 @@ class PostgresReminderTable:
                 [updates[i].name for i in indices],
                 [_version(updates[i].etag) for i in indices],
                 [to_ms(updates[i].next_due) for i in indices],
-                [
-                    None if updates[i].last_fire is None else to_ms(updates[i].last_fire)  # type: ignore[arg-type]
-                    for i in indices
-                ],
+                [_ms_or_none(updates[i].last_fire) for i in indices],
                 self._channel,
             )
         won: set[tuple[str, str]] = set()
