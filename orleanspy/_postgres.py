@@ -68,9 +68,9 @@ async def connect(source: str | Pool) -> Any:
     ``source`` is a URL; taken from the pool (and to be released there) otherwise."""
     if isinstance(source, str):
         with translate_errors("connect"):
-            return await asyncpg.connect(source, timeout=10)
+            return await asyncpg.connect(source, timeout=10, server_settings=SERVER_SETTINGS)
     with translate_errors("connect"):
-        return await source.acquire()
+        return await source.acquire(timeout=10)
 
 
 async def migrate(pool: Pool, component: str, steps: Sequence[Sequence[str]]) -> None:

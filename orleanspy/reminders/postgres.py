@@ -642,9 +642,9 @@ class _Listener:
                 try:
                     await self._listen()
                     break
-                except StorageError as exc:
+                except Exception as exc:  # keep following whatever the failure
                     _log.warning(
-                        "reminder LISTEN connection lost; reconnecting error=%s delay_s=%.2f",
+                        "reminder LISTEN connection lost; reconnecting error=%r delay_s=%.2f",
                         exc,
                         delay,
                     )
@@ -687,6 +687,6 @@ def _decode(payload: str) -> object:
         _, due, rest = payload.split("|", 2)
         canonical, _, name = rest.rpartition("|")
         return ReminderChange(GrainId.parse(canonical), name, from_ms(int(due)) if due else None)
-    except ValueError:
+    except (ValueError, TypeError, OverflowError):
         _log.warning("reminder change ignored: malformed payload %.100r", payload)
         return None
