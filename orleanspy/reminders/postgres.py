@@ -19,9 +19,10 @@ One table holds every service's rows (``service_id`` leads every key)::
 use (one index descent each, a handful in practice), and for each priority and
 each bucket the range overlaps, an index range scan over
 ``next_due <= before`` returns at most ``limit`` rows (the hash bounds filter
-only the two edge buckets, inside the index). So the cost grows with the rows
-returned and the buckets touched, never with the rows of the table or of the
-range. A range that wraps is just more buckets.
+only the two edge buckets, inside the index). So a read looks at no row that is
+not due, and at most ``limit`` due rows per bucket and priority: the cost follows
+the due rows of the range (capped per bucket) and the buckets touched, never the
+rows of the table. A range that wraps is just more buckets.
 
 Every write is one statement: the change, checked against ``version`` where
 the contract asks for a compare-and-swap, and a ``pg_notify`` on the service's
