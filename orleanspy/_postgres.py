@@ -45,7 +45,10 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.CannotConnectNowError,
     asyncpg.exceptions.TooManyConnectionsError,
     asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.PostgresConnectionError,
     asyncpg.exceptions.InterfaceError,
+    # What asyncpg raises when a connection the server ended is used mid-protocol.
+    asyncpg.exceptions.InternalClientError,
 )
 
 
