@@ -68,6 +68,8 @@ _log = logging.getLogger(__name__)
 
 _TOP: Final = HASH_SPACE - 1
 _BUCKET_SHIFT: Final = 24
+# read_due's first pass asks each scan for at least this many rows.
+_MIN_FIRST_ASK: Final = 16
 # A notification payload must stay below 8000 bytes; longer ones (huge grain
 # keys) are sent as "hash|!" and make every feed re-read, losing nothing.
 _MAX_PAYLOAD: Final = 7900
@@ -176,8 +178,9 @@ WITH w AS (
 SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FROM w
 """
 
-# $1 service, $2 before (ms), $3 limit, then the planned slices as parallel
-# arrays: bucket, lowest and highest hash inside it (inclusive).
+# $1 service, $2 before (ms), $3 rows per scan, then the planned slices as
+# parallel arrays: bucket, lowest and highest hash inside it (inclusive); $7 rows
+# in all (NULL: every row the scans return).
 _READ_DUE: Final = f"""
 WITH RECURSIVE prio(p) AS (
     SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1
@@ -192,12 +195,25 @@ CROSS JOIN LATERAL (
     SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
     WHERE service_id = $1 AND priority = prio.p AND bucket = s.bucket
         AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
-    ORDER BY next_due
+    ORDER BY next_due, grain_hash
     LIMIT $3
 ) r
 WHERE prio.p IS NOT NULL
 ORDER BY r.priority DESC, r.next_due, r.grain_hash
-LIMIT $3
+LIMIT $7
+"""
+
+# The second pass of read_due: named (priority, bucket) scans, $3 rows each.
+_READ_DUE_GROUPS: Final = f"""
+SELECT r.* FROM unnest($4::smallint[], $5::smallint[], $6::bigint[], $7::bigint[])
+    AS s(priority, bucket, lo, hi)
+CROSS JOIN LATERAL (
+    SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+    WHERE service_id = $1 AND priority = s.priority AND bucket = s.bucket
+        AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
+    ORDER BY next_due, grain_hash
+    LIMIT $3
+) r
 """
 
 _UPCOMING: Final = f"""
@@ -277,6 +293,11 @@ def _row(rec: Any) -> ReminderEntry:
 
 def _due_order(row: ReminderEntry) -> tuple[int, int, int, str]:
     return (-int(row.priority), to_ms(row.next_due), row.hash, row.key)
+
+
+def _rank(row: ReminderEntry) -> tuple[int, int]:
+    """What a scan orders by, across scans: priority (higher first), then due time."""
+    return (-int(row.priority), to_ms(row.next_due))
 
 
 class PostgresReminderTable:
@@ -477,16 +498,66 @@ class PostgresReminderTable:
 
     async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
         """Due rows of ``r``: priority descending, then ``next_due`` ascending (ties by
-        hash, then key), at most ``limit``. One statement; see the module doc."""
+        hash, then key), at most ``limit``. See the module doc for the index.
+
+        When the range spans many buckets, a first statement asks each (priority,
+        bucket) scan for about twice its fair share of ``limit``. Only a scan that
+        returned its full share, ending at or before the ``limit``-th best row seen,
+        may hide more winners; only those are asked again, for up to ``limit``
+        rows. So a whole-ring read moves about ``2 x limit`` rows, not ``limit``
+        per bucket.
+        """
         if limit <= 0:
             return []
         buckets, los, his = _slices(r)
+        before_ms = to_ms(before)
+        ask = max(_MIN_FIRST_ASK, -(-2 * limit // len(buckets)))
+        if ask >= limit:
+            with translate_errors("reminder read_due"):
+                records = await self._p.fetch(
+                    _READ_DUE, self.service_id, before_ms, limit, buckets, los, his, limit
+                )
+            rows = [_row(rec) for rec in records]
+            rows.sort(key=_due_order)
+            return rows
         with translate_errors("reminder read_due"):
             records = await self._p.fetch(
-                _READ_DUE, self.service_id, to_ms(before), limit, buckets, los, his
+                _READ_DUE, self.service_id, before_ms, ask, buckets, los, his, None
             )
         rows = [_row(rec) for rec in records]
         rows.sort(key=_due_order)
+        threshold = _rank(rows[limit - 1]) if len(rows) >= limit else None
+        groups: dict[tuple[int, int], list[ReminderEntry]] = {}
+        for row in rows:
+            groups.setdefault((int(row.priority), row.hash >> _BUCKET_SHIFT), []).append(row)
+        # Rows a full scan did not return rank at or after its last row; ties in
+        # rank are why "at or before" (not "before") marks a scan to ask again.
+        again = [
+            group
+            for group, found in groups.items()
+            if len(found) == ask and (threshold is None or _rank(found[-1]) <= threshold)
+        ]
+        if again:
+            bounds = dict(zip(buckets, zip(los, his, strict=True), strict=True))
+            with translate_errors("reminder read_due"):
+                more = await self._p.fetch(
+                    _READ_DUE_GROUPS,
+                    self.service_id,
+                    before_ms,
+                    limit,
+                    [p for p, _ in again],
+                    [b for _, b in again],
+                    [bounds[b][0] for _, b in again],
+                    [bounds[b][1] for _, b in again],
+                )
+            seen = {row.key for row in rows}
+            for rec in more:
+                row = _row(rec)
+                if row.key not in seen:
+                    seen.add(row.key)
+                    rows.append(row)
+            rows.sort(key=_due_order)
+        del rows[limit:]
         return rows
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:

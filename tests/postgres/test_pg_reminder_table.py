@@ -315,7 +315,7 @@ async def test_read_due_reads_the_due_index_not_the_table(postgres_url: str) -> 
             before = now + 120_000
             raw = await conn.fetchval(
                 "EXPLAIN (ANALYZE, FORMAT JSON) " + pg_reminders._READ_DUE,
-                "svc", before, 1000, buckets, los, his,
+                "svc", before, 1000, buckets, los, his, 1000,
             )  # fmt: skip
         (plan,) = json.loads(raw)
         nodes = list(_nodes(plan["Plan"]))
@@ -332,3 +332,24 @@ async def test_read_due_reads_the_due_index_not_the_table(postgres_url: str) -> 
         # Rows returned, plus the edge buckets' due rows outside the arc, plus the
         # priority probes: far below the 50,000 rows (or the ~550 of the arc).
         assert looked_at < 4 * due_in_arc + 200, (looked_at, due_in_arc)
+
+
+async def test_read_due_finds_winners_crowded_into_one_bucket(postgres_url: str) -> None:
+    """The first pass asks every bucket for a small share; when the best rows all
+    sit in one bucket (one priority), the second pass must fetch the rest."""
+    async with table_at(postgres_url) as table:
+        spread = [entry(GrainId("Spread", i), due=T0) for i in range(300)]
+        target = GrainId("Crowd", 0).uniform_hash() >> 24
+        crowd: list[ReminderEntry] = []
+        i = 0
+        while len(crowd) < 60:
+            g = GrainId("Crowd", i)
+            if g.uniform_hash() >> 24 == target:
+                due = T0 + timedelta(seconds=len(crowd) % 7)  # ties too
+                crowd.append(entry(g, due=due, priority=100))
+            i += 1
+        await asyncio.gather(*map(table.upsert, spread + crowd))
+        for limit in (17, 50, 60, 100):
+            got = await table.read_due(RingRange.full(), T0 + timedelta(minutes=1), limit)
+            want = sorted(spread + crowd, key=lambda e: (-e.priority, e.next_due, e.hash, e.key))
+            assert [e.key for e in got] == [e.key for e in want[:limit]], limit
