@@ -15,14 +15,15 @@ One table holds every service's rows (``service_id`` leads every key)::
     index (service_id, next_due)                     upcoming
 
 ``read_due(r, before, limit)`` orders by priority (higher first), then
-``next_due``. It is one statement: a loose index scan finds the priorities in
-use (one index descent each, a handful in practice), and for each priority and
-each bucket the range overlaps, an index range scan over
-``next_due <= before`` returns at most ``limit`` rows (the hash bounds filter
-only the two edge buckets, inside the index). So a read looks at no row that is
-not due, and at most ``limit`` due rows per bucket and priority: the cost follows
-the due rows of the range (capped per bucket) and the buckets touched, never the
-rows of the table. A range that wraps is just more buckets.
+``next_due``. A loose index scan finds the priorities in use (one index
+descent each, a handful in practice), and for each priority and each bucket
+the range overlaps, an index range scan over ``next_due <= before`` returns its
+earliest rows (the hash bounds filter only the two edge buckets, inside the
+index). A range of few buckets asks each scan for ``limit`` rows; a range of
+many asks for a fair share first and then asks again only the scans that may
+hide winners (see ``read_due``). So a read looks at no row that is not due: the
+cost follows the rows returned and the buckets touched, never the rows of the
+table. A range that wraps is just more buckets.
 
 Every write is one statement: the change, checked against ``version`` where
 the contract asks for a compare-and-swap, and a ``pg_notify`` on the service's
