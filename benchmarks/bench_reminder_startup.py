@@ -1,7 +1,13 @@
 """Reminder service start-up time and memory versus table size, beside the classic
 load-everything start-up measured in the same run.
 
-Run: ``python -m benchmarks.bench_reminder_startup [--rows 1000000] [--due-fraction 0.01]``.
+Run: ``python -m benchmarks.bench_reminder_startup [--rows 1000000] [--due-fraction 0.01]
+[--backend redis|postgres]``.
+
+With ``--backend postgres`` the rows go into a throw-away database on the
+machine's PostgreSQL (``ORLEANSPY_TEST_POSTGRES_URL``, else the local server) in
+the ``PostgresReminderTable`` layout, written with ``COPY``; both start-ups then
+read that table.
 
 A private redis-server is filled with ``--rows`` reminder rows in the
 ``RedisReminderTable`` layout (written directly, shard by shard, with
@@ -43,8 +49,11 @@ from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import ReminderEntry, TickStatus
 from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.reminders.service import ReminderService
+from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
 from orleanspy.serialization import pack
+from orleanspy.tables import table_backend
+from orleanspy.testing.postgres import PostgresDatabase
 from orleanspy.testing.redis_server import RedisServer
 
 SERVICE = "bench-startup"
@@ -62,7 +71,78 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def _table(url: str) -> ReminderTable:
+    if table_backend(url) == "postgres":
+        from orleanspy.reminders.postgres import PostgresReminderTable
+
+        return PostgresReminderTable(url, service_id=SERVICE)
+    return RedisReminderTable(url, service_id=SERVICE, shards=SHARDS)
+
+
 # -- fill ---------------------------------------------------------------------------------
+
+
+_COPY_COLUMNS = [
+    "service_id",
+    "grain_id",
+    "name",
+    "grain_hash",
+    "bucket",
+    "priority",
+    "start_at",
+    "next_due",
+    "period_ms",
+    "action",
+    "version",
+]
+
+
+async def fill_postgres(url: str, rows: int, due_fraction: float, seed: int) -> dict[str, Any]:
+    """Write ``rows`` rows into the PostgreSQL table with ``COPY``; fill figures."""
+    from orleanspy.reminders.postgres import PostgresReminderTable
+
+    rng = random.Random(seed)
+    async with AsyncExitStack() as stack:
+        table = PostgresReminderTable(url, service_id=SERVICE)
+        await table.start(stack)  # creates the schema
+        now_ms = to_ms(datetime.now(UTC))
+        window_ms = LOOK_AHEAD // timedelta(milliseconds=1)
+        started = time.perf_counter()
+        records = []
+        due_rows = 0
+        for i in range(rows):
+            gid = GrainId(TYPE, i)
+            h = gid.uniform_hash()
+            if rng.random() < due_fraction:
+                next_due = now_ms + (0 if due_rows < 10 else rng.randrange(window_ms // 2))
+                due_rows += 1
+            else:
+                next_due = now_ms + 86_400_000 + rng.randrange(86_400_000)
+            records.append(
+                (SERVICE, gid.canonical, "r", h, h >> 24, 0, next_due, next_due, 3_600_000, 2, i)
+            )
+        built = time.perf_counter()
+        async with table._p.acquire() as conn:
+            await conn.copy_records_to_table(
+                "orleanspy_reminders",
+                records=records,
+                columns=_COPY_COLUMNS,
+            )
+            await conn.execute("ANALYZE orleanspy_reminders")
+            used_mb = (
+                await conn.fetchval("SELECT pg_total_relation_size('orleanspy_reminders')") / 2**20
+            )
+        done = time.perf_counter()
+        stored = await table.count()
+    return {
+        "rows": stored,
+        "due_rows": due_rows,
+        "build_s": built - started,
+        "write_s": done - built,
+        "fill_s": done - started,
+        "rows_per_s": rows / (done - started),
+        "store_used_mb": used_mb,
+    }
 
 
 async def fill(url: str, rows: int, due_fraction: float, seed: int) -> dict[str, Any]:
@@ -137,7 +217,7 @@ async def fill(url: str, rows: int, due_fraction: float, seed: int) -> dict[str,
         "write_s": done - built,
         "fill_s": done - started,
         "rows_per_s": rows / (done - started),
-        "redis_used_mb": used_mb,
+        "store_used_mb": used_mb,
     }
 
 
@@ -155,7 +235,7 @@ async def adaptive(url: str) -> dict[str, Any]:
             first_tick.append(time.perf_counter())
 
     async with AsyncExitStack() as stack:
-        table = RedisReminderTable(url, service_id=SERVICE, shards=SHARDS)
+        table = _table(url)
         await table.start(stack)
         service = ReminderService(
             table, deliver=deliver, clock=SystemClock(), options=OPTIONS, name="bench"
@@ -192,7 +272,7 @@ async def classic(url: str) -> dict[str, Any]:
 
     started = time.perf_counter()
     async with AsyncExitStack() as stack:
-        table = RedisReminderTable(url, service_id=SERVICE, shards=SHARDS)
+        table = _table(url)
         await table.start(stack)
         rows = await table.read_range(RingRange.full())
         loaded = time.perf_counter()
@@ -227,9 +307,16 @@ def _child(phase: str, url: str) -> dict[str, Any]:
     return result
 
 
-def main(rows: int, due_fraction: float, seed: int) -> None:
-    with RedisServer() as server:
-        fill_stats = run(fill(server.url, rows, due_fraction, seed))
+def main(rows: int, due_fraction: float, seed: int, backend: str) -> None:
+    server: RedisServer | PostgresDatabase
+    if backend == "postgres":
+        server = PostgresDatabase()
+        filler = fill_postgres
+    else:
+        server = RedisServer()
+        filler = fill
+    with server:
+        fill_stats = run(filler(server.url, rows, due_fraction, seed))
         results = [
             {"startup": "adaptive (orleanspy)", **_child("adaptive", server.url)},
             {"startup": "classic: load every row", **_child("classic", server.url)},
@@ -251,6 +338,7 @@ def main(rows: int, due_fraction: float, seed: int) -> None:
             "classic_rss_delta_mb_ratio",
         ],
         loop=loop_name(),
+        backend=backend,
         table_rows=fill_stats["rows"],
         due_in_window=fill_stats["due_rows"],
         fill=fill_stats,
@@ -258,7 +346,8 @@ def main(rows: int, due_fraction: float, seed: int) -> None:
     print(
         f"\nfill: {fill_stats['rows']:,} rows in {fill_stats['fill_s']:.1f} s "
         f"({fill_stats['rows_per_s']:,.0f} rows/s; build {fill_stats['build_s']:.1f} s, "
-        f"write {fill_stats['write_s']:.1f} s); redis used {fill_stats['redis_used_mb']:.0f} MB"
+        f"write {fill_stats['write_s']:.1f} s); {backend} used "
+        f"{fill_stats['store_used_mb']:.0f} MB"
     )
 
 
@@ -267,6 +356,7 @@ if __name__ == "__main__":
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--due-fraction", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--backend", choices=("redis", "postgres"), default="redis")
     parser.add_argument("--phase", choices=("adaptive", "classic"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -274,4 +364,4 @@ if __name__ == "__main__":
         phase = adaptive if args.phase == "adaptive" else classic
         print(json.dumps(run(phase(args.url))))
     else:
-        main(args.rows, args.due_fraction, args.seed)
+        main(args.rows, args.due_fraction, args.seed, args.backend)

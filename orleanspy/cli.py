@@ -11,10 +11,14 @@ signals; everything else takes options as values.
     orleanspy reminders --redis-url redis://127.0.0.1:6379/0 upcoming --minutes 10
     orleanspy reminders --redis-url redis://127.0.0.1:6379/0 count
 
-``ORLEANSPY_REDIS_URL``, ``ORLEANSPY_CLUSTER_ID``, ``ORLEANSPY_SERVICE_ID`` and
-``ORLEANSPY_GRAIN_STORAGE`` stand in for the flags. ``silo`` prints
-``READY <address> <gateway port>`` once the silo is Active and stops gracefully on
-SIGTERM or SIGINT.
+``--storage-url`` takes a Redis or a PostgreSQL URL (``postgresql://...``) for the
+cluster's tables and means the same as ``--redis-url``; ``--membership-url`` and
+``--reminder-table-url`` put one table elsewhere; ``--storage`` picks where grain
+state lives. ``ORLEANSPY_REDIS_URL``, ``ORLEANSPY_STORAGE_URL``,
+``ORLEANSPY_MEMBERSHIP_URL``, ``ORLEANSPY_REMINDER_TABLE_URL``,
+``ORLEANSPY_GRAIN_STORAGE``, ``ORLEANSPY_CLUSTER_ID`` and ``ORLEANSPY_SERVICE_ID``
+stand in for the flags. ``silo`` prints ``READY <address> <gateway port>`` once the
+silo is Active and stops gracefully on SIGTERM or SIGINT.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(prog="orleanspy", description=__doc__.splitlines()[0])
     parser.add_argument("--redis-url", default=env("ORLEANSPY_REDIS_URL"))
+    parser.add_argument("--storage-url", default=env("ORLEANSPY_STORAGE_URL"))
+    parser.add_argument("--membership-url", default=env("ORLEANSPY_MEMBERSHIP_URL"))
+    parser.add_argument("--reminder-table-url", default=env("ORLEANSPY_REMINDER_TABLE_URL"))
     parser.add_argument("--cluster-id", default=env("ORLEANSPY_CLUSTER_ID", "dev"))
     parser.add_argument("--service-id", default=env("ORLEANSPY_SERVICE_ID", "default"))
     parser.add_argument("--secret", default=env("ORLEANSPY_CLUSTER_SECRET"))
@@ -91,6 +98,9 @@ async def _run_silo(args: argparse.Namespace) -> None:
         silo_port=args.silo_port,
         gateway_port=args.gateway_port,
         redis_url=args.redis_url,
+        storage_url=args.storage_url,
+        membership_url=args.membership_url,
+        reminder_table_url=args.reminder_table_url,
         messaging=_messaging(args),
         storage=_grain_storage(args.storage),
     )
@@ -109,7 +119,10 @@ async def _run_silo(args: argparse.Namespace) -> None:
 
 async def _reminders(args: argparse.Namespace) -> None:
     async with ClusterClient(
-        args.redis_url, args.cluster_id, args.service_id, options=_messaging(args)
+        args.membership_url or args.storage_url or args.redis_url,
+        args.cluster_id,
+        args.service_id,
+        options=_messaging(args),
     ) as client:
         if args.what == "count":
             print(await client.reminders.count_all())
@@ -126,8 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    if args.redis_url is None:
-        print("orleanspy: --redis-url (or ORLEANSPY_REDIS_URL) is required", file=sys.stderr)
+    if (args.membership_url or args.storage_url or args.redis_url) is None:
+        print(
+            "orleanspy: --storage-url or --redis-url (or ORLEANSPY_STORAGE_URL) is required",
+            file=sys.stderr,
+        )
         return 2
     try:
         if args.command == "silo":

@@ -32,6 +32,7 @@ from orleanspy.reminders.management import ReminderManagementGrain
 from orleanspy.runtime.pending import PendingCalls
 from orleanspy.runtime.remote_errors import result_of
 from orleanspy.serialization import Codec, DecodeLimits
+from orleanspy.tables import TableConnections, table_backend
 
 if TYPE_CHECKING:
     from orleanspy.membership.table import MembershipTable
@@ -54,7 +55,8 @@ class ClusterClient:
     """A client of a cluster; an async context manager (``async with``).
 
     Gateways come from the membership table at ``redis_url`` (``cluster_id``,
-    ``service_id`` as the silos use), or from a fixed ``gateways`` list of
+    ``service_id`` as the silos use; a ``postgresql://`` URL works too, as
+    does the keyword ``membership_url``), or from a fixed ``gateways`` list of
     ``host:port`` endpoints. A closed client cannot be reopened.
     """
 
@@ -68,10 +70,16 @@ class ClusterClient:
         options: MessagingOptions | None = None,
         gateway_refresh: timedelta = timedelta(seconds=10),
         membership_table: MembershipTable | None = None,
+        membership_url: str | None = None,
     ) -> None:
-        if redis_url is None and gateways is None and membership_table is None:
-            raise ValueError("ClusterClient needs redis_url, a membership_table or gateways")
-        self._redis_url = redis_url
+        url = membership_url or redis_url
+        if url is None and gateways is None and membership_table is None:
+            raise ValueError(
+                "ClusterClient needs membership_url (or redis_url), a membership_table or gateways"
+            )
+        if url is not None:
+            table_backend(url)  # a clear error for an unknown scheme, before start()
+        self._redis_url = url
         self._cluster_id = cluster_id
         self._service_id = service_id
         self._static = list(gateways) if gateways is not None else None
@@ -108,10 +116,8 @@ class ClusterClient:
         self._state = _State.OPEN
         try:
             if self._static is None and self._table is None:
-                from orleanspy.membership.redis import RedisMembershipTable
-
                 assert self._redis_url is not None
-                self._table = RedisMembershipTable(
+                self._table = await TableConnections(self._stack).membership_table(
                     self._redis_url, cluster_id=self._cluster_id, service_id=self._service_id
                 )
             if self._table is not None:

@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from orleanspy.errors import ConfigurationError
+from orleanspy.tables import table_backend
 
 __all__ = [
     "MembershipOptions",
@@ -221,9 +222,9 @@ class ReminderOptions:
 class SiloOptions:
     """Everything a silo needs; the embedded default is ``SiloOptions()``.
 
-    With ``redis_url`` unset the silo uses the in-memory membership table,
+    With no URL set the silo uses the in-memory membership table,
     directory and reminder table and accepts no network traffic (one process).
-    With ``redis_url`` set it joins the cluster ``cluster_id`` over gRPC on
+    With a URL set it joins the cluster ``cluster_id`` over gRPC on
     ``silo_port`` (``0`` picks a free port) and accepts clients on
     ``gateway_port`` (``None``: no gateway).
 
@@ -238,6 +239,14 @@ class SiloOptions:
     or a URL (``memory://``, ``redis://``, ``rediss://``, ``unix://``,
     ``postgresql://``). Left ``None``, the silo has one provider, ``"default"``:
     Redis at ``redis_url`` when that is set, otherwise in memory.
+
+    ``storage_url`` names the store of the cluster's tables: Redis
+    (``redis://``, ``rediss://``, ``unix://``) or PostgreSQL (``postgresql://``).
+    ``redis_url`` is the older name and means the same (``storage_url`` wins
+    when both are set). ``membership_url`` and ``reminder_table_url`` put one
+    table elsewhere. The grain directory lives with ``storage_url`` (else with
+    the membership table); the stream provider on the first Redis URL given,
+    and in memory (this silo only) when there is none.
     """
 
     cluster_id: str = "dev"
@@ -248,6 +257,9 @@ class SiloOptions:
     silo_port: int = 0
     gateway_port: int | None = None
     redis_url: str | None = None
+    storage_url: str | None = None
+    membership_url: str | None = None
+    reminder_table_url: str | None = None
     collection_age: timedelta = timedelta(minutes=15)
     collection_check_interval: timedelta = timedelta(minutes=1)
     activation_timeout: timedelta = timedelta(seconds=30)
@@ -286,13 +298,62 @@ class SiloOptions:
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"SiloOptions.{name} must be in 0..65535, got {port}")
         if self.redis_url is not None and not self.redis_url.startswith(
-            ("redis://", "rediss://", "unix://")
+            ("redis://", "rediss://", "unix://", "postgresql://", "postgres://")
         ):
             raise ConfigurationError(
-                "SiloOptions.redis_url must start with redis://, rediss:// or unix://"
+                "SiloOptions.redis_url must start with redis://, rediss:// or unix:// "
+                "(or name PostgreSQL with postgresql://; storage_url is the clearer name)"
             )
         if self.storage is not None:
             _check_storage(self.storage)
+
+        for name in ("storage_url", "membership_url", "reminder_table_url"):
+            url = getattr(self, name)
+            if url is not None:
+                try:
+                    table_backend(url)
+                except ConfigurationError as exc:
+                    raise ConfigurationError(f"SiloOptions.{name}: {exc}") from None
+
+    @property
+    def clustered(self) -> bool:
+        """Whether any table URL is set (the silo then joins a cluster)."""
+        return any(
+            u is not None
+            for u in (
+                self.storage_url,
+                self.redis_url,
+                self.membership_url,
+                self.reminder_table_url,
+            )
+        )
+
+    @property
+    def membership_table_url(self) -> str | None:
+        """Where the membership table lives: ``membership_url``, else the storage URL."""
+        return self.membership_url or self.storage_url or self.redis_url
+
+    @property
+    def reminders_url(self) -> str | None:
+        """Where the reminder table lives: ``reminder_table_url``, else the storage URL."""
+        return self.reminder_table_url or self.storage_url or self.redis_url
+
+    @property
+    def directory_url(self) -> str | None:
+        """Where the grain directory lives: the storage URL, else with membership."""
+        return self.storage_url or self.redis_url or self.membership_url
+
+    @property
+    def streams_url(self) -> str | None:
+        """The first Redis URL of storage, membership and reminders (``None``: none)."""
+        for url in (
+            self.storage_url or self.redis_url,
+            self.membership_url,
+            self.reminder_table_url,
+        ):
+            if url is not None and table_backend(url) == "redis":
+                return url
+        return None
 
 
 _STORAGE_METHODS = ("start", "read", "write", "clear")

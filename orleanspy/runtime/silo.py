@@ -1,9 +1,9 @@
 """The silo host: the composition root. It wires providers and starts components
 on one ``AsyncExitStack``; stopping unwinds the stack in reverse order.
 
-With ``SiloOptions.redis_url`` unset, the silo is the embedded default: one
-process, in-memory providers, no network. With it set, the silo joins a
-cluster (see ``runtime.cluster``).
+With no table URL in ``SiloOptions`` (``storage_url``, ``redis_url``, ...), the
+silo is the embedded default: one process, in-memory providers, no network.
+With one set, the silo joins a cluster (see ``runtime.cluster``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import functools
 import ipaddress
 import logging
 import time
-from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
@@ -43,6 +42,7 @@ from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
 from orleanspy.storage.contract import GrainStorage
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
+from orleanspy.tables import TableConnections, table_backend
 
 __all__ = ["Silo", "SiloClient", "SiloState"]
 
@@ -122,7 +122,7 @@ class Silo:
         """The port clients connect to (a cluster silo with a gateway), once started."""
         self._aborted = False
         self._stop_task: asyncio.Task[None] | None = None
-        self._clustered = self.options.redis_url is not None or transport is not None
+        self._clustered = self.options.clustered or transport is not None
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
@@ -145,8 +145,11 @@ class Silo:
     ) -> Silo:
         """The embedded default: one process, in-memory providers, no network."""
         opts = options or SiloOptions()
-        if opts.redis_url is not None:
-            raise ConfigurationError("Silo.local() is the embedded silo; drop redis_url")
+        if opts.clustered:
+            raise ConfigurationError(
+                "Silo.local() is the embedded silo; drop redis_url / storage_url / "
+                "membership_url / reminder_table_url"
+            )
         return cls(opts, clock=clock, reminder_table=reminder_table, streams=streams)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -223,49 +226,41 @@ class Silo:
         """Join the cluster. Push order makes ``stop()`` go: ShuttingDown, reminders
         off, grains deactivated (directory entries released), Dead, transport and
         stores closed."""
-        from orleanspy._redis import Redis, connect
         from orleanspy.directory import CachedDirectory
         from orleanspy.messaging.grpc import GrpcTransport
         from orleanspy.runtime.cluster import ClusterLocator, RingFollower
 
         o = self.options
-        client: Redis | None = None
+        # One Redis client or PostgreSQL pool per URL, shared by the providers
+        # that live there, closed by the silo.
+        connections = TableConnections(stack)
 
-        def redis() -> Redis:
-            # One client shared by every Redis provider, closed by the silo.
-            nonlocal client
-            if client is None:
-                if o.redis_url is None:
-                    raise ConfigurationError(
-                        "a cluster silo needs SiloOptions.redis_url, or every provider "
-                        "(membership_table, directory, reminder_table, streams) given"
-                    )
-                client = connect(o.redis_url)
-                stack.push_async_callback(client.aclose)
-            return client
+        def url_of(url: str | None) -> str:
+            if url is None:
+                raise ConfigurationError(
+                    "a cluster silo needs SiloOptions.storage_url (or redis_url), or every "
+                    "provider (membership_table, directory, reminder_table, streams) given"
+                )
+            return url
 
         if self._membership_table is None:
-            from orleanspy.membership.redis import RedisMembershipTable
-
-            self._membership_table = RedisMembershipTable(
-                redis(), cluster_id=o.cluster_id, service_id=o.service_id
+            self._membership_table = await connections.membership_table(
+                url_of(o.membership_table_url), cluster_id=o.cluster_id, service_id=o.service_id
             )
         if self._directory is None:
-            from orleanspy.redis_directory import RedisGrainDirectory
-
-            self._directory = RedisGrainDirectory(
-                redis(), cluster_id=o.cluster_id, service_id=o.service_id
+            self._directory = await connections.directory(
+                url_of(o.directory_url), cluster_id=o.cluster_id, service_id=o.service_id
             )
         if self._reminder_table is None:
-            from orleanspy.reminders.redis import RedisReminderTable
-
-            self._reminder_table = RedisReminderTable(
-                redis(), service_id=o.service_id, shards=o.reminders.shards
+            self._reminder_table = await connections.reminder_table(
+                url_of(o.reminders_url), service_id=o.service_id, shards=o.reminders.shards
             )
-        if self._streams is None:
+        if self._streams is None and o.streams_url is not None:
             from orleanspy.streams.redis import RedisStreamProvider
 
-            self._streams = RedisStreamProvider(redis(), service_id=o.service_id)
+            self._streams = RedisStreamProvider(
+                connections.redis(o.streams_url), service_id=o.service_id
+            )
         transport = self._transport or GrpcTransport(
             host=o.host,
             port=o.silo_port,
@@ -296,7 +291,9 @@ class Silo:
         if answer_only is not None:
             answer_only(locator.knows)
         # Before the transport: a call may activate a grain as soon as it listens.
-        await self._start_grain_storage(stack, dispatcher, redis if o.redis_url else None)
+        await self._start_grain_storage(
+            stack, dispatcher, await _default_grain_storage(o, connections)
+        )
         await transport.start(stack, dispatcher)
         _warn_if_exposed(o)
         self.address = transport.address
@@ -339,11 +336,11 @@ class Silo:
         self,
         stack: AsyncExitStack,
         dispatcher: Dispatcher,
-        redis: Callable[[], Any] | None,
+        default: GrainStorage | None,
     ) -> None:
         """Start the providers of ``SiloOptions.storage`` (URLs opened here). Without
-        it, ``"default"`` is Redis on the silo's own client when there is one, else
-        memory. Started before the catalog, so they close after the last
+        it, ``"default"`` is ``default`` (the cluster's own store) when there is one,
+        else memory. Started before the catalog, so they close after the last
         ``on_deactivate`` has had its chance to write."""
         from orleanspy.storage.factory import grain_storage_from_url
 
@@ -351,10 +348,8 @@ class Silo:
         wanted: dict[str, Any]
         if o.storage is not None:
             wanted = dict(o.storage)
-        elif redis is not None:
-            from orleanspy.storage.redis import RedisGrainStorage
-
-            wanted = {"default": RedisGrainStorage(redis(), service_id=o.service_id)}
+        elif default is not None:
+            wanted = {"default": default}
         else:
             from orleanspy.storage.memory import InMemoryGrainStorage
 
@@ -480,3 +475,21 @@ def _is_loopback(host: str) -> bool:
 async def _gossip(transport: Transport, timeout: float, silo: SiloAddress, version: int) -> bool:
     # Gossip rides on the ping: one small unary call, answered by every silo.
     return await transport.ping(silo, timeout, table_version=version)
+
+
+async def _default_grain_storage(
+    o: SiloOptions, connections: TableConnections
+) -> GrainStorage | None:
+    """Grain storage on the store of the cluster's tables (``storage_url``, else
+    ``redis_url``), sharing its client or pool; ``None`` when neither is set or
+    ``SiloOptions.storage`` names the providers itself."""
+    url = o.storage_url or o.redis_url
+    if o.storage is not None or url is None:
+        return None
+    if table_backend(url) == "postgres":
+        from orleanspy.storage.postgres import PostgresGrainStorage
+
+        return PostgresGrainStorage(await connections.postgres(url), service_id=o.service_id)
+    from orleanspy.storage.redis import RedisGrainStorage
+
+    return RedisGrainStorage(connections.redis(url), service_id=o.service_id)

@@ -1,0 +1,580 @@
+"""``PostgresReminderTable``: reminder rows in PostgreSQL, woken by LISTEN/NOTIFY.
+
+One table holds every service's rows (``service_id`` leads every key)::
+
+    orleanspy_reminders
+        service_id, grain_id, name     PRIMARY KEY (also serves read_grain)
+        grain_hash  bigint             the grain's ring position, 0 .. 2**32-1
+        bucket      smallint           grain_hash >> 24: 256 slices of the ring
+        priority    smallint           -128 .. 127, higher first
+        next_due    bigint             ms since the epoch (as start_at, last_fire)
+        version     bigint             the etag; every write takes a fresh value
+                                       from the sequence orleanspy_reminder_version
+    index (service_id, priority, bucket, next_due)   read_due
+    index (service_id, grain_hash)                   read_range
+    index (service_id, next_due)                     upcoming
+
+``read_due(r, before, limit)`` orders by priority (higher first), then
+``next_due``. A loose index scan finds the priorities in use (one index
+descent each, a handful in practice), and for each priority and each bucket
+the range overlaps, an index range scan over ``next_due <= before`` returns its
+earliest rows (the hash bounds filter only the two edge buckets, inside the
+index). A range of few buckets asks each scan for ``limit`` rows; a range of
+many asks for a fair share first and then asks again only the scans that may
+hide winners (see ``read_due``). So a read looks at no row that is not due: the
+cost follows the rows returned and the buckets touched, never the rows of the
+table. A range that wraps is just more buckets.
+
+Every write is one statement: the change, checked against ``version`` where
+the contract asks for a compare-and-swap, and a ``pg_notify`` on the service's
+channel carrying ``hash|next_due_ms|grain|name`` (``next_due`` empty for a
+removal). PostgreSQL sends the notification at commit, so a listener never
+hears of a write that did not happen.
+
+``changes()`` feeds are served by one LISTEN connection per table. When that
+connection is lost the table reconnects and re-LISTENs in the background; once
+it listens again, every open feed raises ``StorageUnavailableError`` once, so
+its reader (the reminder service) opens a new feed and re-reads its ranges.
+Nothing is lost: a write committed before the new LISTEN is in that re-read,
+one committed after reaches the new feed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
+from orleanspy.clock import from_ms, to_ms
+from orleanspy.errors import StorageError
+from orleanspy.identity import GrainId
+from orleanspy.reminders._pg_feed import Listener, PostgresChanges
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, ScheduleUpdate
+from orleanspy.ring import HASH_SPACE, RingRange
+
+__all__ = ["PostgresReminderTable"]
+
+_TOP: Final = HASH_SPACE - 1
+_BUCKET_SHIFT: Final = 24
+# read_due's first pass asks each scan for at least this many rows.
+_MIN_FIRST_ASK: Final = 16
+# A notification payload must stay below 8000 bytes; longer ones (huge grain
+# keys) are sent as "hash|!" and make every feed re-read, losing nothing.
+_MAX_PAYLOAD: Final = 7900
+
+_SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
+    (
+        "CREATE SEQUENCE IF NOT EXISTS orleanspy_reminder_version",
+        """CREATE TABLE IF NOT EXISTS orleanspy_reminders (
+            service_id text NOT NULL,
+            grain_id text NOT NULL,
+            name text NOT NULL,
+            grain_hash bigint NOT NULL,
+            bucket smallint NOT NULL,
+            priority smallint NOT NULL,
+            start_at bigint NOT NULL,
+            next_due bigint NOT NULL,
+            period_ms bigint,
+            cron text,
+            tz text,
+            last_fire bigint,
+            action smallint NOT NULL,
+            version bigint NOT NULL,
+            PRIMARY KEY (service_id, grain_id, name)
+        )""",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_due "
+        "ON orleanspy_reminders (service_id, priority, bucket, next_due)",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_hash "
+        "ON orleanspy_reminders (service_id, grain_hash)",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_next_due "
+        "ON orleanspy_reminders (service_id, next_due)",
+        f"""CREATE OR REPLACE FUNCTION orleanspy_reminder_notify(
+                channel text, h bigint, due bigint, g text, n text) RETURNS void
+            LANGUAGE sql AS $$
+            SELECT pg_notify(channel, CASE WHEN octet_length(p) < {_MAX_PAYLOAD}
+                                           THEN p ELSE h || '|!' END)
+            FROM (SELECT h || '|' || coalesce(due::text, '') || '|' || g || '|' || n AS p) x
+            $$""",
+    ),
+)
+
+_COLUMNS: Final = (
+    "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
+    "last_fire, priority, action, version"
+)
+
+_UPSERT: Final = """
+WITH w AS (
+    INSERT INTO orleanspy_reminders AS t (
+        service_id, grain_id, name, grain_hash, bucket, priority, start_at, next_due,
+        period_ms, cron, tz, last_fire, action, version)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
+            nextval('orleanspy_reminder_version'))
+    ON CONFLICT (service_id, grain_id, name) DO UPDATE SET
+        grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
+        priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
+        next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
+        cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
+        action = EXCLUDED.action, version = EXCLUDED.version
+    RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name
+)
+SELECT w.version, orleanspy_reminder_notify($14, w.grain_hash, w.next_due, w.grain_id, w.name)
+FROM w
+"""
+
+# Parallel arrays, one element per update; the ordinal says which update won.
+_UPDATE_MANY: Final = """
+WITH u AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
+        WITH ORDINALITY AS u(grain_id, name, version, next_due, last_fire, i)
+), w AS (
+    UPDATE orleanspy_reminders t
+    SET next_due = u.next_due, last_fire = u.last_fire,
+        version = nextval('orleanspy_reminder_version')
+    FROM u
+    WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
+        AND t.version = u.version
+    RETURNING u.i, t.version, t.grain_hash, t.next_due, t.grain_id, t.name
+)
+SELECT w.i, w.version, orleanspy_reminder_notify($7, w.grain_hash, w.next_due, w.grain_id, w.name)
+FROM w
+"""
+
+_UPDATE_ONE: Final = """
+WITH w AS (
+    UPDATE orleanspy_reminders
+    SET next_due = $5, last_fire = $6, version = nextval('orleanspy_reminder_version')
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
+    RETURNING version, grain_hash, next_due, grain_id, name
+)
+SELECT w.version, orleanspy_reminder_notify($7, w.grain_hash, w.next_due, w.grain_id, w.name)
+FROM w
+"""
+
+_REMOVE: Final = """
+WITH w AS (
+    DELETE FROM orleanspy_reminders
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
+    RETURNING grain_hash, grain_id, name
+)
+SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FROM w
+"""
+
+# $1 service, $2 before (ms), $3 rows per scan, then the planned slices as
+# parallel arrays: bucket, lowest and highest hash inside it (inclusive); $7 rows
+# in all (NULL: every row the scans return).
+_READ_DUE: Final = f"""
+WITH RECURSIVE prio(p) AS (
+    SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1
+    UNION ALL
+    SELECT (SELECT max(priority) FROM orleanspy_reminders
+            WHERE service_id = $1 AND priority < prio.p)
+    FROM prio WHERE prio.p IS NOT NULL
+)
+SELECT r.* FROM prio
+CROSS JOIN unnest($4::smallint[], $5::bigint[], $6::bigint[]) AS s(bucket, lo, hi)
+CROSS JOIN LATERAL (
+    SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+    WHERE service_id = $1 AND priority = prio.p AND bucket = s.bucket
+        AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
+    ORDER BY next_due, grain_hash
+    LIMIT $3
+) r
+WHERE prio.p IS NOT NULL
+ORDER BY r.priority DESC, r.next_due, r.grain_hash
+LIMIT $7
+"""
+
+# The second pass of read_due: named (priority, bucket) scans, $3 rows each.
+_READ_DUE_GROUPS: Final = f"""
+SELECT r.* FROM unnest($4::smallint[], $5::smallint[], $6::bigint[], $7::bigint[])
+    AS s(priority, bucket, lo, hi)
+CROSS JOIN LATERAL (
+    SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+    WHERE service_id = $1 AND priority = s.priority AND bucket = s.bucket
+        AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
+    ORDER BY next_due, grain_hash
+    LIMIT $3
+) r
+"""
+
+_UPCOMING: Final = f"""
+SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+WHERE service_id = $1 AND next_due <= $2
+ORDER BY next_due, grain_hash
+LIMIT $3
+"""
+
+_READ_RANGE: Final = f"""
+SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+WHERE service_id = $1 AND grain_hash BETWEEN $2 AND $3
+"""
+
+
+def _intervals(r: RingRange) -> list[tuple[int, int]]:
+    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
+    if r.size == HASH_SPACE:
+        return [(0, _TOP)]
+    lo = (r.begin + 1) % HASH_SPACE
+    if lo <= r.end:
+        return [(lo, r.end)]
+    return [(lo, _TOP), (0, r.end)]
+
+
+def _slices(r: RingRange) -> tuple[list[int], list[int], list[int]]:
+    """The buckets ``r`` overlaps, each with ``r``'s inclusive hash bounds inside it."""
+    buckets: list[int] = []
+    los: list[int] = []
+    his: list[int] = []
+    for a, b in _intervals(r):
+        for bucket in range(a >> _BUCKET_SHIFT, (b >> _BUCKET_SHIFT) + 1):
+            buckets.append(bucket)
+            los.append(max(a, bucket << _BUCKET_SHIFT))
+            his.append(min(b, ((bucket + 1) << _BUCKET_SHIFT) - 1))
+    return buckets, los, his
+
+
+def _channel(service_id: str) -> str:
+    # A channel is an identifier (at most 63 bytes); a digest fits any service id.
+    return "orleanspy_rem_" + hashlib.blake2b(service_id.encode(), digest_size=12).hexdigest()
+
+
+def _version(etag: str) -> int | None:
+    """The version an etag names, or ``None`` for an etag no row can have."""
+    if not etag.isascii() or not etag.isdigit() or len(etag) > 19:
+        return None
+    version = int(etag)
+    return version if version < 1 << 63 else None
+
+
+def _ms_or_none(at: datetime | None) -> int | None:
+    return None if at is None else to_ms(at)
+
+
+def _row(rec: Any) -> ReminderEntry:
+    try:
+        period = rec["period_ms"]
+        last = rec["last_fire"]
+        return ReminderEntry(
+            service_id=rec["service_id"],
+            grain_id=GrainId.parse(rec["grain_id"]),
+            name=rec["name"],
+            start_at=from_ms(rec["start_at"]),
+            next_due=from_ms(rec["next_due"]),
+            period=None if period is None else timedelta(milliseconds=period),
+            cron=rec["cron"],
+            tz=rec["tz"],
+            last_fire=None if last is None else from_ms(last),
+            priority=int(rec["priority"]),
+            action=MissedReminderAction(rec["action"]),
+            etag=str(rec["version"]),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StorageError(f"malformed reminder row in postgresql: {exc}") from exc
+
+
+def _due_order(row: ReminderEntry) -> tuple[int, int, int, str]:
+    return (-int(row.priority), to_ms(row.next_due), row.hash, row.key)
+
+
+def _rank(row: ReminderEntry) -> tuple[int, int]:
+    """What a scan orders by, across scans: priority (higher first), then due time."""
+    return (-int(row.priority), to_ms(row.next_due))
+
+
+class PostgresReminderTable:
+    """A ``ReminderTable`` (and ``BatchingReminderTable``) in PostgreSQL.
+
+    ``url_or_pool``: a ``postgresql://`` URL (the table opens a pool and a
+    LISTEN connection, both closed with the start stack) or an ``asyncpg``
+    pool (used as is and never closed here; the LISTEN connection is then
+    acquired from it and released on close). ``start`` creates or migrates the
+    schema.
+    """
+
+    def __init__(self, url_or_pool: str | Pool, *, service_id: str) -> None:
+        self.service_id = service_id
+        self._source = url_or_pool
+        self._pool: Pool | None = None
+        self._channel = _channel(service_id)
+        self._listener: Listener | None = None
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Connect, create or migrate the schema, and LISTEN for changes.
+
+        Raises ``StorageUnavailableError`` if the server cannot be reached,
+        ``StorageError`` if the stored schema is newer than this release knows.
+        A second call does nothing (the first start's stack owns the connections).
+        """
+        if self._pool is not None:
+            return
+        pool = await open_pool(self._source, stack)
+        await migrate(pool, "reminders", _SCHEMA)
+        self._pool = pool
+        listener = Listener(self._source, self._channel)
+        await listener.start()
+        # Pushed after the pool's close, so it unwinds first.
+        stack.push_async_callback(listener.close)
+        self._listener = listener
+
+    @property
+    def _p(self) -> Pool:
+        if self._pool is None:
+            raise RuntimeError("PostgresReminderTable used before start()")
+        return self._pool
+
+    # -- writes ---------------------------------------------------------------------
+
+    async def upsert(self, entry: ReminderEntry) -> str:
+        """Insert or replace the row unconditionally; returns its new etag."""
+        h = entry.hash
+        with translate_errors("reminder upsert"):
+            version = await self._p.fetchval(
+                _UPSERT,
+                self.service_id,
+                entry.grain_id.canonical,
+                entry.name,
+                h,
+                h >> _BUCKET_SHIFT,
+                int(entry.priority),
+                to_ms(entry.start_at),
+                to_ms(entry.next_due),
+                None if entry.period is None else entry.period // timedelta(milliseconds=1),
+                entry.cron,
+                entry.tz,
+                _ms_or_none(entry.last_fire),
+                int(entry.action),
+                self._channel,
+            )
+        return str(version)
+
+    async def update_schedule(
+        self,
+        grain_id: GrainId,
+        name: str,
+        etag: str,
+        next_due: datetime,
+        last_fire: datetime | None,
+    ) -> str | None:
+        """CAS on the version: the new etag, or ``None`` if the row is gone or moved on."""
+        version = _version(etag)
+        if version is None:
+            return None
+        with translate_errors("reminder update_schedule"):
+            new = await self._p.fetchval(
+                _UPDATE_ONE,
+                self.service_id,
+                grain_id.canonical,
+                name,
+                version,
+                to_ms(next_due),
+                _ms_or_none(last_fire),
+                self._channel,
+            )
+        return None if new is None else str(new)
+
+    async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
+        """``update_schedule`` for each update, in order: one statement over
+        ``unnest`` arrays (a round per repeat of a key within the batch, since
+        a later update of a key must see the earlier one's outcome).
+
+        Each statement is atomic; on ``StorageUnavailableError`` an earlier
+        round may have applied. Retrying is safe: an applied update then
+        reports a lost race.
+        """
+        results: list[str | None] = [None] * len(updates)
+        pending = [i for i, u in enumerate(updates) if _version(u.etag) is not None]
+        while pending:
+            seen: set[tuple[str, str]] = set()
+            now: list[int] = []
+            later: list[int] = []
+            for i in pending:
+                key = (updates[i].grain_id.canonical, updates[i].name)
+                (later if key in seen else now).append(i)
+                seen.add(key)
+            if later:
+                # A repeat of a key that this round updates can only win against
+                # the etag this round makes, which its caller cannot know.
+                won_keys = await self._update_round(updates, now, results)
+                later = [
+                    i
+                    for i in later
+                    if (updates[i].grain_id.canonical, updates[i].name) not in won_keys
+                ]
+            else:
+                await self._update_round(updates, now, results)
+            pending = later
+        return results
+
+    async def _update_round(
+        self, updates: Sequence[ScheduleUpdate], indices: list[int], results: list[str | None]
+    ) -> set[tuple[str, str]]:
+        # Key order, so two batches touching the same rows lock them in one order.
+        indices = sorted(indices, key=lambda i: (updates[i].grain_id.canonical, updates[i].name))
+        with translate_errors("reminder update_schedule_many"):
+            records = await self._p.fetch(
+                _UPDATE_MANY,
+                self.service_id,
+                [updates[i].grain_id.canonical for i in indices],
+                [updates[i].name for i in indices],
+                [_version(updates[i].etag) for i in indices],
+                [to_ms(updates[i].next_due) for i in indices],
+                [_ms_or_none(updates[i].last_fire) for i in indices],
+                self._channel,
+            )
+        won: set[tuple[str, str]] = set()
+        for rec in records:
+            i = indices[int(rec["i"]) - 1]
+            results[i] = str(rec["version"])
+            won.add((updates[i].grain_id.canonical, updates[i].name))
+        return won
+
+    async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
+        version = _version(etag)
+        if version is None:
+            return False
+        with translate_errors("reminder remove"):
+            records = await self._p.fetch(
+                _REMOVE, self.service_id, grain_id.canonical, name, version, self._channel
+            )
+        return bool(records)
+
+    # -- reads ----------------------------------------------------------------------
+
+    async def read(self, grain_id: GrainId, name: str) -> ReminderEntry | None:
+        with translate_errors("reminder read"):
+            rec = await self._p.fetchrow(
+                f"SELECT {_COLUMNS} FROM orleanspy_reminders "
+                "WHERE service_id = $1 AND grain_id = $2 AND name = $3",
+                self.service_id,
+                grain_id.canonical,
+                name,
+            )
+        return None if rec is None else _row(rec)
+
+    async def read_grain(self, grain_id: GrainId) -> list[ReminderEntry]:
+        """Every row of the grain in name order (a primary-key prefix scan)."""
+        with translate_errors("reminder read_grain"):
+            records = await self._p.fetch(
+                f"SELECT {_COLUMNS} FROM orleanspy_reminders "
+                "WHERE service_id = $1 AND grain_id = $2",
+                self.service_id,
+                grain_id.canonical,
+            )
+        rows = [_row(rec) for rec in records]
+        rows.sort(key=lambda row: row.name)
+        return rows
+
+    async def read_range(self, r: RingRange) -> list[ReminderEntry]:
+        """Every row in ``r``, ordered by hash then key (index range scans)."""
+        rows: list[ReminderEntry] = []
+        with translate_errors("reminder read_range"):
+            for lo, hi in _intervals(r):
+                records = await self._p.fetch(_READ_RANGE, self.service_id, lo, hi)
+                rows.extend(_row(rec) for rec in records)
+        rows.sort(key=lambda row: (row.hash, row.key))
+        return rows
+
+    async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
+        """Due rows of ``r``: priority descending, then ``next_due`` ascending (ties by
+        hash, then key), at most ``limit``. See the module doc for the index.
+
+        When the range spans many buckets, a first statement asks each (priority,
+        bucket) scan for about twice its fair share of ``limit``. Only a scan that
+        returned its full share, ending at or before the ``limit``-th best row seen,
+        may hide more winners; only those are asked again, for up to ``limit``
+        rows. So a whole-ring read moves about ``2 x limit`` rows, not ``limit``
+        per bucket.
+        """
+        if limit <= 0:
+            return []
+        buckets, los, his = _slices(r)
+        before_ms = to_ms(before)
+        ask = max(_MIN_FIRST_ASK, -(-2 * limit // len(buckets)))
+        if ask >= limit:
+            with translate_errors("reminder read_due"):
+                records = await self._p.fetch(
+                    _READ_DUE, self.service_id, before_ms, limit, buckets, los, his, limit
+                )
+            rows = [_row(rec) for rec in records]
+            rows.sort(key=_due_order)
+            return rows
+        with translate_errors("reminder read_due"):
+            records = await self._p.fetch(
+                _READ_DUE, self.service_id, before_ms, ask, buckets, los, his, None
+            )
+        rows = [_row(rec) for rec in records]
+        rows.sort(key=_due_order)
+        threshold = _rank(rows[limit - 1]) if len(rows) >= limit else None
+        groups: dict[tuple[int, int], list[ReminderEntry]] = {}
+        for row in rows:
+            groups.setdefault((int(row.priority), row.hash >> _BUCKET_SHIFT), []).append(row)
+        # Rows a full scan did not return rank at or after its last row; ties in
+        # rank are why "at or before" (not "before") marks a scan to ask again.
+        again = [
+            group
+            for group, found in groups.items()
+            if len(found) == ask and (threshold is None or _rank(found[-1]) <= threshold)
+        ]
+        if again:
+            bounds = dict(zip(buckets, zip(los, his, strict=True), strict=True))
+            with translate_errors("reminder read_due"):
+                more = await self._p.fetch(
+                    _READ_DUE_GROUPS,
+                    self.service_id,
+                    before_ms,
+                    limit,
+                    [p for p, _ in again],
+                    [b for _, b in again],
+                    [bounds[b][0] for _, b in again],
+                    [bounds[b][1] for _, b in again],
+                )
+            seen = {row.key for row in rows}
+            for rec in more:
+                row = _row(rec)
+                if row.key not in seen:
+                    seen.add(row.key)
+                    rows.append(row)
+            rows.sort(key=_due_order)
+        del rows[limit:]
+        return rows
+
+    async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
+        """Rows across the ring with ``next_due <= before``, earliest first."""
+        if limit <= 0:
+            return []
+        with translate_errors("reminder upcoming"):
+            records = await self._p.fetch(_UPCOMING, self.service_id, to_ms(before), limit)
+        rows = [_row(rec) for rec in records]
+        rows.sort(key=lambda row: (to_ms(row.next_due), row.hash, row.key))
+        return rows
+
+    async def count(self) -> int:
+        """How many rows the service has (an index-only count: PostgreSQL keeps no
+        row count, so this grows with the table; tools only)."""
+        with translate_errors("reminder count"):
+            n = await self._p.fetchval(
+                "SELECT count(*) FROM orleanspy_reminders WHERE service_id = $1", self.service_id
+            )
+        return int(n)
+
+    # -- change feed ----------------------------------------------------------------
+
+    def changes(self) -> PostgresChanges:
+        """A new subscription, receiving every change from this call on.
+
+        The table's LISTEN connection is already listening, so nothing
+        committed after this call is missed while the connection holds. When
+        it is lost and listens again, the feed raises
+        ``StorageUnavailableError`` once (changes may have been missed: re-read);
+        it ends on ``aclose`` or when the table is closed.
+        """
+        if self._listener is None:
+            raise RuntimeError("PostgresReminderTable used before start()")
+        return self._listener.subscribe()

@@ -1,0 +1,181 @@
+"""Three silo processes on PostgreSQL alone (no Redis): reminders tick, rows
+written elsewhere arrive through NOTIFY, a SIGKILLed silo's reminders move on.
+
+The silos poll the reminder table only every 10 minutes, so within this test a
+row reaches its owner only through LISTEN/NOTIFY or a ring change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from orleanspy import ClusterClient
+from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.membership.postgres import PostgresMembershipTable
+from orleanspy.membership.table import SiloStatus
+from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.ring import ConsistentRing
+from orleanspy.testing.cluster import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+SILO = Path(__file__).with_name("pg_silo_process.py")
+ROOT = Path(__file__).resolve().parents[2]
+TYPE = "pg_silo_process.Tick"
+GRAINS = 24
+
+
+def _ready(proc: subprocess.Popen[str], timeout: float = 30) -> SiloAddress:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        if line.startswith("READY "):
+            return SiloAddress.parse(line.split()[1])
+        if time.monotonic() > deadline:
+            break
+    raise RuntimeError(f"silo process exited or never got ready (rc={proc.poll()})")
+
+
+@contextmanager
+def silo_processes(
+    url: str, count: int
+) -> Iterator[list[tuple[subprocess.Popen[str], SiloAddress]]]:
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(SILO),
+                "--storage-url",
+                url,
+                "--name",
+                f"pg-{i}",
+                "--expect",
+                str(count),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for i in range(count)
+    ]
+    try:
+        yield [(p, _ready(p)) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+            if p.stdout is not None:
+                p.stdout.close()
+
+
+async def test_three_silos_on_postgres_only(postgres_url: str) -> None:
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        await conn.execute(
+            "CREATE TABLE test_ticks (grain text, name text, silo text, "
+            "at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+
+        async def ticked(name: str, since: datetime, silos: set[str] | None = None) -> set[str]:
+            rows = await conn.fetch(
+                "SELECT DISTINCT grain, silo FROM test_ticks WHERE name = $1 AND at > $2",
+                name,
+                since,
+            )
+            return {r["grain"] for r in rows if silos is None or r["silo"] in silos}
+
+        with silo_processes(postgres_url, 3) as silos:
+            addresses = [a for _, a in silos]
+            async with AsyncExitStack() as stack:
+                table = PostgresMembershipTable(
+                    postgres_url, cluster_id="dev", service_id="default"
+                )
+                await table.start(stack)
+                # The client finds its gateways in the PostgreSQL membership table.
+                client = await stack.enter_async_context(ClusterClient(postgres_url))
+                await wait_for(lambda: len(client.gateways) == 3, timeout=15, what="3 gateways")
+
+                # Each grain registers on the silo hosting it; the ring owner of
+                # its row is often another silo, which hears of it only by NOTIFY.
+                t0 = datetime.now(UTC)
+                hosts = await asyncio.gather(
+                    *(client.get_grain(TYPE, k).start("tick", 500) for k in range(GRAINS))
+                )
+                ring = ConsistentRing.build(addresses)
+                elsewhere = [
+                    k
+                    for k in range(GRAINS)
+                    if str(ring.owner(GrainId(TYPE, k).uniform_hash())) != hosts[k]
+                ]
+                assert elsewhere, "no row was owned by another silo than its writer"
+                everyone = {str(k) for k in range(GRAINS)}
+
+                async def all_ticking() -> bool:
+                    return await ticked("tick", t0) == everyone
+
+                await wait_for(all_ticking, timeout=30, what="every reminder ticking")
+
+                # A writer outside the cluster: the row reaches its owner by NOTIFY.
+                outside = PostgresReminderTable(postgres_url, service_id="default")
+                await outside.start(stack)
+                now = datetime.now(UTC)
+                await outside.upsert(
+                    ReminderEntry(
+                        service_id="default",
+                        grain_id=GrainId(TYPE, 1000),
+                        name="outside",
+                        start_at=now,
+                        next_due=now + timedelta(milliseconds=300),
+                        period=timedelta(milliseconds=500),
+                    )
+                )
+
+                async def outside_ticks() -> bool:
+                    return await ticked("outside", now) == {"1000"}
+
+                await wait_for(outside_ticks, timeout=20, what="the outside row ticking")
+
+                # SIGKILL one silo: once it is Dead, every reminder ticks on the others.
+                victim, victim_address = silos[0]
+                victim.send_signal(signal.SIGKILL)
+                victim.wait(5)
+
+                async def victim_dead() -> bool:
+                    return (await table.read_all()).status(victim_address) is SiloStatus.DEAD
+
+                await wait_for(victim_dead, timeout=30, what="the killed silo Dead")
+                dead_at = datetime.now(UTC)
+                survivors = {str(a) for a in addresses[1:]}
+
+                async def all_moved_on() -> bool:
+                    return (
+                        await ticked("tick", dead_at + timedelta(seconds=1), survivors) == everyone
+                    )
+
+                await wait_for(all_moved_on, timeout=40, what="every reminder ticking on survivors")
+                late = await conn.fetchval(
+                    "SELECT count(*) FROM test_ticks WHERE silo = $1 AND at > $2",
+                    str(victim_address),
+                    dead_at,
+                )
+                assert late == 0
+    finally:
+        await conn.close()

@@ -1,0 +1,75 @@
+"""Schema creation by the providers and their behaviour when the server drops
+their connections."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from orleanspy.errors import StorageUnavailableError
+from orleanspy.identity import GrainId
+from orleanspy.membership.postgres import PostgresMembershipTable
+from orleanspy.postgres_directory import PostgresGrainDirectory
+from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.postgres import PostgresReminderTable
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+async def test_providers_starting_together_create_the_schema_once(postgres_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        providers = [
+            p
+            for i in range(3)
+            for p in (
+                PostgresReminderTable(postgres_url, service_id=f"s{i}"),
+                PostgresMembershipTable(postgres_url, cluster_id="c", service_id=f"s{i}"),
+                PostgresGrainDirectory(postgres_url, cluster_id="c", service_id=f"s{i}"),
+            )
+        ]
+        await asyncio.gather(*(p.start(stack) for p in providers))
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        versions = dict(await conn.fetch("SELECT component, version FROM orleanspy_schema"))
+    finally:
+        await conn.close()
+    assert versions == {"reminders": 1, "membership": 1, "directory": 1}
+
+
+async def test_dropped_connections_are_storage_unavailable_then_recover(postgres_url: str) -> None:
+    """The server ends every session: a call fails only with
+    ``StorageUnavailableError``, and the next calls get fresh connections."""
+    async with AsyncExitStack() as stack:
+        table = PostgresReminderTable(postgres_url, service_id="svc")
+        await table.start(stack)
+        entry = ReminderEntry(
+            service_id="svc",
+            grain_id=GrainId("D", "x"),
+            name="r",
+            start_at=T0,
+            next_due=T0,
+            period=timedelta(minutes=1),
+        )
+        await table.upsert(entry)
+        admin = await asyncpg.connect(postgres_url)
+        try:
+            await admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        outcomes: list[str] = []
+        for _ in range(12):
+            try:
+                await table.upsert(entry)
+                outcomes.append("ok")
+            except StorageUnavailableError:
+                outcomes.append("unavailable")
+        # A pooled connection the server ended fails once; nothing else goes wrong.
+        assert outcomes[-1] == "ok" and set(outcomes) <= {"ok", "unavailable"}
+        row = await table.read(entry.grain_id, "r")
+        assert row is not None and row.next_due == T0
