@@ -4,8 +4,9 @@ One task serves every request (refills, newly owned ranges, hints, the poll,
 the repair pass), so that reads of the table never race each other.
 
 A *refill* reads every owned range with ``read_due(range, now + look_ahead,
-limit)`` and keeps the earliest ``bucket_size`` rows overall (queued rows that
-lose are evicted; rows being delivered are never evicted). It runs at start,
+limit)`` and keeps the first ``bucket_size`` rows overall in the admission
+order — highest priority first, then earliest due (queued rows that lose are
+evicted; rows being delivered are never evicted). It runs at start,
 every ``poll_interval``, on request, when the heap falls below half (or half of
 it turned over) while the last refill left rows behind, and after the change
 feed was lost. A newly owned range is read at once. A change for an owned row
@@ -39,7 +40,7 @@ from orleanspy.reminders._adaptive import LoadSignals, window_size
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._ticker import MISSED_COUNT_CAP, Backoff, sleep_or_wake
-from orleanspy.reminders._window import DueWindow, Row
+from orleanspy.reminders._window import DueWindow, Row, admission_key
 from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderChange,
@@ -151,8 +152,12 @@ class Loader:
         elif next_due > self._clock.now() + self._options.look_ahead:
             return
         elif self._window.space == 0:
-            last = self._window.last_due()
-            if last is None or next_due >= last:
+            # Full: a change that would not make the cut waits for a refill. A
+            # change without its priority may be of any: it is read unless it
+            # would lose even at the highest priority.
+            last = self._window.last_admitted()
+            priority = 127 if change.priority is None else change.priority
+            if last is None or admission_key(priority, next_due) >= last:
                 self._more_available = True
                 return
         self._hints[key] = (grain_id, name)
@@ -274,7 +279,8 @@ class Loader:
                 next_due, last_fire = self._effective(entry)
                 if next_due <= before:
                     found[key] = (next_due, -int(entry.priority), entry, last_fire)
-        best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
+        # Priority first, then due: the window's admission order.
+        best = sorted(found.values(), key=lambda c: (c[1], c[0]))[: window.room]
         fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
         loaded, evicted = window.merge(fresh)
         self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)

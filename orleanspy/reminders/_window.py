@@ -10,7 +10,10 @@ window) or leaves. The capacity bounds *all* resident rows, not only the heap:
 under a backlog the heap drains into the lanes, and a refill must not then
 load more rows behind them, or memory would grow with the table.
 
-The heap is one ``heapq`` min-heap keyed ``(next_due, -priority, seq)``.
+The heap is one ``heapq`` min-heap keyed ``(next_due, -priority, seq)``: it
+orders firing. Admission is another order: when more rows are near due than
+the capacity, the window holds the highest-priority rows first, then the
+earliest due (``admission_key``), the order the table's ``read_due`` answers in.
 Removal is lazy: an entry is live only while its row is ``QUEUED`` with the
 same ``seq``; stale entries are compacted away when they outnumber live ones.
 """
@@ -26,7 +29,7 @@ from datetime import datetime
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.schedule import Schedule
 
-__all__ = ["DueWindow", "Row", "RowState"]
+__all__ = ["DueWindow", "Row", "RowState", "admission_key"]
 
 
 class RowState(enum.Enum):
@@ -117,9 +120,10 @@ class DueWindow:
         self._skip_stale()
         return self._heap[0][0] if self._heap else None
 
-    def last_due(self) -> datetime | None:
-        """The latest ``next_due`` in the heap (a scan: called only when full)."""
-        live = [item[0] for item in self._heap if _live(item)]
+    def last_admitted(self) -> tuple[int, datetime] | None:
+        """The admission key (``-priority, next_due``) of the queued row that would
+        be evicted first, or ``None`` (a scan: called only when full)."""
+        live = [(-item[3].priority, item[0]) for item in self._heap if _live(item)]
         return max(live) if live else None
 
     def push(self, row: Row) -> bool:
@@ -175,12 +179,14 @@ class DueWindow:
         return gone
 
     def merge(self, candidates: Iterable[Row]) -> tuple[int, list[Row]]:
-        """Load ``candidates`` (rows not resident), keeping the earliest overall.
+        """Load ``candidates`` (rows not resident), keeping the first overall in
+        the admission order: highest priority first, then earliest due.
 
         Queued rows compete with the candidates for the room left by DUE rows;
-        the latest lose: a losing candidate is not loaded, a losing queued row is
-        evicted (released). Returns ``(loaded, evicted)``. Never exceeds
-        ``capacity``, also when the capacity shrank since the last merge.
+        the last in that order lose: a losing candidate is not loaded, a losing
+        queued row is evicted (released; the loader reads it again once there is
+        room). Returns ``(loaded, evicted)``. Never exceeds ``capacity``, also
+        when the capacity shrank since the last merge.
         """
         fresh = [row for row in candidates if row.key not in self._rows]
         room = self.capacity - (len(self._rows) - self._queued)
@@ -224,5 +230,11 @@ def _live(item: _HeapItem) -> bool:
     return row.state is RowState.QUEUED and row.seq == item[2]
 
 
-def _order(row: Row) -> tuple[datetime, int, int]:
-    return (row.next_due, -row.priority, row.seq)
+def admission_key(priority: int, next_due: datetime) -> tuple[int, datetime]:
+    """The order in which rows compete for the window (and the table's due
+    order): priority descending, then next_due ascending."""
+    return (-priority, next_due)
+
+
+def _order(row: Row) -> tuple[int, datetime, int]:
+    return (-row.priority, row.next_due, row.seq)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -128,11 +128,17 @@ class ReminderEntry:
 
 @dataclass(frozen=True, slots=True)
 class ReminderChange:
-    """A write to the reminder table: ``next_due`` is ``None`` when the row was removed."""
+    """A write to the reminder table: ``next_due`` is ``None`` when the row was removed.
+
+    ``priority`` is the row's priority when the writer knew it (a table may leave
+    it ``None``: the reader then reads the row to learn it). It is a hint, not
+    part of the change's identity, so it does not take part in equality.
+    """
 
     grain_id: GrainId
     name: str
     next_due: datetime | None
+    priority: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

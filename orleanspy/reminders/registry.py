@@ -54,7 +54,12 @@ class ReminderRegistry:
         self._listeners.append(listener)
 
     def _changed(self, grain_id: GrainId, name: str, entry: ReminderEntry | None) -> None:
-        change = ReminderChange(grain_id, name, entry.next_due if entry else None)
+        change = ReminderChange(
+            grain_id,
+            name,
+            entry.next_due if entry else None,
+            int(entry.priority) if entry else None,
+        )
         for listener in self._listeners:
             listener(change)
 

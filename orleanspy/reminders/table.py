@@ -11,6 +11,16 @@ Lost races are values, not exceptions: a CAS against a stale etag returns
 
 Timestamps go in and come out as timezone-aware UTC datetimes, stored with
 millisecond precision.
+
+The due order. ``read_due`` (and ``upcoming``, which is ``read_due`` over the
+whole ring) answers with the rows of the range whose ``next_due <= before``,
+ordered by ``priority`` *descending* (the higher int first: CRITICAL=100 before
+NORMAL=0 before BACKGROUND=-100; any int in -128..127), then by ``next_due``
+ascending, at most ``limit`` of them. So the answer is always a prefix of that
+order: no row left out comes before a row returned. Ties in
+``(priority, next_due)`` come back in a stable but unspecified order. This is
+what lets the service hold the highest-priority rows first when the due
+backlog is larger than its window, without reading the whole backlog.
 """
 
 from __future__ import annotations
@@ -72,10 +82,12 @@ class ReminderTable(Protocol):
         ...
 
     async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
-        """Rows in ``r`` with ``next_due <= before``, earliest ``next_due`` first,
-        at most ``limit``. Answered from the due index: the cost grows with the
-        rows returned (and those due in overlapping shards), never with the table.
-        Ties in ``next_due`` come back in a stable but unspecified order."""
+        """Rows in ``r`` with ``next_due <= before``, in the due order (module
+        docstring: priority descending, then ``next_due`` ascending), at most
+        ``limit``. Answered from the due index: the cost grows with the rows
+        returned, those due in overlapping shards and the priorities present,
+        never with the table. Ties in ``(priority, next_due)`` come back in a
+        stable but unspecified order."""
         ...
 
     async def update_schedule(
@@ -104,8 +116,8 @@ class ReminderTable(Protocol):
         ...
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
-        """Rows across the whole ring with ``next_due <= before``, earliest first,
-        at most ``limit`` (uses the due index)."""
+        """``read_due`` over the whole ring: rows with ``next_due <= before`` in the
+        due order (priority descending, then ``next_due``), at most ``limit``."""
         ...
 
     def changes(self) -> ChangeFeed:

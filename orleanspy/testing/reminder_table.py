@@ -125,9 +125,21 @@ async def _upsert_all(table: ReminderTable, entries: list[ReminderEntry]) -> dic
     return etags
 
 
+_PRIORITIES: Final = (
+    ReminderPriority.CRITICAL,
+    ReminderPriority.NORMAL,
+    ReminderPriority.NORMAL,
+    ReminderPriority.BACKGROUND,
+    127,
+    -128,
+    5,
+)
+
+
 def _bulk_entries(table: ReminderTable, rng: random.Random, n: int) -> list[ReminderEntry]:
     """``n`` rows over many grains (two names on some), with next_due spread over
-    two hours at millisecond precision and some exact ties."""
+    two hours at millisecond precision and some exact ties, in several priorities
+    (the named ones most, the extremes -128 and 127 too)."""
     entries: list[ReminderEntry] = []
     for i in range(n):
         gid = GrainId("ContractGrain", i // 2 if i % 3 else f"k{i}")
@@ -135,8 +147,14 @@ def _bulk_entries(table: ReminderTable, rng: random.Random, n: int) -> list[Remi
             due = _T0 + timedelta(minutes=rng.randrange(0, 120))
         else:
             due = _T0 + timedelta(milliseconds=rng.randrange(0, 2 * 3600 * 1000))
-        entries.append(_entry(table, gid, f"r{i}", due=due))
+        priority = int(rng.choice(_PRIORITIES))
+        entries.append(_entry(table, gid, f"r{i}", due=due, priority=priority))
     return entries
+
+
+def _due_order(e: ReminderEntry) -> tuple[int, datetime]:
+    """The contract's due order: priority descending, then next_due ascending."""
+    return (-int(e.priority), e.next_due)
 
 
 def _check_due_answer(
@@ -148,8 +166,9 @@ def _check_due_answer(
     before: datetime,
     limit: int,
 ) -> None:
-    """``got`` must be the ``limit`` earliest rows of ``pool`` in ``r`` due by
-    ``before``, earliest first (any order, and any choice, among ties)."""
+    """``got`` must be the first ``limit`` rows of ``pool`` in ``r`` due by
+    ``before`` in the due order: priority descending, then next_due ascending
+    (any order, and any choice, among ties of both)."""
     qualifying = [e for e in pool if (r is None or e.hash in r) and e.next_due <= before]
     keys = {e.key for e in qualifying}
     got_keys = [e.key for e in got]
@@ -160,14 +179,21 @@ def _check_due_answer(
         f"{what} {r} before={before} limit={limit}: "
         f"{len(got)} rows, expected {min(limit, len(qualifying))}"
     )
-    dues = [e.next_due for e in got]
-    assert dues == sorted(dues), f"{what}: rows not in next_due order"
+    order = [_due_order(e) for e in got]
+    assert order == sorted(order), (
+        f"{what}: rows not in the due order (priority descending, then next_due)"
+    )
     if got and len(got) < len(qualifying):
         left = {e.key for e in qualifying} - set(got_keys)
-        earliest_left = min(e.next_due for e in qualifying if e.key in left)
-        assert dues[-1] <= earliest_left, (
-            f"{what}: returned a row due {dues[-1]} while one due {earliest_left} was left out"
+        first_left = min(_due_order(e) for e in qualifying if e.key in left)
+        assert order[-1] <= first_left, (
+            f"{what}: returned a row of (priority, due) ({-order[-1][0]}, {order[-1][1]}) "
+            f"while one of ({-first_left[0]}, {first_left[1]}) was left out"
         )
+    # The brute-force answer, compared as (priority, due) pairs (ties may pick
+    # different rows).
+    want = sorted(_due_order(e) for e in qualifying)[: len(got)]
+    assert order == want, f"{what}: answer differs from the brute-force due order"
 
 
 async def _next_change(it: AsyncIterator[ReminderChange]) -> ReminderChange:
@@ -437,8 +463,9 @@ async def check_read_range_random_bounds(factory: TableFactory) -> None:
 
 
 async def check_read_due_against_brute_force(factory: TableFactory) -> None:
-    """``read_due`` returns the earliest due rows of the range, in order, at most
-    ``limit``, for random ranges (wrapping too), cut-offs and limits."""
+    """``read_due`` returns the first due rows of the range in the due order
+    (priority descending, then next_due), at most ``limit``, for random ranges
+    (wrapping too), cut-offs and limits, checked against brute force."""
     rng = random.Random(4242)
     async with factory() as table:
         entries = _bulk_entries(table, rng, _BULK)

@@ -1,0 +1,103 @@
+"""The reminder service's promises at the edges: priority-first admission, live
+management changes on held rows, and ticks after storage trouble.
+
+In-memory table and a manual clock; the Redis and multi-process versions of the
+storage promises live in ``test_redis_faults.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.model import ReminderEntry, ReminderPriority, TickStatus
+from orleanspy.testing.clock import ManualClock
+from tests.reminders.test_service import OPTIONS, START, Recorder, advance, entry, running, until
+
+
+@pytest.fixture
+async def table() -> AsyncIterator[InMemoryReminderTable]:
+    async with AsyncExitStack() as stack:
+        t = InMemoryReminderTable()
+        await t.start(stack)
+        yield t
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(START)
+
+
+class SlowRecorder(Recorder):
+    """Each acknowledged tick takes ``cost`` seconds of the manual clock."""
+
+    def __init__(self, clock: ManualClock, cost: float) -> None:
+        super().__init__()
+        self._clock = clock
+        self._cost = cost
+
+    async def __call__(self, entry: ReminderEntry, status: TickStatus) -> None:
+        await self._clock.sleep(self._cost)
+        await super().__call__(entry, status)
+
+
+async def run_until(clock: ManualClock, done: object, step: float, limit: float) -> None:
+    """Advance the clock in ``step`` seconds until ``done()`` holds (at most ``limit`` s)."""
+    assert callable(done)
+    spent = 0.0
+    while not done():
+        assert spent < limit, "condition not reached on the manual clock"
+        await advance(clock, step)
+        spent += step
+
+
+# -- priority-first admission --------------------------------------------------------
+
+
+async def test_critical_row_behind_a_background_backlog_larger_than_the_bucket_is_on_time(
+    table, clock
+) -> None:
+    # Bucket 10; 100 BACKGROUND rows due at +1.0 s, one CRITICAL row due at +1.1 s.
+    # Admitting by due time would hold only BACKGROUND rows until ~90 of them were
+    # through; priority first holds the CRITICAL row from the first refill.
+    for i in range(100):
+        await table.upsert(
+            entry(clock, i, due=1, period=3600, priority=ReminderPriority.BACKGROUND)
+        )
+    critical = entry(clock, "crit", due=timedelta(milliseconds=1100), period=3600)
+    critical = replace(critical, priority=ReminderPriority.CRITICAL)
+    await table.upsert(critical)
+    rec = SlowRecorder(clock, 0.02)
+    options = replace(OPTIONS, base_bucket_size=10, permits=4)
+    async with running(table, clock, rec, options=options) as svc:
+        assert svc._window.get(critical.key) is not None, (
+            "the CRITICAL row is not held although it comes first in admission order"
+        )
+        await run_until(clock, lambda: "crit" in {e.grain_id.key for e, _ in rec.calls}, 0.005, 5)
+        status = next(s for e, s in rec.calls if e.grain_id.key == "crit")
+        late = status.delivered_at - status.current_tick_time
+        assert status.current_tick_time == START + timedelta(milliseconds=1100)
+        assert late <= timedelta(milliseconds=50), f"CRITICAL tick {late} late"
+        await run_until(clock, lambda: len(rec.calls) == 101, 0.05, 30)
+        assert svc.stats.resident <= 10 or svc.stats.high_water <= 10
+
+
+async def test_higher_priority_arrival_evicts_a_queued_lower_priority_row(table, clock) -> None:
+    for i in range(4):
+        await table.upsert(entry(clock, i, due=10, period=3600, priority=ReminderPriority.NORMAL))
+    rec = Recorder()
+    options = replace(OPTIONS, base_bucket_size=4)
+    async with running(table, clock, rec, options=options) as svc:
+        assert svc.stats.loaded == 4
+        late = replace(entry(clock, "crit", due=20, period=3600), priority=100)
+        await table.upsert(late)  # the feed tells the service; it must make room
+        await until(lambda: svc._window.get(late.key) is not None)
+        assert svc.stats.resident == 4 and svc.stats.evicted == 1
+        await run_until(clock, lambda: len(rec.calls) == 5, 1.0, 60)
+        # The evicted NORMAL row came back at a later refill and ticked too.
+        assert sorted(str(e.grain_id.key) for e, _ in rec.calls) == ["0", "1", "2", "3", "crit"]
