@@ -4,7 +4,7 @@ A tick is one grain call, ``receive_reminder``. Failures of the call path are
 retried until the grain acknowledges; only then is the row's next slot handed
 to the persister. A silo lost between the two leaves the old slot in the table
 and the next owner delivers the tick again: at least once. A row reached later
-than the grace gets its ``MissedReminderAction`` instead (``plan_tick``), and
+than the grace gets its ``MissedReminderAction`` instead (``_missed``), and
 its grid resumes after now, so a long outage costs at most one catch-up tick
 per row.
 """
@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from datetime import datetime
 
+from orleanspy._retry import Backoff
 from orleanspy.clock import Clock
 from orleanspy.errors import (
     ActivationError,
@@ -27,8 +28,9 @@ from orleanspy.errors import (
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._lanes import Dispatcher
 from orleanspy.reminders._loader import Loader
+from orleanspy.reminders._missed import TickPlan, plan_tick
 from orleanspy.reminders._persist import Persister, update_key
-from orleanspy.reminders._ticker import Backoff, Ticker, TickPlan, plan_tick
+from orleanspy.reminders._ticker import Ticker
 from orleanspy.reminders._window import DueWindow, Row, RowState
 from orleanspy.reminders.model import (
     MissedReminder,
@@ -139,7 +141,15 @@ class Delivery:
         if row.dropped:
             return
         now = self._clock.now()
-        plan = plan_tick(row, now, self._options.grace)
+        plan = plan_tick(
+            row.schedule,
+            row.entry.action,
+            row.next_due,
+            now,
+            self._options.grace,
+            reloaded=row.reloaded,
+        )
+        row.reloaded = False
         last_fire = row.last_fire
         if plan.missed:
             self.missed += 1

@@ -29,17 +29,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from orleanspy._retry import Backoff
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
 from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, window_size
+from orleanspy.reminders._missed import plan_tick
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
-from orleanspy.reminders._ticker import MISSED_COUNT_CAP, Backoff, sleep_or_wake
+from orleanspy.reminders._ticker import sleep_or_wake
 from orleanspy.reminders._window import DueWindow, Row, admission_key
 from orleanspy.reminders.model import (
     MissedReminderAction,
@@ -225,7 +227,12 @@ class Loader:
                 raise_if_cancelled()
                 self.load_errors += 1
                 log.warning("reminder load failed name=%s error=%r", self._name, exc)
-                await self._clock.sleep(backoff.next())
+                # A new request (a registration's hint, a ring change) cuts the
+                # wait short: once the store is back it is served at once, not
+                # after a backoff grown during the outage.
+                self._wake.clear()
+                retry_at = self._clock.now() + timedelta(seconds=backoff.next())
+                await sleep_or_wake(self._clock, retry_at, self._wake)
                 continue
             raise_if_cancelled()
             await sleep_or_wake(self._clock, min(next_poll, next_repair), self._wake)
@@ -395,18 +402,22 @@ class Loader:
                 or not self._ownership.owns(entry.grain_id)
             ):
                 continue
-            if entry.action is MissedReminderAction.FIRE_IMMEDIATELY:
-                self._more_available = True
-                continue
             try:
                 schedule = schedule_for(entry)
             except ReminderError:
                 continue
-            resume = schedule.next_after(now)
-            missed = schedule.slots_between(entry.next_due, now, cap=MISSED_COUNT_CAP) + 1
+            plan = plan_tick(
+                schedule, entry.action, entry.next_due, now, self._options.grace, reloaded=True
+            )
+            if plan.deliver:
+                # A catch-up (FIRE_IMMEDIATELY) or an on-time tick needs a delivery:
+                # the window loads it once there is room.
+                self._more_available = True
+                continue
+            assert plan.resume is not None
             self.repaired += 1
             self._persister.submit(
-                ScheduleUpdate(entry.grain_id, entry.name, entry.etag, resume, entry.last_fire)
+                ScheduleUpdate(entry.grain_id, entry.name, entry.etag, plan.resume, entry.last_fire)
             )
             if entry.action is MissedReminderAction.NOTIFY:
-                await self._notify(entry, entry.next_due, now, missed, resume)
+                await self._notify(entry, plan.slot, now, plan.missed_ticks, plan.resume)

@@ -48,7 +48,16 @@ class Row:
     is the local delivery time of the last acknowledged tick.
     """
 
-    __slots__ = ("dropped", "entry", "last_fire", "next_due", "schedule", "seq", "state")
+    __slots__ = (
+        "dropped",
+        "entry",
+        "last_fire",
+        "next_due",
+        "reloaded",
+        "schedule",
+        "seq",
+        "state",
+    )
 
     def __init__(
         self,
@@ -66,6 +75,9 @@ class Row:
         # Set when the row must not be ticked or re-queued any more (ownership
         # moved, the row was removed or moved by another writer).
         self.dropped = False
+        # True until the row's first tick after it was read from the table: the
+        # stored schedule may lag behind ticks already delivered (_missed).
+        self.reloaded = True
 
     @property
     def key(self) -> str:

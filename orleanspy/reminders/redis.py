@@ -39,10 +39,11 @@ import logging
 import secrets
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy._retry import Backoff
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
@@ -64,8 +65,8 @@ _MIN_FIRST_ASK: Final = 16
 # The change feed polls its socket this often so a close from another task is
 # noticed; between polls it blocks in Redis, it does not busy-wait.
 _FEED_POLL_S: Final = 0.5
-_BACKOFF_MIN_S: Final = 0.05
-_BACKOFF_MAX_S: Final = 2.0
+_BACKOFF_MIN: Final = timedelta(milliseconds=50)
+_BACKOFF_MAX: Final = timedelta(seconds=2)
 
 # Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
 # values when a script rewrites a row.
@@ -629,7 +630,7 @@ class _RedisChanges:
         self._pubsub: Any = None
         self._closed = asyncio.Event()
         self._busy = False
-        self._delay = _BACKOFF_MIN_S
+        self._backoff = Backoff(_BACKOFF_MIN, _BACKOFF_MAX)
 
     def __aiter__(self) -> _RedisChanges:
         return self
@@ -665,18 +666,16 @@ class _RedisChanges:
         except StorageError as exc:
             if self._closed.is_set():
                 return None
+            delay = self._backoff.next()
             _log.warning(
-                "reminder change feed lost redis; resubscribing error=%s delay_s=%.2f",
-                exc,
-                self._delay,
+                "reminder change feed lost redis; resubscribing error=%s delay_s=%.2f", exc, delay
             )
             await self._drop()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), self._delay)
-            self._delay = min(self._delay * 2, _BACKOFF_MAX_S)
+                await asyncio.wait_for(self._closed.wait(), delay)
             return None
         if message is not None:
-            self._delay = _BACKOFF_MIN_S
+            self._backoff.reset()
         return message
 
     async def _drop(self) -> None:

@@ -7,17 +7,28 @@ storage promises live in ``test_redis_faults.py``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
+from orleanspy.errors import StorageUnavailableError
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.model import ReminderEntry, ReminderPriority, TickStatus
+from orleanspy.reminders.model import ReminderEntry, ReminderPriority, ScheduleUpdate, TickStatus
 from orleanspy.testing.clock import ManualClock
-from tests.reminders.test_service import OPTIONS, START, Recorder, advance, entry, running, until
+from tests.reminders.test_service import (
+    OPTIONS,
+    START,
+    Recorder,
+    S,
+    _Silent,
+    advance,
+    entry,
+    running,
+    until,
+)
 
 
 @pytest.fixture
@@ -51,7 +62,7 @@ async def run_until(clock: ManualClock, done: object, step: float, limit: float)
     assert callable(done)
     spent = 0.0
     while not done():
-        assert spent < limit, "condition not reached on the manual clock"
+        assert spent < limit, f"condition not reached on the manual clock by {clock.now()}"
         await advance(clock, step)
         spent += step
 
@@ -101,3 +112,54 @@ async def test_higher_priority_arrival_evicts_a_queued_lower_priority_row(table,
         await run_until(clock, lambda: len(rec.calls) == 5, 1.0, 60)
         # The evicted NORMAL row came back at a later refill and ticked too.
         assert sorted(str(e.grain_id.key) for e, _ in rec.calls) == ["0", "1", "2", "3", "crit"]
+
+
+# -- ticks after storage trouble ------------------------------------------------------
+
+
+class FrozenStoreTable(InMemoryReminderTable):
+    """A store that, while ``frozen``, applies each schedule write but answers it
+    with a timeout (as a frozen Redis does once it wakes up), then refuses the rest."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = False
+        self.applied_while_frozen = 0
+
+    async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
+        if not self.frozen:
+            return await super().update_schedule_many(updates)
+        if not self.applied_while_frozen:
+            await super().update_schedule_many(updates)
+        self.applied_while_frozen += 1
+        raise StorageUnavailableError("Timeout reading from socket")
+
+
+@pytest.mark.parametrize("feed", [True, False], ids=["with-feed", "without-feed"])
+async def test_write_applied_despite_a_timeout_is_recognised_and_no_slot_repeats(
+    clock, feed: bool
+) -> None:
+    table = FrozenStoreTable()
+    e = entry(clock, due=1, period=1)
+    await table.upsert(e)
+    rec = Recorder()
+    async with AsyncExitStack() as stack:
+        await table.start(stack)
+        if not feed:
+            table.changes = _Silent  # type: ignore[method-assign]
+        async with running(table, clock, rec) as svc:
+            await run_until(clock, lambda: len(rec.calls) == 2, 0.25, 5)
+            await svc.wait_persisted()
+            table.frozen = True
+            # Ten more ticks while every write times out (the first one applied).
+            await run_until(clock, lambda: len(rec.calls) == 12, 0.25, 20)
+            table.frozen = False
+            await run_until(clock, lambda: len(rec.calls) == 16, 0.25, 20)
+            await svc.wait_persisted()
+            stats = svc.stats
+        slots = rec.slots()
+        assert len(slots) == len(set(slots)), "a slot was delivered twice"
+        assert slots == [START + (i + 1) * S for i in range(16)], "the grid broke"
+        assert stats.cas_conflicts == 0, "our own applied write was taken for another writer"
+        stored = await table.read(e.grain_id, e.name)
+        assert stored is not None and stored.next_due == START + 17 * S
