@@ -213,6 +213,21 @@ class Delivery:
         # the outcome is not about it.
         mine = row is not None and row.entry.etag == update.etag
         if etag is None:
+            if row is not None and not mine and not row.dropped and row.entry.etag is not None:
+                # The row was rewritten under this write by a management call that
+                # kept its schedule (it now holds the new etag): write the local
+                # schedule again on top of it.
+                if (row.next_due, row.last_fire) != (row.entry.next_due, row.entry.last_fire):
+                    self._persister.submit(
+                        ScheduleUpdate(
+                            row.entry.grain_id,
+                            row.entry.name,
+                            row.entry.etag,
+                            row.next_due,
+                            row.last_fire,
+                        )
+                    )
+                return
             self.cas_conflicts += 1
             log.info("reminder moved by another writer name=%s key=%s", self._name, key)
             if row is not None and mine:

@@ -38,11 +38,12 @@ from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, window_size
+from orleanspy.reminders._lanes import Lanes
 from orleanspy.reminders._missed import plan_tick
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._ticker import sleep_or_wake
-from orleanspy.reminders._window import DueWindow, Row, admission_key
+from orleanspy.reminders._window import DueWindow, Row, RowState, admission_key
 from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderChange,
@@ -87,6 +88,7 @@ class Loader:
         window: DueWindow,
         persister: Persister,
         load: Callable[[], LoadSignals],
+        lanes: Lanes,
         drop: Callable[[Row], None],
         notify: Notify,
         wake_ticker: Callable[[], None],
@@ -99,6 +101,7 @@ class Loader:
         self._window = window
         self._persister = persister
         self._load = load
+        self._lanes = lanes
         self._drop = drop
         self._notify = notify
         self._wake_ticker = wake_ticker
@@ -132,8 +135,10 @@ class Loader:
         """Take a change of the table into account (from the feed or a local hint).
 
         A removal drops the row. A change of a row not held, due inside the
-        window, or of a held row that another writer moved, schedules a read of
-        the row; the echo of our own write is ignored.
+        window, of a held row that another writer moved, or a whole-row write
+        of a held row (a registration or management call: its change carries
+        the priority), schedules a read of the row; the echo of our own write
+        is ignored.
         """
         grain_id, name, next_due = change.grain_id, change.name, change.next_due
         if not self._ownership.owns(grain_id):
@@ -147,8 +152,10 @@ class Loader:
             self._hints.pop(key, None)
             return
         if row is not None:
-            if next_due in (row.next_due, row.entry.next_due) or self._persister.wrote(
-                key, next_due
+            whole_row = change.priority is not None
+            if not whole_row and (
+                next_due in (row.next_due, row.entry.next_due)
+                or self._persister.wrote(key, next_due)
             ):
                 return
         elif next_due > self._clock.now() + self._options.look_ahead:
@@ -367,7 +374,9 @@ class Loader:
                 self._drop(row)
             return
         if row is not None:
-            if entry.etag == row.entry.etag:
+            if entry.etag == row.entry.etag or self._persister.wrote(key, entry.next_due):
+                return  # unchanged, or our own write whose outcome is on its way
+            if self._update_held(row, entry):
                 return
             self._drop(row)
         next_due, last_fire = self._effective(entry)
@@ -382,6 +391,56 @@ class Loader:
             self._more_available = True
         elif self._window.head_due() == new.next_due:
             self._wake_ticker()
+
+    def _update_held(self, row: Row, entry: ReminderEntry) -> bool:
+        """Apply a registration or management write to a held row in place, so it
+        takes effect at once and no slot is delivered twice; ``False`` when the
+        row must be dropped and read again instead.
+
+        A write that kept the schedule (a new priority or action) swaps the row's
+        stored copy and etag, keeps its local schedule (ticks already delivered
+        stay delivered), rebases its unwritten update onto the new etag and moves
+        it to its priority's lane. A write that moved the schedule (a repair, a
+        new period or cron) is the new truth: the row takes the stored schedule,
+        and updates of ours still waiting are discarded. A row whose tick is
+        being delivered right now keeps that delivery: with a moved schedule it
+        is dropped and the new row loaded (the new schedule's slots lie ahead).
+        """
+        old = row.entry
+        same_schedule = (
+            entry.next_due == old.next_due
+            and entry.start_at == old.start_at
+            and entry.period == old.period
+            and entry.cron == old.cron
+            and entry.tz == old.tz
+        )
+        waiting = row.state is RowState.DUE and self._lanes.remove(row)
+        if same_schedule:
+            assert old.etag is not None and entry.etag is not None
+            row.entry = entry
+            self._persister.rebase(row.key, old.etag, entry.etag)
+            if waiting:
+                self._lanes.put(row)
+            elif row.state is RowState.QUEUED:
+                self._window.push(row)  # the heap's tie-break follows the priority
+            return True
+        if row.state is RowState.DUE and not waiting:
+            return False  # being delivered: drop it, load the new row
+        try:
+            schedule = schedule_for(entry)
+        except ReminderError as exc:
+            log.warning("reminder row unusable name=%s key=%s error=%s", self._name, row.key, exc)
+            return False
+        self._persister.discard(row.key)
+        row.entry, row.schedule = entry, schedule
+        row.next_due, row.last_fire = entry.next_due, entry.last_fire
+        row.reloaded = False  # the writer chose this next_due: nothing was missed
+        if row.next_due <= self._clock.now() + self._options.look_ahead:
+            if self._window.push(row):
+                self._wake_ticker()
+        else:
+            self._window.release(row)
+        return True
 
     async def _repair(self) -> None:
         """Apply SKIP/NOTIFY in place to long-overdue rows not held (module docstring)."""

@@ -92,6 +92,21 @@ class Persister:
         self._idle.clear()
         self._ready.set()
 
+    def rebase(self, key: str, old_etag: str, new_etag: str) -> None:
+        """The row was rewritten from ``old_etag`` to ``new_etag`` by someone who
+        kept its schedule (a management call): a pending update made against the
+        old etag now applies to the new one."""
+        pending = self._pending.get(key)
+        if pending is not None and pending.etag == old_etag:
+            self._pending[key] = replace(pending, etag=new_etag)
+
+    def discard(self, key: str) -> None:
+        """Forget the pending update of row ``key`` (its schedule was replaced)."""
+        self._pending.pop(key, None)
+        self._uncertain.pop(key, None)
+        if not self._pending and not self._writing:
+            self._idle.set()
+
     def latest(self, key: str) -> ScheduleUpdate | None:
         """The newest unwritten update of row ``key``."""
         return self._pending.get(key) or self._writing.get(key)

@@ -204,7 +204,7 @@ class InMemoryReminderTable:
         new_etag = str(seq)
         moved = _normalise(replace(found[0], next_due=next_due, last_fire=last_fire), new_etag)
         self._put(moved, seq)
-        self._publish(grain_id, name, moved.next_due, moved.priority)
+        self._publish(grain_id, name, moved.next_due)
         return new_etag
 
     def _walk_due(self, r: RingRange | None, before_ms: int, limit: int) -> list[ReminderEntry]:

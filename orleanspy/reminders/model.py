@@ -130,9 +130,10 @@ class ReminderEntry:
 class ReminderChange:
     """A write to the reminder table: ``next_due`` is ``None`` when the row was removed.
 
-    ``priority`` is the row's priority when the writer knew it (a table may leave
-    it ``None``: the reader then reads the row to learn it). It is a hint, not
-    part of the change's identity, so it does not take part in equality.
+    ``priority`` is set by writes that replace the whole row (``upsert``: a
+    registration or a management call) to the row's priority, and ``None`` for
+    schedule CASes and removals (see ``ReminderTable``). It does not take part
+    in equality.
     """
 
     grain_id: GrainId

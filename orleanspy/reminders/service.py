@@ -128,6 +128,7 @@ class ReminderService:
             window=self._window,
             persister=self._persister,
             load=load,
+            lanes=self._dispatcher.lanes,
             drop=delivery.drop,
             notify=delivery.notify,
             wake_ticker=self._ticker.wake,

@@ -64,7 +64,10 @@ class ReminderTable(Protocol):
 
         The ``etag`` of ``entry`` is ignored. Returns the row's new etag, distinct
         from every etag the row had before (parallel upserts of one key each get
-        their own). Publishes a change with the row's ``next_due``.
+        their own). Publishes a change with the row's ``next_due`` *and its
+        priority* (``ReminderChange.priority``): that is how the service tells a
+        registration or management write of a row it holds (a new priority,
+        action or schedule to apply at once) from the echo of a schedule CAS.
         """
         ...
 
@@ -101,14 +104,15 @@ class ReminderTable(Protocol):
         """Compare-and-swap ``next_due``/``last_fire`` on the row.
 
         Returns the new etag, or ``None`` if the row is gone or its etag is not
-        ``etag`` (another writer moved it). Publishes a change on success.
+        ``etag`` (another writer moved it). Publishes a change on success, with
+        ``priority`` left ``None``.
         """
         ...
 
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if it exists and its etag is ``etag``; ``True`` if deleted.
 
-        Publishes a change with ``next_due=None`` on success."""
+        Publishes a change with ``next_due=None`` (and ``priority`` ``None``) on success."""
         ...
 
     async def count(self) -> int:

@@ -573,9 +573,11 @@ async def check_changes_feed(factory: TableFactory) -> None:
             await _prime(table, second)
             gid = GrainId("ContractGrain", "feed")
             due = _T0 + timedelta(minutes=3)
-            etag = await table.upsert(_entry(table, gid, "n", due=due))
+            etag = await table.upsert(_entry(table, gid, "n", due=due, priority=-7))
             for it in (first, second):
-                assert await _next_change(it) == ReminderChange(gid, "n", due), "upsert change"
+                change = await _next_change(it)
+                assert change == ReminderChange(gid, "n", due), "upsert change"
+                assert change.priority == -7, "an upsert's change must carry the row's priority"
             moved = _T0 + timedelta(minutes=9)
             assert await table.update_schedule(gid, "n", "stale", _T0, None) is None
             assert await table.remove(gid, "n", "stale") is False
@@ -583,10 +585,14 @@ async def check_changes_feed(factory: TableFactory) -> None:
             assert new_etag is not None
             for it in (first, second):
                 # The lost races above must not have published anything.
-                assert await _next_change(it) == ReminderChange(gid, "n", moved), "CAS change"
+                change = await _next_change(it)
+                assert change == ReminderChange(gid, "n", moved), "CAS change"
+                assert change.priority is None, "a schedule CAS's change carries no priority"
             assert await table.remove(gid, "n", new_etag) is True
             for it in (first, second):
-                assert await _next_change(it) == ReminderChange(gid, "n", None), "remove change"
+                change = await _next_change(it)
+                assert change == ReminderChange(gid, "n", None), "remove change"
+                assert change.priority is None, "a removal's change carries no priority"
             if isinstance(table, BatchingReminderTable):
                 etag = await table.upsert(_entry(table, gid, "b", due=due))
                 assert await _next_change(first) == ReminderChange(gid, "b", due)

@@ -7,6 +7,7 @@ storage promises live in ``test_redis_faults.py``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -16,7 +17,13 @@ import pytest
 
 from orleanspy.errors import StorageUnavailableError
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.model import ReminderEntry, ReminderPriority, ScheduleUpdate, TickStatus
+from orleanspy.reminders.model import (
+    MissedReminderAction,
+    ReminderEntry,
+    ReminderPriority,
+    ScheduleUpdate,
+    TickStatus,
+)
 from orleanspy.testing.clock import ManualClock
 from tests.reminders.test_service import (
     OPTIONS,
@@ -163,3 +170,95 @@ async def test_write_applied_despite_a_timeout_is_recognised_and_no_slot_repeats
         assert stats.cas_conflicts == 0, "our own applied write was taken for another writer"
         stored = await table.read(e.grain_id, e.name)
         assert stored is not None and stored.next_due == START + 17 * S
+
+
+# -- management changes on held rows --------------------------------------------------
+
+
+async def _stored(table: InMemoryReminderTable, e: ReminderEntry) -> ReminderEntry:
+    row = await table.read(e.grain_id, e.name)
+    assert row is not None
+    return row
+
+
+async def test_set_priority_on_a_held_row_applies_at_once_and_repeats_no_slot(table, clock) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await run_until(clock, lambda: len(rec.calls) == 1, 1.0, 20)
+        # What the management grain's set_priority writes: the stored row, re-prioritised.
+        await table.upsert(replace(await _stored(table, e), priority=ReminderPriority.CRITICAL))
+        await until(lambda: svc._window.get(e.key).priority == 100)
+        await run_until(clock, lambda: len(rec.calls) == 3, 1.0, 30)
+        await svc.wait_persisted()
+        assert rec.slots() == [START + 10 * S, START + 20 * S, START + 30 * S]
+        assert [s.priority for _, s in rec.calls] == [0, 100, 100]
+        assert svc.stats.cas_conflicts == 0
+        stored = await _stored(table, e)
+        assert stored.priority == 100 and stored.next_due == START + 40 * S
+
+
+async def test_set_action_while_the_tick_is_being_delivered_repeats_no_slot(table, clock) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    async with running(table, clock, rec) as svc:
+        await run_until(clock, lambda: rec.blocked == 1, 1.0, 20)
+        fire = MissedReminderAction.FIRE_IMMEDIATELY
+        await table.upsert(replace(await _stored(table, e), action=fire))
+        await until(lambda: svc._window.get(e.key).entry.action is fire)
+        rec.gate.set()
+        rec.gate = None
+        await until(lambda: len(rec.calls) == 1)
+        await run_until(clock, lambda: len(rec.calls) == 3, 1.0, 30)
+        await svc.wait_persisted()
+        assert rec.slots() == [START + 10 * S, START + 20 * S, START + 30 * S]
+        assert svc.stats.cas_conflicts == 0
+        stored = await _stored(table, e)
+        assert stored.action is fire and stored.next_due == START + 40 * S
+
+
+async def test_reregistering_a_held_row_takes_the_new_schedule_at_once(table, clock) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await run_until(clock, lambda: len(rec.calls) == 1, 1.0, 20)
+        # register_or_update_reminder with period 3 s, anchored at now (t=10).
+        await table.upsert(entry(clock, due=3, period=3))
+        await until(lambda: svc._window.get(e.key).next_due == START + 13 * S)
+        await run_until(clock, lambda: len(rec.calls) == 4, 0.5, 20)
+        assert rec.slots() == [START + 10 * S, START + 13 * S, START + 16 * S, START + 19 * S]
+        assert svc.stats.cas_conflicts == 0
+
+
+async def test_repair_and_delete_of_held_rows_repeat_no_slot(table, clock) -> None:
+    a = entry(clock, "a", due=10, period=10)
+    b = entry(clock, "b", due=10, period=10)
+    await table.upsert(a)
+    await table.upsert(b)
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    async with running(table, clock, rec) as svc:
+        await run_until(clock, lambda: rec.blocked == 2, 1.0, 20)
+        # repair of a: its first slot after now (t=10) is 20, the row is being delivered.
+        await table.upsert(replace(await _stored(table, a), next_due=START + 20 * S))
+        stored_b = await _stored(table, b)
+        assert stored_b.etag is not None
+        assert await table.remove(b.grain_id, b.name, stored_b.etag)
+        await until(lambda: svc._window.get(b.key) is None)
+        rec.gate.set()
+        rec.gate = None
+        await until(lambda: len(rec.calls) == 2)
+        await run_until(clock, lambda: len(rec.calls) == 4, 1.0, 40)
+        await svc.wait_persisted()
+        by_key: dict[str, list[object]] = {}
+        for entry_, status in rec.calls:
+            by_key.setdefault(str(entry_.grain_id.key), []).append(status.current_tick_time)
+        assert by_key == {
+            "a": [START + 10 * S, START + 20 * S, START + 30 * S],
+            "b": [START + 10 * S],
+        }
+        assert await table.read(b.grain_id, b.name) is None
