@@ -88,6 +88,15 @@ class InMemoryReminderTable:
         self._publish(row.grain_id, row.name, row.next_due, row.priority)
         return etag
 
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
+        ``expected_etag``; the new etag, or ``None`` when it did not hold."""
+        found = self._rows.get(self._key_of(entry))
+        current = None if found is None else found[0].etag
+        if (found is not None or expected_etag is not None) and current != expected_etag:
+            return None
+        return await self.upsert(entry)
+
     async def update_schedule(
         self,
         grain_id: GrainId,

@@ -57,6 +57,9 @@ class ReminderEntry:
     Exactly one of ``period`` (interval on the grid ``start_at + k * period``) and
     ``cron`` (with zone ``tz``, default UTC) is set. ``next_due`` is always set
     and is what the due index orders by. ``etag`` is ``None`` until stored.
+    ``declared`` marks a row created by a ``@register_reminder`` declaration
+    (removed when its declaration goes); rows registered from code have
+    ``False`` and are never removed that way.
     """
 
     service_id: str
@@ -71,6 +74,7 @@ class ReminderEntry:
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
     etag: str | None = None
+    declared: bool = False
 
     def __post_init__(self) -> None:
         # Ints arrive where enums left (msgpack carries IntEnums as ints).
@@ -105,6 +109,7 @@ class ReminderEntry:
             "r": int(self.priority),
             "x": int(self.action),
             "e": self.etag,
+            "o": 1 if self.declared else None,
         }
 
     @classmethod
@@ -123,6 +128,8 @@ class ReminderEntry:
             priority=rec["r"],
             action=MissedReminderAction(rec["x"]),
             etag=rec["e"],
+            # Absent in records written before the field existed.
+            declared=bool(rec.get("o")),
         )
 
 

@@ -70,7 +70,7 @@ _BACKOFF_MAX: Final = timedelta(seconds=2)
 
 # Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
 # values when a script rewrites a row.
-_NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None}
+_NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None, "o": None}
 
 #: Width of a priority lane in the due score: next_due ms must lie in [0, 2**44).
 LANE_WIDTH: Final = 1 << 44
@@ -86,8 +86,18 @@ def lane_score(priority: int, due_ms: int) -> int:
 
 
 # KEYS: rows, due, grain, etag counter.
-# ARGV: key, due member, score, record, etag suffix, channel, change payload.
+# ARGV: key, due member, score, record, etag suffix, channel, change payload,
+# condition: '' (none), '-' (only if absent) or the etag the row must have.
+# Returns the new etag, or nil when the condition does not hold.
 _UPSERT: Final = """
+if ARGV[8] ~= '' then
+  local raw = redis.call('HGET', KEYS[1], ARGV[1])
+  if ARGV[8] == '-' then
+    if raw then return false end
+  else
+    if not raw or cmsgpack.unpack(raw)['e'] ~= ARGV[8] then return false end
+  end
+end
 local etag = redis.call('INCR', KEYS[4]) .. ARGV[5]
 local rec = cmsgpack.unpack(ARGV[4])
 rec['e'] = etag
@@ -309,13 +319,24 @@ class RedisReminderTable:
 
     async def upsert(self, entry: ReminderEntry) -> str:
         """Insert or replace the row unconditionally; returns its new etag."""
+        etag = await self._upsert(entry, "", "reminder upsert")
+        assert etag is not None
+        return etag
+
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
+        ``expected_etag``; the new etag, or ``None`` when it did not hold."""
+        condition = "-" if expected_etag is None else expected_etag
+        return await self._upsert(entry, condition, "reminder upsert_if")
+
+    async def _upsert(self, entry: ReminderEntry, condition: str, what: str) -> str | None:
         h = entry.hash
         s = self.shard_of(h)
         key = entry.key
         due_ms = to_ms(entry.next_due)
         score = lane_score(int(entry.priority), due_ms)
         record = {**entry.to_record(), "e": None}
-        with translate_errors("reminder upsert"):
+        with translate_errors(what):
             etag = await self._script("upsert")(
                 keys=[
                     self._key(s, "rows"),
@@ -331,9 +352,10 @@ class RedisReminderTable:
                     self._etag_suffix,
                     self._channel,
                     _change_payload(entry.grain_id, entry.name, due_ms, int(entry.priority)),
+                    condition,
                 ],
             )
-        return str(etag.decode())
+        return None if etag is None else str(etag.decode())
 
     def _update_call(
         self,

@@ -23,7 +23,7 @@ from orleanspy.reminders.model import (
     ReminderPriority,
 )
 from orleanspy.reminders.spec import new_entry
-from orleanspy.reminders.table import ReminderTable
+from orleanspy.reminders.table import ConditionalReminderTable, ReminderTable
 
 __all__ = ["ReminderRegistry"]
 
@@ -107,6 +107,27 @@ class ReminderRegistry:
         entry = entry.with_etag(await self.table.upsert(entry))
         self._changed(entry.grain_id, entry.name, entry)
         return entry
+
+    async def store_if(self, entry: ReminderEntry, expected_etag: str | None) -> bool:
+        """Write ``entry`` only if the row is absent (``expected_etag`` ``None``) or
+        still has ``expected_etag``; ``False`` if another writer got there first.
+        On a table that is not a ``ConditionalReminderTable`` this is ``store``."""
+        if isinstance(self.table, ConditionalReminderTable):
+            etag = await self.table.upsert_if(entry, expected_etag)
+            if etag is None:
+                return False
+        else:
+            etag = await self.table.upsert(entry)
+        self._changed(entry.grain_id, entry.name, entry.with_etag(etag))
+        return True
+
+    async def remove_if_unchanged(self, row: ReminderEntry) -> bool:
+        """Remove ``row`` if it still has the etag it was read with; ``False`` if
+        it is gone or was rewritten meanwhile (then it is kept)."""
+        if row.etag is None or not await self.table.remove(row.grain_id, row.name, row.etag):
+            return False
+        self._changed(row.grain_id, row.name, None)
+        return True
 
     async def unregister(self, grain_id: GrainId, name: str) -> bool:
         """Remove the row; ``False`` if it did not exist. Retries lost etag races

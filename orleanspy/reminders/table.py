@@ -10,7 +10,9 @@ Lost races are values, not exceptions: a CAS against a stale etag returns
 (``StorageUnavailableError``) or misbehaving (``StorageError``).
 
 Timestamps go in and come out as timezone-aware UTC datetimes, stored with
-millisecond precision.
+millisecond precision. Every field of ``ReminderEntry`` round-trips, including
+``declared`` (whether a ``@register_reminder`` declaration created the row);
+``ReminderEntry.to_record``/``from_record`` give a storage form of plain values.
 
 The due order. ``read_due`` (and ``upcoming``, which is ``read_due`` over the
 whole ring) answers with the rows of the range whose ``next_due <= before``,
@@ -34,7 +36,7 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
 
-__all__ = ["BatchingReminderTable", "ChangeFeed", "ReminderTable"]
+__all__ = ["BatchingReminderTable", "ChangeFeed", "ConditionalReminderTable", "ReminderTable"]
 
 
 @runtime_checkable
@@ -145,4 +147,22 @@ class BatchingReminderTable(ReminderTable, Protocol):
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
         """``update_schedule`` for each update, in order, as one batch; each result
         is the new etag or ``None`` (lost race), exactly as for single calls."""
+        ...
+
+
+@runtime_checkable
+class ConditionalReminderTable(ReminderTable, Protocol):
+    """A table that can write a whole row on a condition (optional).
+
+    Start-up registration of ``@register_reminder`` declarations uses it so
+    that silos starting together create or update each row exactly once; on
+    a table without it they fall back to ``upsert`` (the rows still end up as
+    declared, possibly written once per silo).
+    """
+
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``upsert`` if the row is absent (``expected_etag`` is ``None``) or its
+        etag is ``expected_etag``; returns the new etag, or ``None`` (nothing
+        written, nothing published) when the condition does not hold. Publishes
+        like ``upsert`` on success."""
         ...

@@ -23,7 +23,8 @@ A failed check raises ``AssertionError`` saying what was expected. The checks
 cover Orleans' ``ReminderTableTestsBase`` (parallel upserts, remove with stale,
 wrong and right etag, range reads with random bounds over 1,000 rows including
 wrap-around) and the parts orleanspy adds: the due index, schedule CAS (single
-and batched, when the table is a ``BatchingReminderTable``), ``upcoming``,
+and batched, when the table is a ``BatchingReminderTable``), ``upsert_if`` (when
+the table is a ``ConditionalReminderTable``), ``upcoming``,
 ``count``, the change feed and a field-by-field round trip. Rows are written with
 the table's ``service_id`` attribute when it has one.
 """
@@ -48,7 +49,12 @@ from orleanspy.reminders.model import (
     ReminderPriority,
     ScheduleUpdate,
 )
-from orleanspy.reminders.table import BatchingReminderTable, ChangeFeed, ReminderTable
+from orleanspy.reminders.table import (
+    BatchingReminderTable,
+    ChangeFeed,
+    ConditionalReminderTable,
+    ReminderTable,
+)
 from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = [
@@ -333,6 +339,7 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
                 due=at,
                 action=MissedReminderAction.SKIP,
             ),
+            _entry(table, GrainId("RoundTrip", "decl"), "declared", due=at, declared=True),
         ]
         for e in variants:
             etag = await table.upsert(e)
@@ -341,6 +348,40 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
             assert got == expected, f"round trip changed the row:\n got {got}\nwant {expected}"
             assert got.next_due.tzinfo is not None and got.next_due.utcoffset() == timedelta(0)
             assert got.next_due == from_ms(to_ms(e.next_due)), "next_due not kept to the ms"
+        # A schedule CAS keeps the fields it does not set, ``declared`` included.
+        declared = await table.read(GrainId("RoundTrip", "decl"), "declared")
+        assert declared is not None and declared.etag is not None
+        moved = at + timedelta(minutes=1)
+        assert await table.update_schedule(
+            declared.grain_id, declared.name, declared.etag, moved, at
+        )
+        again = await table.read(declared.grain_id, declared.name)
+        assert again is not None and again.declared, "update_schedule lost the declared flag"
+
+
+async def check_upsert_if(factory: TableFactory) -> None:
+    """``upsert_if`` (a ``ConditionalReminderTable``) writes only on its condition:
+    absent for ``None``, else the current etag; concurrent inserts of one row
+    make exactly one winner. Skipped for tables without it."""
+    async with factory() as table:
+        if not isinstance(table, ConditionalReminderTable):
+            return
+        gid = GrainId("ContractGrain", "cond")
+        first = _entry(table, gid, "c", due=_T0)
+        etag = await table.upsert_if(first, None)
+        assert etag is not None, "insert into an empty slot failed"
+        assert await table.upsert_if(first, None) is None, "insert over an existing row"
+        moved = replace(first, next_due=_T0 + timedelta(hours=1), priority=9)
+        assert await table.upsert_if(moved, "stale") is None, "replace with a wrong etag"
+        got = await table.read(gid, "c")
+        assert got == _stored(first, etag), "a refused upsert_if changed the row"
+        new_etag = await table.upsert_if(moved, etag)
+        assert new_etag is not None and new_etag != etag
+        assert await table.read(gid, "c") == _stored(moved, new_etag)
+        assert await table.upsert_if(moved, etag) is None, "the old etag still works"
+        racers = [replace(first, name="race", priority=p) for p in range(5)]
+        results = await asyncio.gather(*(table.upsert_if(e, None) for e in racers))
+        assert sum(r is not None for r in results) == 1, f"{results}: not exactly one insert"
 
 
 async def check_remove_checks_the_etag(factory: TableFactory) -> None:
@@ -623,6 +664,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_read_and_read_grain,
     check_round_trip_every_field,
     check_remove_checks_the_etag,
+    check_upsert_if,
     check_update_schedule_cas,
     check_update_schedule_many,
     check_read_range_random_bounds,

@@ -279,28 +279,77 @@ async def test_declared_reminders_are_created_at_start_without_activation(
         assert catalog.get(gid) is not None
 
 
-async def test_declared_reminders_leave_existing_rows_alone(
+async def test_declarations_are_register_or_update(
     clock: ManualClock, declared_grain: type[Grain]
 ) -> None:
     table = InMemoryReminderTable("default")
-    gid = GrainId("test_silo_reminders.Declared", "k1")
-    existing = new_entry(
-        service_id="default",
-        grain_id=gid,
-        name="soon",
-        now=clock.now(),
-        options=REMINDERS,
-        due=timedelta(hours=2),
-        period=timedelta(hours=3),
-    )
-    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table) as silo:
+    k1 = GrainId("test_silo_reminders.Declared", "k1")
+    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table):
         pass  # the first start creates every declared row
-    etag = await table.upsert(existing)
-    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table) as silo:
-        row = await table.read(gid, "soon")
-        assert row is not None
-        assert row.etag == etag and row.period == timedelta(hours=3)
-        assert await silo.client.reminders.count_all() == 4
+    first = {r.name: r for r in await table.read_grain(k1)}
+    assert set(first) == {"daily", "soon"} and all(r.declared for r in first.values())
+    # A row registered from code, and a declared row changed behind the declaration.
+    await table.upsert(
+        new_entry(
+            service_id="default",
+            grain_id=k1,
+            name="from-code",
+            now=clock.now(),
+            options=REMINDERS,
+            period=timedelta(hours=1),
+        )
+    )
+    await table.upsert(replace(first["soon"], period=timedelta(hours=3)))
+    await clock.advance(10 * S)
+    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table):
+        pass
+    second = {r.name: r for r in await table.read_grain(k1)}
+    # Unchanged: untouched (same etag, next_due, last_fire). Changed: declared again.
+    assert second["daily"] == first["daily"]
+    assert second["soon"].period == 60 * S and second["soon"].declared
+    assert second["soon"].next_due == clock.now() + 5 * S
+    assert not second["from-code"].declared
+
+    # The next version of the class: "daily" is gone, "soon" changes priority
+    # only, "extra" is new and declared for key k9 alone.
+    grain_module._registry.pop("test_silo_reminders.Declared", None)
+
+    @register_reminder("extra", cron="0 0 9 * * *", tz="Europe/Berlin", keys=["k9"])
+    @register_reminder("soon", due=5, period=60, priority=ReminderPriority.CRITICAL)
+    class DeclaredGrainV2(
+        Grain, Remindable, type_name="test_silo_reminders.Declared", reminder_keys=("k1", "k2")
+    ):
+        async def receive_reminder(self, name: str, status: TickStatus) -> None:
+            TICKS.append((self.grain_key, name, status))
+
+    await clock.advance(10 * S)
+    async with Silo.local(_options(DeclaredGrainV2), clock=clock, reminder_table=table):
+        pass
+    third = {r.name: r for r in await table.read_grain(k1)}
+    assert set(third) == {"soon", "from-code"}, "the row of a removed declaration stayed"
+    assert third["soon"].priority == ReminderPriority.CRITICAL
+    assert third["soon"].next_due == second["soon"].next_due, "a priority change re-anchored"
+    assert third["from-code"] == second["from-code"], "a row registered from code was touched"
+    assert [r.name for r in await table.read_grain(GrainId(k1.type_name, "k2"))] == ["soon"]
+    (extra,) = await table.read_grain(GrainId(k1.type_name, "k9"))
+    assert extra.name == "extra" and extra.cron == "0 0 9 * * *" and extra.declared
+
+
+async def test_bad_declaration_names_its_class_and_reminder(clock: ManualClock) -> None:
+    @register_reminder("nightly", cron="0 0 25 * * *")
+    class BadlyDeclared(Grain, Remindable, type_name="test_silo_reminders.BadlyDeclared"):
+        async def receive_reminder(self, name: str, status: TickStatus) -> None:
+            pass
+
+    try:
+        with pytest.raises(
+            ReminderError,
+            match=r"register_reminder\('nightly'\) on .*BadlyDeclared",
+        ):
+            async with Silo.local(_options(BadlyDeclared), clock=clock):
+                pass
+    finally:
+        grain_module._registry.pop("test_silo_reminders.BadlyDeclared", None)
 
 
 async def test_management_grain_operations(silo: Silo, clock: ManualClock) -> None:
