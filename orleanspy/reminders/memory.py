@@ -88,6 +88,10 @@ class InMemoryReminderTable:
         self._publish(row.grain_id, row.name, row.next_due, row.priority)
         return etag
 
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        """``upsert`` each entry in order; their etags in order."""
+        return [await self.upsert(e) for e in entries]
+
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
         """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
         ``expected_etag``; the new etag, or ``None`` when it did not hold."""

@@ -108,6 +108,27 @@ redis.call('PUBLISH', ARGV[6], ARGV[7])
 return etag
 """
 
+# Many upserts into one shard in one call. KEYS: rows, due, grain, etag counter.
+# ARGV: etag suffix, channel, then one msgpack array of rows, each
+# [key, due member, score, record map]; the change payload is built here from
+# the record (grain, name, due, priority). Returns the etags in order.
+_UPSERT_MANY: Final = """
+local rows = cmsgpack.unpack(ARGV[3])
+local out = {}
+for i = 1, #rows do
+  local row = rows[i]
+  local etag = redis.call('INCR', KEYS[4]) .. ARGV[1]
+  local rec = row[4]
+  rec['e'] = etag
+  redis.call('HSET', KEYS[1], row[1], cmsgpack.pack(rec))
+  redis.call('ZADD', KEYS[2], string.format('%.0f', row[3]), row[2])
+  redis.call('ZADD', KEYS[3], 0, row[1])
+  redis.call('PUBLISH', ARGV[2], cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+  out[i] = etag
+end
+return out
+"""
+
 # KEYS: rows, due, etag counter.
 # ARGV: key, due member, expected etag, next_due ms, last_fire ms or '', etag
 # suffix, channel, change payload. Returns the new etag, or nil on a lost race.
@@ -290,6 +311,7 @@ class RedisReminderTable:
             )
         for name, text in (
             ("upsert", _UPSERT),
+            ("upsert_many", _UPSERT_MANY),
             ("update", _UPDATE_SCHEDULE),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
@@ -323,6 +345,42 @@ class RedisReminderTable:
         assert etag is not None
         return etag
 
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        """``upsert`` each entry, in order, in one pipelined round trip: one script
+        call per shard touched, its rows packed into one argument (the script is
+        loaded first on the same connection, so NOSCRIPT cannot happen)."""
+        if not entries:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        packed: list[list[Any]] = []
+        for i, entry in enumerate(entries):
+            h = entry.hash
+            by_shard.setdefault(self.shard_of(h), []).append(i)
+            due_ms = to_ms(entry.next_due)
+            record = {k: v for k, v in entry.to_record().items() if v is not None}
+            packed.append(
+                [
+                    entry.key,
+                    self._member(h, entry.key),
+                    lane_score(int(entry.priority), due_ms),
+                    record,
+                ]
+            )
+        script = self._script("upsert_many")
+        with translate_errors("reminder upsert_many"):
+            pipe = self._c.pipeline(transaction=False)
+            pipe.script_load(_UPSERT_MANY)
+            for s, indexes in by_shard.items():
+                keys = [self._key(s, k) for k in ("rows", "due", "grain", "etag")]
+                rows = pack([packed[i] for i in indexes])
+                pipe.evalsha(script.sha, 4, *keys, self._etag_suffix, self._channel, rows)
+            replies = (await pipe.execute())[1:]
+        etags: list[str] = [""] * len(entries)
+        for indexes, reply in zip(by_shard.values(), replies, strict=True):
+            for i, etag in zip(indexes, reply, strict=True):
+                etags[i] = str(etag.decode())
+        return etags
+
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
         """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
         ``expected_etag``; the new etag, or ``None`` when it did not hold."""
@@ -330,32 +388,34 @@ class RedisReminderTable:
         return await self._upsert(entry, condition, "reminder upsert_if")
 
     async def _upsert(self, entry: ReminderEntry, condition: str, what: str) -> str | None:
+        keys, args = self._upsert_call(entry, condition)
+        with translate_errors(what):
+            etag = await self._script("upsert")(keys=keys, args=args)
+        return None if etag is None else str(etag.decode())
+
+    def _upsert_call(self, entry: ReminderEntry, condition: str) -> tuple[list[str], list[Any]]:
         h = entry.hash
         s = self.shard_of(h)
         key = entry.key
         due_ms = to_ms(entry.next_due)
-        score = lane_score(int(entry.priority), due_ms)
         record = {**entry.to_record(), "e": None}
-        with translate_errors(what):
-            etag = await self._script("upsert")(
-                keys=[
-                    self._key(s, "rows"),
-                    self._key(s, "due"),
-                    self._key(s, "grain"),
-                    self._key(s, "etag"),
-                ],
-                args=[
-                    key,
-                    self._member(h, key),
-                    score,
-                    pack(record),
-                    self._etag_suffix,
-                    self._channel,
-                    _change_payload(entry.grain_id, entry.name, due_ms, int(entry.priority)),
-                    condition,
-                ],
-            )
-        return None if etag is None else str(etag.decode())
+        keys = [
+            self._key(s, "rows"),
+            self._key(s, "due"),
+            self._key(s, "grain"),
+            self._key(s, "etag"),
+        ]
+        args: list[Any] = [
+            key,
+            self._member(h, key),
+            lane_score(int(entry.priority), due_ms),
+            pack(record),
+            self._etag_suffix,
+            self._channel,
+            _change_payload(entry.grain_id, entry.name, due_ms, int(entry.priority)),
+            condition,
+        ]
+        return keys, args
 
     def _update_call(
         self,

@@ -36,7 +36,13 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
 
-__all__ = ["BatchingReminderTable", "ChangeFeed", "ConditionalReminderTable", "ReminderTable"]
+__all__ = [
+    "BatchingReminderTable",
+    "BulkReminderTable",
+    "ChangeFeed",
+    "ConditionalReminderTable",
+    "ReminderTable",
+]
 
 
 @runtime_checkable
@@ -165,4 +171,19 @@ class ConditionalReminderTable(ReminderTable, Protocol):
         etag is ``expected_etag``; returns the new etag, or ``None`` (nothing
         written, nothing published) when the condition does not hold. Publishes
         like ``upsert`` on success."""
+        ...
+
+
+@runtime_checkable
+class BulkReminderTable(ReminderTable, Protocol):
+    """A table that can upsert many rows in one round trip (optional).
+
+    ``ReminderRegistry.register_many`` uses it to seed or migrate a table; it
+    falls back to concurrent ``upsert`` calls otherwise.
+    """
+
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        """``upsert`` each entry, in order, as one batch; the new etags in order.
+        Not a transaction: after a ``StorageUnavailableError`` some may have been
+        written (upserting them again is harmless)."""
         ...

@@ -24,7 +24,8 @@ cover Orleans' ``ReminderTableTestsBase`` (parallel upserts, remove with stale,
 wrong and right etag, range reads with random bounds over 1,000 rows including
 wrap-around) and the parts orleanspy adds: the due index, schedule CAS (single
 and batched, when the table is a ``BatchingReminderTable``), ``upsert_if`` (when
-the table is a ``ConditionalReminderTable``), ``upcoming``,
+the table is a ``ConditionalReminderTable``), ``upsert_many`` (when it is a
+``BulkReminderTable``), ``upcoming``,
 ``count``, the change feed and a field-by-field round trip. Rows are written with
 the table's ``service_id`` attribute when it has one.
 """
@@ -51,6 +52,7 @@ from orleanspy.reminders.model import (
 )
 from orleanspy.reminders.table import (
     BatchingReminderTable,
+    BulkReminderTable,
     ChangeFeed,
     ConditionalReminderTable,
     ReminderTable,
@@ -384,6 +386,26 @@ async def check_upsert_if(factory: TableFactory) -> None:
         assert sum(r is not None for r in results) == 1, f"{results}: not exactly one insert"
 
 
+async def check_upsert_many(factory: TableFactory) -> None:
+    """``upsert_many`` (a ``BulkReminderTable``) writes every row as ``upsert``
+    would, with the etags in order. Skipped for tables without it."""
+    async with factory() as table:
+        if not isinstance(table, BulkReminderTable):
+            return
+        entries = [
+            _entry(table, GrainId("ContractBulk", i % 97), f"b{i}", due=_T0, priority=i % 7 - 3)
+            for i in range(600)
+        ]
+        etags = await table.upsert_many(entries)
+        assert len(etags) == len(entries), "one etag per row"
+        assert await table.count() == len(entries)
+        for e, etag in list(zip(entries, etags, strict=True))[::50]:
+            assert await table.read(e.grain_id, e.name) == _stored(e, etag)
+        due = await table.read_due(RingRange.full(), _T0, 10)
+        assert [int(e.priority) for e in due] == [3] * 10, "bulk rows missing from the due index"
+        assert await table.upsert_many([]) == []
+
+
 async def check_remove_checks_the_etag(factory: TableFactory) -> None:
     """``remove`` deletes only with the current etag; a missing row gives ``False``."""
     async with factory() as table:
@@ -665,6 +687,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_round_trip_every_field,
     check_remove_checks_the_etag,
     check_upsert_if,
+    check_upsert_many,
     check_update_schedule_cas,
     check_update_schedule_many,
     check_read_range_random_bounds,

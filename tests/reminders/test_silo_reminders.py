@@ -28,6 +28,7 @@ from orleanspy import grain as grain_module
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.registry import Registration
 from orleanspy.reminders.spec import new_entry
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM
 from orleanspy.testing.clock import ManualClock
@@ -432,3 +433,30 @@ async def test_notify_publishes_missed_reminder_on_the_stream(clock: ManualClock
         await svc.wait_persisted()
         stored = await table.read(gid, "n")
         assert stored is not None and stored.next_due == event.next_due
+
+
+async def test_register_many_writes_every_row_and_the_service_ticks_them(
+    silo: Silo, clock: ManualClock
+) -> None:
+    registry = silo.dispatcher.reminders
+    regs = [
+        Registration(GrainId("test_silo_reminders.Tick", f"bulk{i}"), "r", due=5, period=60)
+        for i in range(1200)
+    ]
+    assert await registry.register_many(regs, batch=256) == 1200
+    assert await silo.client.reminders.count_all() == 1200
+    await _loaded(silo, 64)  # the window (64 rows) filled from the local hints
+    await clock.advance(5 * S)
+    await until(lambda: len(_ticks("r")) >= 64)
+
+
+async def test_register_many_validates_everything_before_writing(silo: Silo) -> None:
+    registry = silo.dispatcher.reminders
+    regs = [Registration(GrainId("test_silo_reminders.Tick", i), "r", period=60) for i in range(10)]
+    regs.insert(7, Registration(GrainId("test_silo_reminders.Tick", "x"), "r", period=60, cron="*"))
+    with pytest.raises(ReminderError, match=r"registration #7 .* exactly one of period"):
+        await registry.register_many(regs)
+    plain = [Registration(GrainId("test_silo_reminders.Plain", 1), "r", period=60)]
+    with pytest.raises(ReminderError, match="cannot have reminders"):
+        await registry.register_many(plain)
+    assert await silo.client.reminders.count_all() == 0
