@@ -166,6 +166,8 @@ class Loader:
             # would lose even at the highest priority.
             last = self._window.last_admitted()
             priority = 127 if change.priority is None else change.priority
+            if not self._window.priority_first:
+                priority = 0
             if last is None or admission_key(priority, next_due) >= last:
                 self._more_available = True
                 return
@@ -294,7 +296,10 @@ class Loader:
                 if next_due <= before:
                     found[key] = (next_due, -int(entry.priority), entry, last_fire)
         # Priority first, then due: the window's admission order.
-        best = sorted(found.values(), key=lambda c: (c[1], c[0]))[: window.room]
+        if window.priority_first:
+            best = sorted(found.values(), key=lambda c: (c[1], c[0]))[: window.room]
+        else:
+            best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
         fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
         loaded, evicted = window.merge(fresh)
         self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)

@@ -96,6 +96,9 @@ class DueWindow:
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        #: Admission order: priority first (the default and the table's order), or
+        #: due time alone (only for measuring what priority-first admission buys).
+        self.priority_first = True
         self._rows: dict[str, Row] = {}
         self._heap: list[_HeapItem] = []
         self._queued = 0
@@ -135,7 +138,8 @@ class DueWindow:
     def last_admitted(self) -> tuple[int, datetime] | None:
         """The admission key (``-priority, next_due``) of the queued row that would
         be evicted first, or ``None`` (a scan: called only when full)."""
-        live = [(-item[3].priority, item[0]) for item in self._heap if _live(item)]
+        weight = 1 if self.priority_first else 0
+        live = [(-item[3].priority * weight, item[0]) for item in self._heap if _live(item)]
         return max(live) if live else None
 
     def push(self, row: Row) -> bool:
@@ -207,7 +211,7 @@ class DueWindow:
                 self.push(row)
             return len(fresh), []
         queued = [item[3] for item in self._heap if _live(item)]
-        pool = sorted(queued + fresh, key=_order)
+        pool = sorted(queued + fresh, key=_order if self.priority_first else _due_order)
         keep = pool[: max(0, room)]
         kept_ids = {id(row) for row in keep}
         evicted = [row for row in queued if id(row) not in kept_ids]
@@ -250,3 +254,7 @@ def admission_key(priority: int, next_due: datetime) -> tuple[int, datetime]:
 
 def _order(row: Row) -> tuple[int, datetime, int]:
     return (-row.priority, row.next_due, row.seq)
+
+
+def _due_order(row: Row) -> tuple[datetime, int, int]:
+    return (row.next_due, -row.priority, row.seq)
