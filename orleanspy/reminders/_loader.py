@@ -38,12 +38,11 @@ from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, window_size
-from orleanspy.reminders._lanes import Lanes
-from orleanspy.reminders._missed import plan_tick
+from orleanspy.reminders._missed import MissedNotifier, plan_tick
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._ticker import sleep_or_wake
-from orleanspy.reminders._window import DueWindow, Row, RowState, admission_key
+from orleanspy.reminders._window import DueWindow, Row, admission_key
 from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderChange,
@@ -55,12 +54,9 @@ from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.table import ChangeFeed, ReminderTable
 from orleanspy.ring import RingRange
 
-__all__ = ["Loader", "Notify"]
+__all__ = ["Loader"]
 
 log = logging.getLogger(__name__)
-
-#: ``notify(entry, scheduled, detected_at, missed_ticks, next_due)`` publishes a missed row.
-Notify = Callable[[ReminderEntry, datetime, datetime, int, datetime], Awaitable[None]]
 
 
 class Loader:
@@ -69,13 +65,12 @@ class Loader:
 
     ``run()`` and ``follow(feed)`` are tasks that run until cancelled; table
     errors are logged, counted in ``load_errors`` and retried with backoff,
-    never raised. The owner tells the loader what happened elsewhere:
-    ``ranges_changed`` after a ring change, ``notify_change`` for a table
-    change, ``mark_changed`` when its own write landed, ``ticked`` after every
-    finished tick and ``check_low`` after rows left the heap. The loader calls
-    back ``drop(row)`` to forget a held row (removed, or moved by another
-    writer), ``notify`` for a NOTIFY row skipped by the repair pass, and
-    ``wake_ticker()`` when the heap may have a new head.
+    never raised. Data flows one way: the loader reads the table and feeds the
+    window; it asks the persister (what is unwritten, which writes landed) and
+    publishes NOTIFY skips of the repair pass through the notifier. Nothing
+    downstream calls it: it waits on the window's ``low`` signal. The service
+    tells it of ring changes (``ranges_changed``) and table changes
+    (``notify_change``).
     """
 
     def __init__(
@@ -87,11 +82,8 @@ class Loader:
         ownership: Ownership,
         window: DueWindow,
         persister: Persister,
+        notifier: MissedNotifier,
         load: Callable[[], LoadSignals],
-        lanes: Lanes,
-        drop: Callable[[Row], None],
-        notify: Notify,
-        wake_ticker: Callable[[], None],
         name: str = "",
     ) -> None:
         self._table = table
@@ -100,11 +92,8 @@ class Loader:
         self._ownership = ownership
         self._window = window
         self._persister = persister
+        self._notifier = notifier
         self._load = load
-        self._lanes = lanes
-        self._drop = drop
-        self._notify = notify
-        self._wake_ticker = wake_ticker
         self._name = name
         self._wake = asyncio.Event()
         self._refill_wanted = True
@@ -112,11 +101,10 @@ class Loader:
         self._new_ranges: list[RingRange] = []
         self._hints: dict[str, tuple[GrainId, str]] = {}
         self._more_available = False
-        self._turnover = 0  # ticks finished since the last refill
-        # Keys whose stored state changed while a bulk read was running: that read
-        # may return their old state, so it must not load them.
-        self._reading = False
-        self._touched: set[str] = set()
+        # Keys whose stored state changed while a bulk read was running (None:
+        # no read is running): that read may return their old state, so it
+        # must not load them.
+        self._touched: set[str] | None = None
         self.refills = 0
         self.load_errors = 0
         self.evicted = 0
@@ -144,11 +132,12 @@ class Loader:
         if not self._ownership.owns(grain_id):
             return
         key = row_key(grain_id, name)
-        self.mark_changed(key)
+        if self._touched is not None:
+            self._touched.add(key)
         row = self._window.get(key)
         if next_due is None:
             if row is not None:
-                self._drop(row)
+                self._window.drop(row)
             self._hints.pop(key, None)
             return
         if row is not None:
@@ -170,30 +159,10 @@ class Loader:
                 priority = 0
             if last is None or admission_key(priority, next_due) >= last:
                 self._more_available = True
+                self._window.signal_low = True
                 return
         self._hints[key] = (grain_id, name)
         self._wake.set()
-
-    def mark_changed(self, key: str) -> None:
-        """The stored state of row ``key`` changed (a write of ours or another's landed)."""
-        if self._reading:
-            self._touched.add(key)
-
-    def ticked(self) -> None:
-        """A held row finished a tick."""
-        self._turnover += 1
-
-    def check_low(self) -> None:
-        """Ask for a refill if the heap ran low while the table has more rows."""
-        # Under a backlog the heap refills with the next slots of delivered rows,
-        # so "below half" alone would leave older rows in the table until the
-        # poll; a half-turned-over window also asks for a refill (which evicts
-        # the later rows in favour of the older ones).
-        half = self._window.capacity // 2
-        if self._more_available and (self._window.queued < half or self._turnover >= half):
-            self._more_available = False
-            self._refill_wanted = True
-            self._wake.set()
 
     async def request_refill(self) -> None:
         """Return when a full refill that began after this call finished (``run`` must
@@ -244,7 +213,12 @@ class Loader:
                 await sleep_or_wake(self._clock, retry_at, self._wake)
                 continue
             raise_if_cancelled()
-            await sleep_or_wake(self._clock, min(next_poll, next_repair), self._wake)
+            await sleep_or_wake(
+                self._clock, min(next_poll, next_repair), self._wake, self._window.low
+            )
+            if self._window.low.is_set():
+                self._window.low.clear()
+                self._refill_wanted = True
 
     async def follow(self, feed: ChangeFeed) -> None:
         """Feed table changes to ``notify_change``; resubscribe after an error."""
@@ -276,19 +250,20 @@ class Loader:
         """
         window = self._window
         window.capacity = window_size(self._options, self._load, self._name)
-        self._turnover = 0
         now = self._clock.now()
         before = now + self._options.look_ahead
         # Rows we hold come back from the read too (the table may lag behind us):
         # read past them so they cannot hide the rows we are looking for.
         limit = window.capacity + len(window) + len(self._persister)
-        batches = await self._read([self._table.read_due(r, before, limit) for r in ranges])
+        batches, touched = await self._read(
+            [self._table.read_due(r, before, limit) for r in ranges]
+        )
         # Cheap filters first; schedules are built only for rows that can make the cut.
         found: dict[str, tuple[datetime, int, ReminderEntry, datetime | None]] = {}
         for batch in batches:
             for entry in batch:
                 key = entry.key
-                if key in window or key in found or key in self._touched:
+                if key in window or key in found or key in touched:
                     continue
                 if not self._ownership.owns(entry.grain_id):
                     continue
@@ -303,10 +278,9 @@ class Loader:
         fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
         loaded, evicted = window.merge(fresh)
         self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)
+        window.refilled(self._more_available)
         self.refills += 1
         self.evicted += len(evicted)
-        if loaded or evicted:
-            self._wake_ticker()
         log.debug(
             "reminder refill name=%s ranges=%d loaded=%d evicted=%d resident=%d bucket_size=%d",
             self._name,
@@ -331,17 +305,21 @@ class Loader:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _read(self, reads: list[Awaitable[list[ReminderEntry]]]) -> list[list[ReminderEntry]]:
-        self._reading = True
-        self._touched.clear()
-        try:
-            results = await asyncio.gather(*reads, return_exceptions=True)
-        finally:
-            self._reading = False
+    async def _read(
+        self, reads: list[Awaitable[list[ReminderEntry]]]
+    ) -> tuple[list[list[ReminderEntry]], set[str]]:
+        """The reads' results, and the keys whose stored state changed meanwhile
+        (our writes that landed, changes from the feed)."""
+        with self._persister.watch() as touched:
+            self._touched = touched
+            try:
+                results = await asyncio.gather(*reads, return_exceptions=True)
+            finally:
+                self._touched = None
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        return [r for r in results if not isinstance(r, BaseException)]
+        return [r for r in results if not isinstance(r, BaseException)], touched
 
     def _effective(self, entry: ReminderEntry) -> tuple[datetime, datetime | None]:
         """``(next_due, last_fire)`` of a row as read, with our unwritten update
@@ -376,14 +354,14 @@ class Loader:
         row = self._window.get(key)
         if entry is None:
             if row is not None:
-                self._drop(row)
+                self._window.drop(row)
             return
         if row is not None:
             if entry.etag == row.entry.etag or self._persister.wrote(key, entry.next_due):
                 return  # unchanged, or our own write whose outcome is on its way
             if self._update_held(row, entry):
                 return
-            self._drop(row)
+            self._window.drop(row)
         next_due, last_fire = self._effective(entry)
         if next_due > self._clock.now() + self._options.look_ahead:
             return
@@ -394,8 +372,7 @@ class Loader:
         self.evicted += len(evicted)
         if not loaded:
             self._more_available = True
-        elif self._window.head_due() == new.next_due:
-            self._wake_ticker()
+            self._window.signal_low = True
 
     def _update_held(self, row: Row, entry: ReminderEntry) -> bool:
         """Apply a registration or management write to a held row in place, so it
@@ -419,32 +396,20 @@ class Loader:
             and entry.cron == old.cron
             and entry.tz == old.tz
         )
-        waiting = row.state is RowState.DUE and self._lanes.remove(row)
         if same_schedule:
             assert old.etag is not None and entry.etag is not None
-            row.entry = entry
             self._persister.rebase(row.key, old.etag, entry.etag)
-            if waiting:
-                self._lanes.put(row)
-            elif row.state is RowState.QUEUED:
-                self._window.push(row)  # the heap's tie-break follows the priority
+            self._window.replace_entry(row, entry)
             return True
-        if row.state is RowState.DUE and not waiting:
-            return False  # being delivered: drop it, load the new row
         try:
             schedule = schedule_for(entry)
         except ReminderError as exc:
             log.warning("reminder row unusable name=%s key=%s error=%s", self._name, row.key, exc)
             return False
+        keep = entry.next_due <= self._clock.now() + self._options.look_ahead
+        if not self._window.reschedule(row, entry, schedule, keep=keep):
+            return False  # being delivered: drop it, load the new row
         self._persister.discard(row.key)
-        row.entry, row.schedule = entry, schedule
-        row.next_due, row.last_fire = entry.next_due, entry.last_fire
-        row.reloaded = False  # the writer chose this next_due: nothing was missed
-        if row.next_due <= self._clock.now() + self._options.look_ahead:
-            if self._window.push(row):
-                self._wake_ticker()
-        else:
-            self._window.release(row)
         return True
 
     async def _repair(self) -> None:
@@ -452,7 +417,7 @@ class Loader:
         now = self._clock.now()
         before = now - self._options.look_ahead
         limit = self._window.capacity
-        batches = await self._read(
+        batches, touched = await self._read(
             [self._table.read_due(r, before, limit) for r in self._ownership.ranges]
         )
         for entry in (e for batch in batches for e in batch):
@@ -461,7 +426,7 @@ class Loader:
                 entry.next_due >= before
                 or entry.etag is None
                 or key in self._window
-                or key in self._touched
+                or key in touched
                 or self._persister.latest(key) is not None
                 or not self._ownership.owns(entry.grain_id)
             ):
@@ -477,6 +442,7 @@ class Loader:
                 # A catch-up (FIRE_IMMEDIATELY) or an on-time tick needs a delivery:
                 # the window loads it once there is room.
                 self._more_available = True
+                self._window.signal_low = True
                 continue
             assert plan.resume is not None
             self.repaired += 1
@@ -484,4 +450,4 @@ class Loader:
                 ScheduleUpdate(entry.grain_id, entry.name, entry.etag, plan.resume, entry.last_fire)
             )
             if entry.action is MissedReminderAction.NOTIFY:
-                await self._notify(entry, plan.slot, now, plan.missed_ticks, plan.resume)
+                await self._notifier.notify(entry, plan.slot, now, plan.missed_ticks, plan.resume)

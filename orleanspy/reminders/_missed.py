@@ -3,18 +3,25 @@
 The one place that decides between delivering a tick, a coalesced catch-up,
 and skipping (with or without a ``MissedReminder``). Delivery applies it to
 every due row; the repair pass applies it to long-overdue rows it moves in
-place, without delivering.
+place, without delivering. Both publish NOTIFY skips through one
+``MissedNotifier``.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from orleanspy.reminders.model import MissedReminderAction
+from orleanspy.reminders.model import MissedReminder, MissedReminderAction, ReminderEntry
 from orleanspy.reminders.schedule import Schedule
 
-__all__ = ["MISSED_COUNT_CAP", "TickPlan", "plan_tick"]
+__all__ = ["MISSED_COUNT_CAP", "MissedNotifier", "PublishMissed", "TickPlan", "plan_tick"]
+
+log = logging.getLogger(__name__)
+
+PublishMissed = Callable[[MissedReminder], Awaitable[None]]
 
 MISSED_COUNT_CAP = 1000
 """Missed-tick counts stop here (``TickStatus.missed_ticks`` then means "at least")."""
@@ -73,3 +80,41 @@ def plan_tick(
     if action is MissedReminderAction.FIRE_IMMEDIATELY:
         return TickPlan(deliver=True, slot=slot, missed=True, missed_ticks=later, resume=resume)
     return TickPlan(deliver=False, slot=slot, missed=True, missed_ticks=later + 1, resume=resume)
+
+
+class MissedNotifier:
+    """Publishes a ``MissedReminder`` for each NOTIFY skip (``publish`` ``None``:
+    nothing is published). A failed publish is logged, not retried, not counted."""
+
+    def __init__(self, publish: PublishMissed | None, name: str = "") -> None:
+        self._publish = publish
+        self._name = name
+        self.notified = 0
+
+    async def notify(
+        self,
+        entry: ReminderEntry,
+        scheduled: datetime,
+        now: datetime,
+        missed_ticks: int,
+        next_due: datetime,
+    ) -> None:
+        if self._publish is None:
+            return
+        event = MissedReminder(
+            service_id=entry.service_id,
+            grain_id=entry.grain_id,
+            name=entry.name,
+            scheduled=scheduled,
+            detected_at=now,
+            missed_ticks=missed_ticks,
+            next_due=next_due,
+        )
+        try:
+            await self._publish(event)
+        except Exception as exc:
+            log.warning(
+                "missed reminder not published name=%s key=%s error=%r", self._name, entry.key, exc
+            )
+            return
+        self.notified += 1

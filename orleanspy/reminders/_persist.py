@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 
@@ -75,6 +76,11 @@ class Persister:
         self._writing: dict[str, ScheduleUpdate] = {}
         # Writes whose outcome is unknown (they raised), per row key.
         self._uncertain: dict[str, list[ScheduleUpdate]] = {}
+        # Rows rewritten by a management call that kept their schedule: old etag
+        # -> new etag, for writes made against the old one still in flight.
+        self._rebased: dict[str, tuple[str, str]] = {}
+        # Key sets of readers that want to know which rows' stored state changed.
+        self._watchers: list[set[str]] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -99,11 +105,16 @@ class Persister:
         pending = self._pending.get(key)
         if pending is not None and pending.etag == old_etag:
             self._pending[key] = replace(pending, etag=new_etag)
+        writing = self._writing.get(key)
+        if writing is not None and writing.etag == old_etag:
+            # Its CAS will fail on the new etag: it is written again on top.
+            self._rebased[key] = (old_etag, new_etag)
 
     def discard(self, key: str) -> None:
         """Forget the pending update of row ``key`` (its schedule was replaced)."""
         self._pending.pop(key, None)
         self._uncertain.pop(key, None)
+        self._rebased.pop(key, None)
         if not self._pending and not self._writing:
             self._idle.set()
 
@@ -124,6 +135,18 @@ class Persister:
                 *self._uncertain.get(key, ()),
             )
         )
+
+    @contextmanager
+    def watch(self) -> Iterator[set[str]]:
+        """Collect, while the block runs, the keys of rows whose write outcome
+        arrived (their stored state changed): a bulk read running meanwhile may
+        have returned their old state."""
+        touched: set[str] = set()
+        self._watchers.append(touched)
+        try:
+            yield touched
+        finally:
+            self._watchers.remove(touched)
 
     async def wait_idle(self) -> None:
         """Return once nothing is pending or being written (for tests and tools)."""
@@ -270,6 +293,16 @@ class Persister:
 
     def _settle(self, update: ScheduleUpdate, etag: str | None) -> None:
         key = update_key(update)
+        for touched in self._watchers:
+            touched.add(key)
+        rebased = self._rebased.pop(key, None)
+        if etag is None and rebased is not None and rebased[0] == update.etag:
+            # Lost only to a management rewrite that kept the schedule: write the
+            # same schedule again on the new etag (a newer update supersedes it).
+            if key not in self._pending:
+                self._pending[key] = replace(update, etag=rebased[1])
+                self._ready.set()
+            return
         if etag is not None:
             self._uncertain.pop(key, None)
         newer = self._pending.get(key)

@@ -1,31 +1,31 @@
 """The one sleeper.
 
 There is no timer per reminder: a single task sleeps until the heap's head is
-due (or until it is woken because a new head arrived), re-reads the clock, and
-hands every row whose ``next_due <= now`` to the lanes. Timers may fire a
+due (or until the window signals a new head), re-reads the clock, and moves
+every row whose ``next_due <= now`` into the window's lanes. Timers may fire a
 little early (uvloop: ~1 ms), so waking is only a hint; the clock decides.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from datetime import datetime
 
 from orleanspy.clock import Clock
-from orleanspy.reminders._window import DueWindow, Row
+from orleanspy.reminders._window import DueWindow
 
 __all__ = ["Ticker", "sleep_or_wake"]
 
 
-async def sleep_or_wake(clock: Clock, deadline: datetime | None, wake: asyncio.Event) -> None:
-    """Return when ``clock`` reaches ``deadline`` (never, if ``None``) or ``wake`` is set.
+async def sleep_or_wake(clock: Clock, deadline: datetime | None, *wake: asyncio.Event) -> None:
+    """Return when ``clock`` reaches ``deadline`` (never, if ``None``) or one of
+    the ``wake`` events is set.
 
-    Does not clear ``wake``; the caller does, before it looks at its state again.
+    Does not clear them; the caller does, before it looks at its state again.
     """
-    if wake.is_set():
+    if any(w.is_set() for w in wake):
         return
-    waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(wake.wait())]
+    waiters: list[asyncio.Future[object]] = [asyncio.ensure_future(w.wait()) for w in wake]
     if deadline is not None:
         waiters.append(asyncio.ensure_future(clock.sleep_until(deadline)))
     try:
@@ -38,25 +38,16 @@ async def sleep_or_wake(clock: Clock, deadline: datetime | None, wake: asyncio.E
 
 
 class Ticker:
-    """Moves due rows from the window to ``on_due``; see the module docstring."""
+    """Moves due rows from the window's heap to its lanes; see the module docstring."""
 
-    def __init__(
-        self, clock: Clock, window: DueWindow, on_due: Callable[[list[Row]], None]
-    ) -> None:
+    def __init__(self, clock: Clock, window: DueWindow) -> None:
         self._clock = clock
         self._window = window
-        self._on_due = on_due
-        self._wake = asyncio.Event()
-
-    def wake(self) -> None:
-        """Make the sleeper look at the heap again (a new head, a refill, a drop)."""
-        self._wake.set()
 
     async def run(self) -> None:
         """Run until cancelled."""
+        window = self._window
         while True:
-            self._wake.clear()
-            due = self._window.pop_due(self._clock.now())
-            if due:
-                self._on_due(due)
-            await sleep_or_wake(self._clock, self._window.head_due(), self._wake)
+            window.head_changed.clear()
+            window.pop_due(self._clock.now())
+            await sleep_or_wake(self._clock, window.head_due(), window.head_changed)
