@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from datetime import datetime
 
+from orleanspy.clock import to_ms
 from orleanspy.reminders._lanes import Lanes
 from orleanspy.reminders.model import ReminderEntry, ScheduleUpdate, row_key
 from orleanspy.reminders.schedule import Schedule
@@ -106,6 +107,8 @@ class Row:
 
 
 _HeapItem = tuple[datetime, int, int, Row]
+# (priority, -next_due ms, -seq, row): the smallest is the worst admission key.
+_WorstItem = tuple[int, int, int, Row]
 
 
 class DueWindow:
@@ -128,9 +131,12 @@ class DueWindow:
         self.turnover = 0
         self.cas_conflicts = 0
         self._name = name
-        #: Admission order: priority first (the default and the table's order), or
-        #: due time alone (only for measuring what priority-first admission buys).
-        self.priority_first = True
+        # Admission order: priority first (the default and the table's order), or
+        # due time alone (only for measuring what priority-first admission buys).
+        self._priority_first = True
+        # The queued rows again, worst admission key first (lowest priority,
+        # latest due): who is evicted next, in O(log n). Lazy like the heap.
+        self._worst: list[_WorstItem] = []
         self._rows: dict[str, Row] = {}
         self._heap: list[_HeapItem] = []
         self._queued = 0
@@ -167,12 +173,24 @@ class DueWindow:
         self._skip_stale()
         return self._heap[0][0] if self._heap else None
 
+    @property
+    def priority_first(self) -> bool:
+        """Whether admission is priority first (else due time alone)."""
+        return self._priority_first
+
+    @priority_first.setter
+    def priority_first(self, value: bool) -> None:
+        self._priority_first = value
+        self._worst = [self._worst_item(item[3]) for item in self._heap if _live(item)]
+        heapq.heapify(self._worst)
+
     def last_admitted(self) -> tuple[int, datetime] | None:
         """The admission key (``-priority, next_due``) of the queued row that would
-        be evicted first, or ``None`` (a scan: called only when full)."""
-        weight = 1 if self.priority_first else 0
-        live = [(-item[3].priority * weight, item[0]) for item in self._heap if _live(item)]
-        return max(live) if live else None
+        be evicted first, or ``None``. O(log n) amortised."""
+        row = self._peek_worst()
+        if row is None:
+            return None
+        return (-row.priority if self._priority_first else 0, row.next_due)
 
     def push(self, row: Row) -> bool:
         """Queue ``row`` (making it resident); ``True`` if it became the head
@@ -188,6 +206,7 @@ class DueWindow:
         row.state = RowState.QUEUED
         row.seq = next(self._seq)
         heapq.heappush(self._heap, (row.next_due, -row.priority, row.seq, row))
+        heapq.heappush(self._worst, self._worst_item(row))
         self._queued += 1
         self.high_water = max(self.high_water, len(self._rows))
         self._maybe_compact()
@@ -327,27 +346,46 @@ class DueWindow:
         room). Returns ``(loaded, evicted)``. Never exceeds ``capacity``, also
         when the capacity shrank since the last merge.
         """
-        fresh = [row for row in candidates if row.key not in self._rows]
-        room = self.capacity - (len(self._rows) - self._queued)
-        if len(fresh) <= room - self._queued:
-            for row in fresh:
-                self.push(row)
-            return len(fresh), []
-        queued = [item[3] for item in self._heap if _live(item)]
-        pool = sorted(queued + fresh, key=_order if self.priority_first else _due_order)
-        keep = pool[: max(0, room)]
-        kept_ids = {id(row) for row in keep}
-        evicted = [row for row in queued if id(row) not in kept_ids]
-        for row in evicted:
-            self.release(row)
+        order = _order if self._priority_first else _due_order
+        fresh = sorted((row for row in candidates if row.key not in self._rows), key=order)
+        evicted: list[Row] = []
+        # A capacity that shrank: the worst queued rows go first.
+        while len(self._rows) > self.capacity:
+            worst = self._peek_worst()
+            if worst is None:
+                break
+            self.release(worst)
+            evicted.append(worst)
         loaded = 0
-        for row in keep:
-            if row.state is not RowState.QUEUED:
-                self.push(row)
-                loaded += 1
+        for row in fresh:
+            if len(self._rows) >= self.capacity:
+                # Full: the candidate takes the place of the worst queued row if
+                # it comes strictly before it (candidates come best first, so
+                # once one loses, the rest lose too).
+                worst = self._peek_worst()
+                if worst is None or order(row)[:2] >= order(worst)[:2]:
+                    break
+                self.release(worst)
+                evicted.append(worst)
+            self.push(row)
+            loaded += 1
         if loaded or evicted:
             self.head_changed.set()
+        evicted.sort(key=order)
         return loaded, evicted
+
+    def _worst_item(self, row: Row) -> _WorstItem:
+        priority = row.priority if self._priority_first else 0
+        return (priority, -to_ms(row.next_due), -row.seq, row)
+
+    def _peek_worst(self) -> Row | None:
+        worst = self._worst
+        while worst:
+            row = worst[0][3]
+            if row.state is RowState.QUEUED and row.seq == -worst[0][2]:
+                return row
+            heapq.heappop(worst)
+        return None
 
     def _check_low(self) -> None:
         # Under a backlog the heap refills with the next slots of delivered rows,
@@ -376,6 +414,9 @@ class DueWindow:
         if len(self._heap) > 64 and len(self._heap) > 2 * self._queued:
             self._heap = [item for item in self._heap if _live(item)]
             heapq.heapify(self._heap)
+        if len(self._worst) > 64 and len(self._worst) > 2 * self._queued:
+            self._worst = [self._worst_item(item[3]) for item in self._heap if _live(item)]
+            heapq.heapify(self._worst)
 
 
 def _live(item: _HeapItem) -> bool:
