@@ -63,12 +63,14 @@ def plan_tick(
     decides; the grid resumes at the first slot after ``now``, so a row that was
     away for a long time produces at most one catch-up tick, never a burst.
 
-    ``reloaded`` marks the first tick of a row just read from the table (a
-    refill, a new owner, a reload after a conflict or a storage outage). Such a
-    row's stored ``next_due`` may lag behind ticks already delivered, so if
-    more than one of its slots has passed (the one after ``slot`` too), the
-    slots count as missed even inside the grace and ``action`` decides: with
-    SKIP none is replayed, with FIRE_IMMEDIATELY one catch-up is delivered.
+    ``reloaded`` marks the first tick of a row read from the table within the
+    grace after storage trouble (a failed read or write). Such a row's stored
+    ``next_due`` may lag behind ticks already delivered, or the outage kept it
+    from being loaded in time; so if more than one of its slots has passed (the
+    one after ``slot`` too), the slots count as missed even inside the grace
+    and ``action`` decides: with SKIP none is replayed, with FIRE_IMMEDIATELY
+    one catch-up is delivered. Without storage trouble a row behind its grid is
+    just late (an overload) and is delivered within the grace as usual.
     """
     if now <= slot + grace and not (reloaded and schedule.next_after(slot) <= now):
         return TickPlan(deliver=True, slot=slot)

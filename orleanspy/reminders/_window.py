@@ -93,9 +93,10 @@ class Row:
         # Set when the row must not be ticked or re-queued any more (ownership
         # moved, the row was removed or moved by another writer).
         self.dropped = False
-        # True until the row's first tick after it was read from the table: the
-        # stored schedule may lag behind ticks already delivered (_missed).
-        self.reloaded = True
+        # True until its first tick for a row read from the table just after
+        # storage trouble: its stored schedule may lag behind ticks already
+        # delivered (_missed). The loader sets it.
+        self.reloaded = False
 
     @property
     def key(self) -> str:

@@ -383,23 +383,42 @@ async def test_late_tick_within_grace_is_delivered_on_its_slot(table, clock) -> 
         assert svc.stats.missed == 0
 
 
-async def test_row_loaded_several_slots_behind_gets_its_action_not_a_burst(table, clock) -> None:
-    # Slots +10 and +20 both passed before the row was loaded (an outage, a new
-    # owner): inside the grace, but replaying them would be a burst of old ticks.
-    await table.upsert(entry(clock, 1, due=10, period=10, action=MissedReminderAction.SKIP))
+async def test_row_loaded_several_slots_behind_after_an_outage_gets_its_action(clock) -> None:
+    # The rows fall due while the store is down, so no refill can load them. Once
+    # it is back, slots +400 to +420 have passed: inside the grace, but a burst
+    # of old ticks after an outage is what the missed-tick action is for.
+    table = FlakyTable()
+    await table.upsert(entry(clock, 1, due=400, period=10, action=MissedReminderAction.SKIP))
     fire = MissedReminderAction.FIRE_IMMEDIATELY
-    await table.upsert(entry(clock, 2, due=10, period=10, action=fire))
+    await table.upsert(entry(clock, 2, due=400, period=10, action=fire))
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        assert svc.stats.loaded == 0  # beyond the look-ahead
+        table.down = True
+        await advance(clock, 30)  # a poll fails
+        await until(lambda: svc.stats.load_errors >= 1)
+        await advance(clock, 395)  # t=425
+        table.down = False
+        await svc.refill_now()
+        await until(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1)
+        # FIRE_IMMEDIATELY: one catch-up for +400 with +410, +420 folded in; SKIP: nothing.
+        ((caught_up, status),) = rec.calls
+        assert caught_up.grain_id.key == 2
+        assert (status.current_tick_time, status.missed_ticks) == (START + 400 * S, 2)
+        await advance(clock, 5)
+        await until(lambda: len(rec.calls) == 3)
+        assert sorted(rec.slots()[1:]) == [START + 430 * S, START + 430 * S]
+
+
+async def test_row_behind_its_grid_without_storage_trouble_is_just_late(table, clock) -> None:
+    # An overload, not an outage: both passed slots are delivered on their slots.
+    await table.upsert(entry(clock, due=10, period=10, action=MissedReminderAction.SKIP))
     await advance(clock, 25)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
-        await until(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1)
-        # FIRE_IMMEDIATELY: one catch-up for +10 with +20 folded in; SKIP: nothing.
-        ((caught_up, status),) = rec.calls
-        assert caught_up.grain_id.key == 2
-        assert (status.current_tick_time, status.missed_ticks) == (START + 10 * S, 1)
-        await advance(clock, 5)
-        await until(lambda: len(rec.calls) == 3)
-        assert sorted(rec.slots()[1:]) == [START + 30 * S, START + 30 * S]
+        await until(lambda: len(rec.calls) == 2)
+        assert rec.slots() == [START + 10 * S, START + 20 * S]
+        assert svc.stats.missed == 0
 
 
 async def test_repair_skips_long_overdue_rows_the_window_has_no_room_for(table, clock) -> None:
