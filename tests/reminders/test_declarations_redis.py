@@ -125,44 +125,66 @@ async def test_changed_declarations_are_applied_between_two_silo_starts(redis_ur
 async def test_three_silos_starting_at_once_write_each_declared_row_exactly_once(
     redis_url: str,
 ) -> None:
-    cls = _v1()
     async with AsyncExitStack() as stack:
         table = RedisReminderTable(redis_url, service_id="default")
         await table.start(stack)
         feed = table.changes()
         stack.push_async_callback(feed.aclose)
         writes: Counter[tuple[str, str]] = Counter()
-        seen = asyncio.Event()
-        primed = asyncio.Event()
+        removals: Counter[tuple[str, str]] = Counter()
+        markers: list[int] = []
+        marker_seen = asyncio.Event()
 
         async def count() -> None:
             async for change in feed:
                 if change.grain_id == PROBE.grain_id:
-                    primed.set()
-                if change.grain_id.type_name == TYPE and change.priority is not None:
-                    writes[(str(change.grain_id.key), change.name)] += 1
-                    if len(writes) == 6:
-                        seen.set()
+                    markers.append(1)
+                    marker_seen.set()
+                elif change.grain_id.type_name == TYPE:
+                    key = (str(change.grain_id.key), change.name)
+                    if change.next_due is None:
+                        removals[key] += 1
+                    elif change.priority is not None:
+                        writes[key] += 1
 
         counter = asyncio.create_task(count())
         stack.callback(counter.cancel)
-        # The feed subscribes on its first read: write a probe row until its
-        # change arrives, so every silo write after this is seen.
-        async with asyncio.timeout(10):
-            while not primed.is_set():
-                await table.upsert(PROBE)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(primed.wait(), 0.1)
 
-        silos = [Silo(_options(redis_url, cls, f"s{i}")) for i in range(3)]
-        try:
-            await asyncio.gather(*(s.start() for s in silos))
+        async def marker() -> None:
+            """Write the probe row until its change arrives: every change published
+            before it (all silo writes done so far) has been counted by then."""
+            marker_seen.clear()
             async with asyncio.timeout(10):
-                await seen.wait()
-            await asyncio.sleep(0.5)  # a duplicate write would arrive by now
-        finally:
-            for s in reversed(silos):
-                await s.stop()
+                while not marker_seen.is_set():
+                    await table.upsert(PROBE)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(marker_seen.wait(), 0.2)
+
+        async def start_three_at_once(cls: type[Grain], tag: str) -> None:
+            silos = [Silo(_options(redis_url, cls, f"{tag}{i}")) for i in range(3)]
+            try:
+                await asyncio.gather(*(s.start() for s in silos))
+            finally:
+                for s in reversed(silos):
+                    await s.stop()
+            await marker()
+
+        await marker()  # the feed subscribes on its first read
+        await start_three_at_once(_v1(), "a")
         assert len(writes) == 6, writes
-        assert set(writes.values()) == {1}, f"rows written more than once: {writes}"
+        assert set(writes.values()) == {1}, f"rows created more than once: {writes}"
         assert await table.count() == 6 + 1  # and the probe
+
+        # The next version, three silos at once again: each changed row is
+        # updated once, each new row created once, each dropped row removed once.
+        writes.clear()
+        await start_three_at_once(_v2(), "b")
+        assert writes == {
+            ("eu", "report"): 1,
+            ("us", "report"): 1,
+            ("eu", "audit"): 1,
+            ("us", "audit"): 1,
+            ("eu", "invoice"): 1,
+        }, writes
+        assert removals == {("eu", "cleanup"): 1, ("us", "cleanup"): 1}, removals
+        assert await table.count() == 5 + 1
