@@ -14,6 +14,7 @@ BENCHMARKS = [
     "bench_transport",
     "bench_cluster_calls",
     "bench_reminder_startup",
+    "bench_reminder_register",
     "bench_reminder_ticks",
     "bench_reminder_overload",
     "bench_grain_state",

@@ -11,6 +11,14 @@ Ticks that cannot be reached within ``missed_tick_grace`` are skipped (SKIP),
 so lateness is bounded by the grace; the share of slots delivered per priority
 shows who absorbed the overload. An embedded silo with the in-memory table, so
 only scheduling is measured.
+
+A second pair of runs makes the due backlog ``--backlog-factor`` (20) times
+the window: ``base_bucket_size`` is the reminder count over that factor, so
+the window must rotate. It runs with priority-first admission (the window
+holds the highest-priority near-due rows first, the table answers in that
+order) and, as the baseline, with admission by due time alone (the window
+sorted by due, the table read in due order), which is what the service did
+before.
 """
 
 from __future__ import annotations
@@ -70,11 +78,28 @@ def _priority(i: int, n: int) -> int:
     return int(ReminderPriority.BACKGROUND)
 
 
+class DueOrderTable(InMemoryReminderTable):
+    """The in-memory table answering ``read_due`` by due time alone (the order
+    before priority-first admission), for the baseline."""
+
+    async def read_due(self, r: Any, before: datetime, limit: int) -> list[ReminderEntry]:
+        rows = await super().read_due(r, before, 1 << 30)
+        rows.sort(key=lambda e: e.next_due)
+        return rows[:limit]
+
+
 async def one_run(
-    n: int, permits: int, seconds: float, enable_priority: bool
+    n: int,
+    permits: int,
+    seconds: float,
+    enable_priority: bool,
+    *,
+    bucket: int | None = None,
+    priority_first: bool = True,
+    mode: str | None = None,
 ) -> list[dict[str, Any]]:
     RECEIVED.clear()
-    table = InMemoryReminderTable("bench-overload")
+    table = (DueOrderTable if not priority_first else InMemoryReminderTable)("bench-overload")
     t0 = time.time() + 1.5
     step = PERIOD.total_seconds() / n
     prios = [_priority(i, n) for i in range(n)]
@@ -99,16 +124,19 @@ async def one_run(
             look_ahead=timedelta(seconds=10),
             poll_interval=timedelta(seconds=5),
             missed_tick_grace=GRACE,
-            base_bucket_size=2 * n,
+            base_bucket_size=bucket or 2 * n,
             permits=permits,
             enable_priority=enable_priority,
             adaptive=False,
         ),
     )
     async with Silo.local(options, reminder_table=table) as silo:
-        await asyncio.sleep(max(0.0, t0 + seconds - time.time()))
         service = silo.reminder_service
         assert service is not None
+        if not priority_first:
+            service._window.priority_first = False
+            await service.refill_now()
+        await asyncio.sleep(max(0.0, t0 + seconds - time.time()))
         stats = service.stats
     offered: dict[int, int] = defaultdict(int)
     for p in prios:
@@ -125,7 +153,7 @@ async def one_run(
         p50, p99 = _percentiles(values)
         rows.append(
             {
-                "mode": "priority lanes" if enable_priority else "baseline: no priority",
+                "mode": mode or ("priority lanes" if enable_priority else "baseline: no priority"),
                 "priority": p.name,
                 "offered_per_s": offered[int(p)],
                 "delivered_per_s": len(values) / span,
@@ -145,11 +173,31 @@ def _percentiles(values: Sequence[float]) -> tuple[float, float]:
     return q[49], q[98]
 
 
-async def main(capacity: int, permits: int, seconds: float) -> list[dict[str, Any]]:
+async def main(
+    capacity: int, permits: int, seconds: float, backlog_factor: int
+) -> list[dict[str, Any]]:
     BusyGrain.work_s = permits / capacity
     n = 2 * capacity  # reminders with a 1 s period: twice the capacity per second
     rows = await one_run(n, permits, seconds, enable_priority=True)
     rows += await one_run(n, permits, seconds, enable_priority=False)
+    bucket = max(1, n // backlog_factor)
+    rows += await one_run(
+        n,
+        permits,
+        seconds,
+        enable_priority=True,
+        bucket=bucket,
+        mode=f"backlog {backlog_factor}x bucket {bucket}: priority-first",
+    )
+    rows += await one_run(
+        n,
+        permits,
+        seconds,
+        enable_priority=True,
+        bucket=bucket,
+        priority_first=False,
+        mode=f"backlog {backlog_factor}x bucket {bucket}: due-first (before)",
+    )
     return rows
 
 
@@ -158,8 +206,9 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--capacity", type=int, default=200, help="ticks per second")
     parser.add_argument("--permits", type=int, default=4)
+    parser.add_argument("--backlog-factor", type=int, default=20)
     args = parser.parse_args()
-    result = run(main(args.capacity, args.permits, args.seconds))
+    result = run(main(args.capacity, args.permits, args.seconds, args.backlog_factor))
     print_report(
         "reminder_overload",
         result,
@@ -179,4 +228,5 @@ if __name__ == "__main__":
         offered_per_s=2 * args.capacity,
         grace_s=GRACE.total_seconds(),
         seconds=args.seconds,
+        backlog_factor=args.backlog_factor,
     )

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import StorageError, StorageUnavailableError
@@ -25,7 +27,15 @@ NoScriptError = rexc.NoScriptError
 
 def connect(url: str, *, max_connections: int = 64) -> aioredis.Redis:
     """A client for ``url`` (``redis://``, ``rediss://``, ``unix://``; credentials
-    in the URL are honoured). Responses are bytes; callers decode."""
+    in the URL are honoured). Responses are bytes; callers decode.
+
+    Timeouts: 10 s per reply and 5 s per connect unless the URL says otherwise
+    (``?socket_timeout=1&socket_connect_timeout=1``; URL options win). A command
+    that meets a dropped or stale connection (``Connection closed by server``
+    after a Redis restart) is sent again at once on a fresh connection, before
+    any caller's backoff starts; a timeout is not retried here, because its
+    outcome is unknown.
+    """
     # A blocking pool makes callers beyond ``max_connections`` wait for a free
     # connection instead of failing with a connection error that would read as
     # "Redis is down".
@@ -36,6 +46,8 @@ def connect(url: str, *, max_connections: int = 64) -> aioredis.Redis:
         socket_connect_timeout=5,
         socket_timeout=10,
         health_check_interval=30,
+        # Only connection errors: Retry's default would also resend on timeouts.
+        retry=Retry(NoBackoff(), 1, supported_errors=(rexc.ConnectionError,)),
     )
     return aioredis.Redis.from_pool(pool)  # the client owns (and closes) the pool
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -82,6 +82,8 @@ class DeclaredReminder:
     tz: str | None
     priority: int
     action: int
+    #: The grain keys to create the row for; ``None``: the class's ``reminder_keys``.
+    keys: tuple[GrainKey, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -407,13 +409,19 @@ def register_reminder(
     tz: str | None = None,
     priority: int = 0,
     action: int | None = None,
+    keys: Iterable[GrainKey] | None = None,
 ) -> Callable[[C], C]:
     """Declare a reminder on a ``Remindable`` grain class.
 
-    At silo start-up the silo creates each declared reminder that is missing,
-    for each of the class's ``reminder_keys`` (default the key ``""``), straight
-    in the table and without activating the grain. Existing rows are left alone.
-    The schedule is validated when the silo registers it (``ReminderError``).
+    At silo start-up the silo registers-or-updates each declared reminder for
+    each key in ``keys`` (default: the class's ``reminder_keys``, itself
+    defaulting to the key ``""``), straight in the table and without activating
+    the grain: a missing row is created, a row whose period, cron, zone,
+    priority or action differs from the declaration is updated, an unchanged
+    row keeps its ``next_due`` and ``last_fire``. A row a declaration created
+    is removed once the class no longer declares it for that key. The
+    schedule is validated when the silo registers it (``ReminderError`` naming
+    the class and the reminder).
     """
 
     def apply(cls: C) -> C:
@@ -432,6 +440,7 @@ def register_reminder(
             tz=tz,
             priority=priority,
             action=int(action if action is not None else MissedReminderAction.SKIP),
+            keys=None if keys is None else tuple(keys),
         )
         others = tuple(r for r in defn.reminders if r.name != name)
         _replace_definition(cls, reminders=(declared, *others))

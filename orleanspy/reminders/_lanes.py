@@ -1,10 +1,11 @@
 """Priority lanes and delivery permits.
 
 Due rows wait in three lanes — critical (priority >= 50), normal, background
-(priority <= -50). One dispatcher task takes from critical first, then normal,
-then background, and starts a delivery task for each row while fewer than
-``permits`` deliveries are in flight. Under overload critical rows keep their
-lateness low and background rows absorb the lag.
+(priority <= -50); the window owns them (``DueWindow.lanes``). One dispatcher
+task takes from critical first, then normal, then background, and starts a
+delivery task for each row while fewer than ``permits`` deliveries are in
+flight. Under overload critical rows keep their lateness low and background
+rows absorb the lag.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from orleanspy.reminders._window import Row
+if TYPE_CHECKING:
+    from orleanspy.reminders._window import DueWindow, Row
 
 __all__ = ["BACKGROUND_AT_MOST", "CRITICAL_AT_LEAST", "Dispatcher", "Lanes"]
 
@@ -52,16 +55,6 @@ class Lanes:
             return False
         return True
 
-    def retain(self, keep: Callable[[Row], bool]) -> int:
-        """Drop every waiting row for which ``keep`` is false; return how many."""
-        removed = 0
-        for lane in self._lanes:
-            kept = [row for row in lane if keep(row)]
-            removed += len(lane) - len(kept)
-            lane.clear()
-            lane.extend(kept)
-        return removed
-
     def _lane_of(self, row: Row) -> int:
         if not self._enable:
             return 1
@@ -74,48 +67,33 @@ class Lanes:
 
 
 class Dispatcher:
-    """Runs ``deliver(row)`` for queued rows, at most ``permits`` at a time.
+    """Runs ``deliver(row)`` for the window's due rows, at most ``permits`` at a time.
 
     ``deliver`` must handle its own errors; anything escaping it is logged.
     """
 
     def __init__(
-        self,
-        permits: int,
-        deliver: Callable[[Row], Awaitable[None]],
-        *,
-        enable_priority: bool = True,
+        self, window: DueWindow, permits: int, deliver: Callable[[Row], Awaitable[None]]
     ) -> None:
-        self.lanes = Lanes(enable_priority)
+        self._window = window
         self._permits = asyncio.Semaphore(permits)
         self._deliver = deliver
-        self._ready = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def queued(self) -> int:
-        return len(self.lanes)
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    def put(self, rows: Iterable[Row]) -> None:
-        for row in rows:
-            self.lanes.put(row)
-        if self.lanes:
-            self._ready.set()
-
     async def run(self) -> None:
         """Dispatch until cancelled; then cancel and reap the deliveries in flight."""
+        window = self._window
         try:
             while True:
                 await self._permits.acquire()
-                row = self.lanes.pop()
+                row = window.take()
                 while row is None:
-                    self._ready.clear()
-                    await self._ready.wait()
-                    row = self.lanes.pop()
+                    await window.ready.wait()
+                    row = window.take()
                 task = asyncio.create_task(self._one(row))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)

@@ -4,8 +4,9 @@ One task serves every request (refills, newly owned ranges, hints, the poll,
 the repair pass), so that reads of the table never race each other.
 
 A *refill* reads every owned range with ``read_due(range, now + look_ahead,
-limit)`` and keeps the earliest ``bucket_size`` rows overall (queued rows that
-lose are evicted; rows being delivered are never evicted). It runs at start,
+limit)`` and keeps the first ``bucket_size`` rows overall in the admission
+order — highest priority first, then earliest due (queued rows that lose are
+evicted; rows being delivered are never evicted). It runs at start,
 every ``poll_interval``, on request, when the heap falls below half (or half of
 it turned over) while the last refill left rows behind, and after the change
 feed was lost. A newly owned range is read at once. A change for an owned row
@@ -28,18 +29,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from orleanspy._retry import Backoff
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
 from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, window_size
+from orleanspy.reminders._missed import MissedNotifier, plan_tick
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
-from orleanspy.reminders._ticker import MISSED_COUNT_CAP, Backoff, sleep_or_wake
-from orleanspy.reminders._window import DueWindow, Row
+from orleanspy.reminders._ticker import sleep_or_wake
+from orleanspy.reminders._window import DueWindow, Row, admission_key
 from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderChange,
@@ -51,12 +54,9 @@ from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.table import ChangeFeed, ReminderTable
 from orleanspy.ring import RingRange
 
-__all__ = ["Loader", "Notify"]
+__all__ = ["Loader"]
 
 log = logging.getLogger(__name__)
-
-#: ``notify(entry, scheduled, detected_at, missed_ticks, next_due)`` publishes a missed row.
-Notify = Callable[[ReminderEntry, datetime, datetime, int, datetime], Awaitable[None]]
 
 
 class Loader:
@@ -65,13 +65,12 @@ class Loader:
 
     ``run()`` and ``follow(feed)`` are tasks that run until cancelled; table
     errors are logged, counted in ``load_errors`` and retried with backoff,
-    never raised. The owner tells the loader what happened elsewhere:
-    ``ranges_changed`` after a ring change, ``notify_change`` for a table
-    change, ``mark_changed`` when its own write landed, ``ticked`` after every
-    finished tick and ``check_low`` after rows left the heap. The loader calls
-    back ``drop(row)`` to forget a held row (removed, or moved by another
-    writer), ``notify`` for a NOTIFY row skipped by the repair pass, and
-    ``wake_ticker()`` when the heap may have a new head.
+    never raised. Data flows one way: the loader reads the table and feeds the
+    window; it asks the persister (what is unwritten, which writes landed) and
+    publishes NOTIFY skips of the repair pass through the notifier. Nothing
+    downstream calls it: it waits on the window's ``low`` signal. The service
+    tells it of ring changes (``ranges_changed``) and table changes
+    (``notify_change``).
     """
 
     def __init__(
@@ -83,10 +82,8 @@ class Loader:
         ownership: Ownership,
         window: DueWindow,
         persister: Persister,
+        notifier: MissedNotifier,
         load: Callable[[], LoadSignals],
-        drop: Callable[[Row], None],
-        notify: Notify,
-        wake_ticker: Callable[[], None],
         name: str = "",
     ) -> None:
         self._table = table
@@ -95,10 +92,8 @@ class Loader:
         self._ownership = ownership
         self._window = window
         self._persister = persister
+        self._notifier = notifier
         self._load = load
-        self._drop = drop
-        self._notify = notify
-        self._wake_ticker = wake_ticker
         self._name = name
         self._wake = asyncio.Event()
         self._refill_wanted = True
@@ -106,11 +101,13 @@ class Loader:
         self._new_ranges: list[RingRange] = []
         self._hints: dict[str, tuple[GrainId, str]] = {}
         self._more_available = False
-        self._turnover = 0  # ticks finished since the last refill
-        # Keys whose stored state changed while a bulk read was running: that read
-        # may return their old state, so it must not load them.
-        self._reading = False
-        self._touched: set[str] = set()
+        # When the store last failed (reads here, writes in the persister).
+        self._failures_seen = 0
+        self._trouble_at: datetime | None = None
+        # Keys whose stored state changed while a bulk read was running (None:
+        # no read is running): that read may return their old state, so it
+        # must not load them.
+        self._touched: set[str] | None = None
         self.refills = 0
         self.load_errors = 0
         self.evicted = 0
@@ -129,55 +126,46 @@ class Loader:
         """Take a change of the table into account (from the feed or a local hint).
 
         A removal drops the row. A change of a row not held, due inside the
-        window, or of a held row that another writer moved, schedules a read of
-        the row; the echo of our own write is ignored.
+        window, of a held row that another writer moved, or a whole-row write
+        of a held row (a registration or management call: its change carries
+        the priority), schedules a read of the row; the echo of our own write
+        is ignored.
         """
         grain_id, name, next_due = change.grain_id, change.name, change.next_due
         if not self._ownership.owns(grain_id):
             return
         key = row_key(grain_id, name)
-        self.mark_changed(key)
+        if self._touched is not None:
+            self._touched.add(key)
         row = self._window.get(key)
         if next_due is None:
             if row is not None:
-                self._drop(row)
+                self._window.drop(row)
             self._hints.pop(key, None)
             return
         if row is not None:
-            if next_due in (row.next_due, row.entry.next_due) or self._persister.wrote(
-                key, next_due
+            whole_row = change.priority is not None
+            if not whole_row and (
+                next_due in (row.next_due, row.entry.next_due)
+                or self._persister.wrote(key, next_due)
             ):
                 return
         elif next_due > self._clock.now() + self._options.look_ahead:
             return
         elif self._window.space == 0:
-            last = self._window.last_due()
-            if last is None or next_due >= last:
+            # Full: a change that would not make the cut waits for a refill. A
+            # change without its priority may be of any: it is read unless it
+            # would lose even at the highest priority.
+            last = self._window.last_admitted()
+            priority = 127 if change.priority is None else change.priority
+            if not self._window.priority_first:
+                priority = 0
+            if last is None or admission_key(priority, next_due) >= last:
                 self._more_available = True
+                self._window.signal_low = True
                 return
         self._hints[key] = (grain_id, name)
         self._wake.set()
-
-    def mark_changed(self, key: str) -> None:
-        """The stored state of row ``key`` changed (a write of ours or another's landed)."""
-        if self._reading:
-            self._touched.add(key)
-
-    def ticked(self) -> None:
-        """A held row finished a tick."""
-        self._turnover += 1
-
-    def check_low(self) -> None:
-        """Ask for a refill if the heap ran low while the table has more rows."""
-        # Under a backlog the heap refills with the next slots of delivered rows,
-        # so "below half" alone would leave older rows in the table until the
-        # poll; a half-turned-over window also asks for a refill (which evicts
-        # the later rows in favour of the older ones).
-        half = self._window.capacity // 2
-        if self._more_available and (self._window.queued < half or self._turnover >= half):
-            self._more_available = False
-            self._refill_wanted = True
-            self._wake.set()
 
     async def request_refill(self) -> None:
         """Return when a full refill that began after this call finished (``run`` must
@@ -220,10 +208,20 @@ class Loader:
                 raise_if_cancelled()
                 self.load_errors += 1
                 log.warning("reminder load failed name=%s error=%r", self._name, exc)
-                await self._clock.sleep(backoff.next())
+                # A new request (a registration's hint, a ring change) cuts the
+                # wait short: once the store is back it is served at once, not
+                # after a backoff grown during the outage.
+                self._wake.clear()
+                retry_at = self._clock.now() + timedelta(seconds=backoff.next())
+                await sleep_or_wake(self._clock, retry_at, self._wake)
                 continue
             raise_if_cancelled()
-            await sleep_or_wake(self._clock, min(next_poll, next_repair), self._wake)
+            await sleep_or_wake(
+                self._clock, min(next_poll, next_repair), self._wake, self._window.low
+            )
+            if self._window.low.is_set():
+                self._window.low.clear()
+                self._refill_wanted = True
 
     async def follow(self, feed: ChangeFeed) -> None:
         """Feed table changes to ``notify_change``; resubscribe after an error."""
@@ -255,33 +253,37 @@ class Loader:
         """
         window = self._window
         window.capacity = window_size(self._options, self._load, self._name)
-        self._turnover = 0
         now = self._clock.now()
         before = now + self._options.look_ahead
         # Rows we hold come back from the read too (the table may lag behind us):
         # read past them so they cannot hide the rows we are looking for.
         limit = window.capacity + len(window) + len(self._persister)
-        batches = await self._read([self._table.read_due(r, before, limit) for r in ranges])
+        batches, touched = await self._read(
+            [self._table.read_due(r, before, limit) for r in ranges]
+        )
         # Cheap filters first; schedules are built only for rows that can make the cut.
         found: dict[str, tuple[datetime, int, ReminderEntry, datetime | None]] = {}
         for batch in batches:
             for entry in batch:
                 key = entry.key
-                if key in window or key in found or key in self._touched:
+                if key in window or key in found or key in touched:
                     continue
                 if not self._ownership.owns(entry.grain_id):
                     continue
                 next_due, last_fire = self._effective(entry)
                 if next_due <= before:
                     found[key] = (next_due, -int(entry.priority), entry, last_fire)
-        best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
+        # Priority first, then due: the window's admission order.
+        if window.priority_first:
+            best = sorted(found.values(), key=lambda c: (c[1], c[0]))[: window.room]
+        else:
+            best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
         fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
         loaded, evicted = window.merge(fresh)
         self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)
+        window.refilled(self._more_available)
         self.refills += 1
         self.evicted += len(evicted)
-        if loaded or evicted:
-            self._wake_ticker()
         log.debug(
             "reminder refill name=%s ranges=%d loaded=%d evicted=%d resident=%d bucket_size=%d",
             self._name,
@@ -306,17 +308,21 @@ class Loader:
             if not fut.done():
                 fut.set_result(None)
 
-    async def _read(self, reads: list[Awaitable[list[ReminderEntry]]]) -> list[list[ReminderEntry]]:
-        self._reading = True
-        self._touched.clear()
-        try:
-            results = await asyncio.gather(*reads, return_exceptions=True)
-        finally:
-            self._reading = False
+    async def _read(
+        self, reads: list[Awaitable[list[ReminderEntry]]]
+    ) -> tuple[list[list[ReminderEntry]], set[str]]:
+        """The reads' results, and the keys whose stored state changed meanwhile
+        (our writes that landed, changes from the feed)."""
+        with self._persister.watch() as touched:
+            self._touched = touched
+            try:
+                results = await asyncio.gather(*reads, return_exceptions=True)
+            finally:
+                self._touched = None
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-        return [r for r in results if not isinstance(r, BaseException)]
+        return [r for r in results if not isinstance(r, BaseException)], touched
 
     def _effective(self, entry: ReminderEntry) -> tuple[datetime, datetime | None]:
         """``(next_due, last_fire)`` of a row as read, with our unwritten update
@@ -334,7 +340,22 @@ class Loader:
         except ReminderError as exc:
             log.warning("reminder row unusable name=%s key=%s error=%s", self._name, entry.key, exc)
             return None
-        return Row(entry, schedule, next_due, last_fire)
+        row = Row(entry, schedule, next_due, last_fire)
+        row.reloaded = self._after_storage_trouble()
+        return row
+
+    def _after_storage_trouble(self) -> bool:
+        """Whether the store failed (a read here, or a write of the persister)
+        within the last ``grace``: rows read now may lag ticks already delivered,
+        or have slots the outage kept from being loaded, so the missed-tick rule
+        treats them as reloaded (``_missed.plan_tick``). Otherwise a row behind
+        its grid is an ordinary late row (an overload), delivered within the grace."""
+        now = self._clock.now()
+        failures = self._persister.failures + self.load_errors
+        if failures != self._failures_seen:
+            self._failures_seen = failures
+            self._trouble_at = now
+        return self._trouble_at is not None and now <= self._trouble_at + self._options.grace
 
     async def _read_hints(self) -> None:
         while self._hints:
@@ -351,12 +372,14 @@ class Loader:
         row = self._window.get(key)
         if entry is None:
             if row is not None:
-                self._drop(row)
+                self._window.drop(row)
             return
         if row is not None:
-            if entry.etag == row.entry.etag:
+            if entry.etag == row.entry.etag or self._persister.wrote(key, entry.next_due):
+                return  # unchanged, or our own write whose outcome is on its way
+            if self._update_held(row, entry):
                 return
-            self._drop(row)
+            self._window.drop(row)
         next_due, last_fire = self._effective(entry)
         if next_due > self._clock.now() + self._options.look_ahead:
             return
@@ -367,15 +390,52 @@ class Loader:
         self.evicted += len(evicted)
         if not loaded:
             self._more_available = True
-        elif self._window.head_due() == new.next_due:
-            self._wake_ticker()
+            self._window.signal_low = True
+
+    def _update_held(self, row: Row, entry: ReminderEntry) -> bool:
+        """Apply a registration or management write to a held row in place, so it
+        takes effect at once and no slot is delivered twice; ``False`` when the
+        row must be dropped and read again instead.
+
+        A write that kept the schedule (a new priority or action) swaps the row's
+        stored copy and etag, keeps its local schedule (ticks already delivered
+        stay delivered), rebases its unwritten update onto the new etag and moves
+        it to its priority's lane. A write that moved the schedule (a repair, a
+        new period or cron) is the new truth: the row takes the stored schedule,
+        and updates of ours still waiting are discarded. A row whose tick is
+        being delivered right now keeps that delivery: with a moved schedule it
+        is dropped and the new row loaded (the new schedule's slots lie ahead).
+        """
+        old = row.entry
+        same_schedule = (
+            entry.next_due == old.next_due
+            and entry.start_at == old.start_at
+            and entry.period == old.period
+            and entry.cron == old.cron
+            and entry.tz == old.tz
+        )
+        if same_schedule:
+            assert old.etag is not None and entry.etag is not None
+            self._persister.rebase(row.key, old.etag, entry.etag)
+            self._window.replace_entry(row, entry)
+            return True
+        try:
+            schedule = schedule_for(entry)
+        except ReminderError as exc:
+            log.warning("reminder row unusable name=%s key=%s error=%s", self._name, row.key, exc)
+            return False
+        keep = entry.next_due <= self._clock.now() + self._options.look_ahead
+        if not self._window.reschedule(row, entry, schedule, keep=keep):
+            return False  # being delivered: drop it, load the new row
+        self._persister.discard(row.key)
+        return True
 
     async def _repair(self) -> None:
         """Apply SKIP/NOTIFY in place to long-overdue rows not held (module docstring)."""
         now = self._clock.now()
         before = now - self._options.look_ahead
         limit = self._window.capacity
-        batches = await self._read(
+        batches, touched = await self._read(
             [self._table.read_due(r, before, limit) for r in self._ownership.ranges]
         )
         for entry in (e for batch in batches for e in batch):
@@ -384,23 +444,28 @@ class Loader:
                 entry.next_due >= before
                 or entry.etag is None
                 or key in self._window
-                or key in self._touched
+                or key in touched
                 or self._persister.latest(key) is not None
                 or not self._ownership.owns(entry.grain_id)
             ):
-                continue
-            if entry.action is MissedReminderAction.FIRE_IMMEDIATELY:
-                self._more_available = True
                 continue
             try:
                 schedule = schedule_for(entry)
             except ReminderError:
                 continue
-            resume = schedule.next_after(now)
-            missed = schedule.slots_between(entry.next_due, now, cap=MISSED_COUNT_CAP) + 1
+            plan = plan_tick(
+                schedule, entry.action, entry.next_due, now, self._options.grace, reloaded=True
+            )
+            if plan.deliver:
+                # A catch-up (FIRE_IMMEDIATELY) or an on-time tick needs a delivery:
+                # the window loads it once there is room.
+                self._more_available = True
+                self._window.signal_low = True
+                continue
+            assert plan.resume is not None
             self.repaired += 1
             self._persister.submit(
-                ScheduleUpdate(entry.grain_id, entry.name, entry.etag, resume, entry.last_fire)
+                ScheduleUpdate(entry.grain_id, entry.name, entry.etag, plan.resume, entry.last_fire)
             )
             if entry.action is MissedReminderAction.NOTIFY:
-                await self._notify(entry, entry.next_due, now, missed, resume)
+                await self._notifier.notify(entry, plan.slot, now, plan.missed_ticks, plan.resume)

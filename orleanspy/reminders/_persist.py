@@ -10,26 +10,41 @@ one. When a write succeeds while a newer update for the same row waits, the
 newer one is rebased onto the new etag; when it loses its CAS, the newer one
 (same stale etag) is discarded with it. Storage errors keep the updates pending
 and the batch is retried with backoff, for as long as it takes.
+
+Unknown outcomes. A write that failed with a storage error (a timeout, a
+dropped connection) may still have been applied — a frozen Redis runs it when
+it wakes up. Such updates are remembered. When a later CAS of the row then
+fails, the row is read back before anything is decided: if it holds the
+``next_due``/``last_fire`` of one of our unconfirmed writes, that write was
+ours and applied. The row keeps its local schedule, adopts the stored etag,
+and the newest update is written on top of it. Only a row that holds someone
+else's schedule counts as moved by another writer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 
+from orleanspy._retry import Backoff
 from orleanspy._tasks import raise_if_cancelled
-from orleanspy.clock import Clock
+from orleanspy.clock import Clock, to_ms
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._ticker import Backoff
 from orleanspy.reminders.model import ScheduleUpdate, row_key
 from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
 
 __all__ = ["Persister", "update_key"]
 
 log = logging.getLogger(__name__)
+
+# Unconfirmed writes remembered per row: the first since the last confirmed
+# write (all carry the same expected etag, so only the first of them to reach
+# the store can apply) and the newest ones.
+_UNCERTAIN_PER_ROW = 8
 
 
 def update_key(update: ScheduleUpdate) -> str:
@@ -59,11 +74,19 @@ class Persister:
         self._on_result = on_result
         self._pending: dict[str, ScheduleUpdate] = {}
         self._writing: dict[str, ScheduleUpdate] = {}
+        # Writes whose outcome is unknown (they raised), per row key.
+        self._uncertain: dict[str, list[ScheduleUpdate]] = {}
+        # Rows rewritten by a management call that kept their schedule: old etag
+        # -> new etag, for writes made against the old one still in flight.
+        self._rebased: dict[str, tuple[str, str]] = {}
+        # Key sets of readers that want to know which rows' stored state changed.
+        self._watchers: list[set[str]] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
         self.written = 0
         self.failures = 0
+        self.recognised = 0
 
     def __len__(self) -> int:
         """Rows with an update not yet written."""
@@ -75,17 +98,55 @@ class Persister:
         self._idle.clear()
         self._ready.set()
 
+    def rebase(self, key: str, old_etag: str, new_etag: str) -> None:
+        """The row was rewritten from ``old_etag`` to ``new_etag`` by someone who
+        kept its schedule (a management call): a pending update made against the
+        old etag now applies to the new one."""
+        pending = self._pending.get(key)
+        if pending is not None and pending.etag == old_etag:
+            self._pending[key] = replace(pending, etag=new_etag)
+        writing = self._writing.get(key)
+        if writing is not None and writing.etag == old_etag:
+            # Its CAS will fail on the new etag: it is written again on top.
+            self._rebased[key] = (old_etag, new_etag)
+
+    def discard(self, key: str) -> None:
+        """Forget the pending update of row ``key`` (its schedule was replaced)."""
+        self._pending.pop(key, None)
+        self._uncertain.pop(key, None)
+        self._rebased.pop(key, None)
+        if not self._pending and not self._writing:
+            self._idle.set()
+
     def latest(self, key: str) -> ScheduleUpdate | None:
         """The newest unwritten update of row ``key``."""
         return self._pending.get(key) or self._writing.get(key)
 
     def wrote(self, key: str, next_due: datetime) -> bool:
-        """Whether an unwritten update of row ``key`` carries ``next_due`` (to tell
-        the echo of our own write on the change feed from another writer's change)."""
+        """Whether an unwritten or unconfirmed update of row ``key`` carries
+        ``next_due`` (to tell the echo of our own write on the change feed from
+        another writer's change)."""
+        due_ms = to_ms(next_due)
         return any(
-            u is not None and u.next_due == next_due
-            for u in (self._pending.get(key), self._writing.get(key))
+            u is not None and to_ms(u.next_due) == due_ms
+            for u in (
+                self._pending.get(key),
+                self._writing.get(key),
+                *self._uncertain.get(key, ()),
+            )
         )
+
+    @contextmanager
+    def watch(self) -> Iterator[set[str]]:
+        """Collect, while the block runs, the keys of rows whose write outcome
+        arrived (their stored state changed): a bulk read running meanwhile may
+        have returned their old state."""
+        touched: set[str] = set()
+        self._watchers.append(touched)
+        try:
+            yield touched
+        finally:
+            self._watchers.remove(touched)
 
     async def wait_idle(self) -> None:
         """Return once nothing is pending or being written (for tests and tools)."""
@@ -127,16 +188,17 @@ class Persister:
             results = await self._write(batch)
         except asyncio.CancelledError:
             self._requeue(batch)
+            self._writing_done(keys)
             raise
         except Exception as exc:
             self.failures += 1
             log.warning("reminder persistence failed rows=%d error=%r", len(batch), exc)
+            self._remember(batch)
             self._requeue(batch)
+            self._writing_done(keys)
             return False
-        finally:
-            for k in keys:
-                self._writing.pop(k, None)
         ok = True
+        lost: list[ScheduleUpdate] = []
         for update, result in zip(batch, results, strict=True):
             if isinstance(result, BaseException):
                 ok = False
@@ -144,11 +206,72 @@ class Persister:
                 log.warning(
                     "reminder persistence failed key=%s error=%r", update_key(update), result
                 )
+                self._remember([update])
                 self._requeue([update])
+            elif result is None and update_key(update) in self._uncertain:
+                lost.append(update)
             else:
                 self._settle(update, result)
+        if lost:
+            try:
+                ok = await self._recognise(lost) and ok
+            finally:
+                self._writing_done(keys)
+        else:
+            self._writing_done(keys)
         if not self._pending and not self._writing:
             self._idle.set()
+        return ok
+
+    def _writing_done(self, keys: list[str]) -> None:
+        for k in keys:
+            self._writing.pop(k, None)
+
+    def _remember(self, batch: list[ScheduleUpdate]) -> None:
+        for update in batch:
+            seen = self._uncertain.setdefault(update_key(update), [])
+            seen.append(update)
+            if len(seen) > _UNCERTAIN_PER_ROW:
+                del seen[1]
+
+    async def _recognise(self, lost: list[ScheduleUpdate]) -> bool:
+        """Settle CASes that failed after unconfirmed writes of the same rows: read
+        each row and tell our own applied write from another writer's change."""
+        reads = await asyncio.gather(
+            *(self._table.read(u.grain_id, u.name) for u in lost), return_exceptions=True
+        )
+        ok = True
+        for update, row in zip(lost, reads, strict=True):
+            key = update_key(update)
+            if isinstance(row, BaseException):
+                ok = False
+                log.warning("reminder persistence re-read failed key=%s error=%r", key, row)
+                self._requeue([update])
+                continue
+            mine = None
+            if row is not None and row.etag is not None:
+                stored = (to_ms(row.next_due), _ms(row.last_fire))
+                mine = next(
+                    (
+                        u
+                        for u in reversed(self._uncertain.get(key, []))
+                        if u.etag == update.etag and (to_ms(u.next_due), _ms(u.last_fire)) == stored
+                    ),
+                    None,
+                )
+            if mine is None or row is None or row.etag is None:
+                self._uncertain.pop(key, None)
+                self._settle(update, None)
+                continue
+            # Our unconfirmed write was applied: the row is ours at its new etag.
+            self.recognised += 1
+            log.info("reminder write recognised as applied key=%s", key)
+            self._settle(mine, row.etag)
+            if update is not mine and update_key(update) not in self._pending:
+                moved = (update.next_due, update.last_fire) != (mine.next_due, mine.last_fire)
+                if moved:
+                    self._pending[key] = replace(update, etag=row.etag)
+                    self._ready.set()
         return ok
 
     async def _write(self, batch: list[ScheduleUpdate]) -> Sequence[str | BaseException | None]:
@@ -170,6 +293,18 @@ class Persister:
 
     def _settle(self, update: ScheduleUpdate, etag: str | None) -> None:
         key = update_key(update)
+        for touched in self._watchers:
+            touched.add(key)
+        rebased = self._rebased.pop(key, None)
+        if etag is None and rebased is not None and rebased[0] == update.etag:
+            # Lost only to a management rewrite that kept the schedule: write the
+            # same schedule again on the new etag (a newer update supersedes it).
+            if key not in self._pending:
+                self._pending[key] = replace(update, etag=rebased[1])
+                self._ready.set()
+            return
+        if etag is not None:
+            self._uncertain.pop(key, None)
         newer = self._pending.get(key)
         if newer is not None and newer.etag == update.etag:
             if etag is None:
@@ -178,3 +313,7 @@ class Persister:
                 self._pending[key] = replace(newer, etag=etag)
         self.written += etag is not None
         self._on_result(update, etag)
+
+
+def _ms(t: datetime | None) -> int | None:
+    return None if t is None else to_ms(t)

@@ -1,32 +1,53 @@
-"""The bounded near-due window: every row the service holds, and the due-heap.
+"""The bounded near-due window: every row the service holds, its state and lane.
 
-A row the service holds is *resident*. It is in exactly one state:
+The window owns row state. A row the service holds is *resident*. It is in
+exactly one state:
 
 - ``QUEUED``: in the heap, waiting for its ``next_due``;
-- ``DUE``: taken off the heap by the ticker, waiting in a lane or being delivered.
+- ``DUE``: taken off the heap (``pop_due``), waiting in a priority lane
+  (``lanes``) or being delivered.
+
+Every change of a row's state goes through the window: admission and eviction
+(``merge``), a tick's re-queue (``push``) or departure (``release``), dropping
+(``drop``, also out of its lane), a persisted schedule (``persisted``), and a
+registration or management write applied in place (``replace_entry``,
+``reschedule``). The window signals, and never calls, the parts that wait on
+it: ``head_changed`` (the ticker's sleep), ``ready`` (due rows in the lanes,
+for the dispatcher) and ``low`` (the heap ran low or half turned over, for the
+loader).
 
 After its tick the row goes back to ``QUEUED`` (if its next slot is inside the
 window) or leaves. The capacity bounds *all* resident rows, not only the heap:
 under a backlog the heap drains into the lanes, and a refill must not then
 load more rows behind them, or memory would grow with the table.
 
-The heap is one ``heapq`` min-heap keyed ``(next_due, -priority, seq)``.
+The heap is one ``heapq`` min-heap keyed ``(next_due, -priority, seq)``: it
+orders firing. Admission is another order: when more rows are near due than
+the capacity, the window holds the highest-priority rows first, then the
+earliest due (``admission_key``), the order the table's ``read_due`` answers in.
 Removal is lazy: an entry is live only while its row is ``QUEUED`` with the
 same ``seq``; stale entries are compacted away when they outnumber live ones.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import heapq
 import itertools
+import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from datetime import datetime
 
-from orleanspy.reminders.model import ReminderEntry
+from orleanspy.clock import to_ms
+from orleanspy.reminders._lanes import Lanes
+from orleanspy.reminders.model import ReminderEntry, ScheduleUpdate, row_key
 from orleanspy.reminders.schedule import Schedule
 
-__all__ = ["DueWindow", "Row", "RowState"]
+__all__ = ["DueWindow", "Row", "RowState", "admission_key"]
+
+log = logging.getLogger(__name__)
 
 
 class RowState(enum.Enum):
@@ -45,7 +66,16 @@ class Row:
     is the local delivery time of the last acknowledged tick.
     """
 
-    __slots__ = ("dropped", "entry", "last_fire", "next_due", "schedule", "seq", "state")
+    __slots__ = (
+        "dropped",
+        "entry",
+        "last_fire",
+        "next_due",
+        "reloaded",
+        "schedule",
+        "seq",
+        "state",
+    )
 
     def __init__(
         self,
@@ -63,6 +93,10 @@ class Row:
         # Set when the row must not be ticked or re-queued any more (ownership
         # moved, the row was removed or moved by another writer).
         self.dropped = False
+        # True until its first tick for a row read from the table just after
+        # storage trouble: its stored schedule may lag behind ticks already
+        # delivered (_missed). The loader sets it.
+        self.reloaded = False
 
     @property
     def key(self) -> str:
@@ -74,13 +108,36 @@ class Row:
 
 
 _HeapItem = tuple[datetime, int, int, Row]
+# (priority, -next_due ms, -seq, row): the smallest is the worst admission key.
+_WorstItem = tuple[int, int, int, Row]
 
 
 class DueWindow:
-    """At most ``capacity`` resident rows; the ``QUEUED`` ones in one min-heap."""
+    """At most ``capacity`` resident rows; the ``QUEUED`` ones in one min-heap,
+    the ``DUE`` ones waiting for a permit in ``lanes``."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, enable_priority: bool = True, name: str = "") -> None:
         self.capacity = capacity
+        self.lanes = Lanes(enable_priority)
+        #: Set when the heap may have a new head (the ticker clears it).
+        self.head_changed = asyncio.Event()
+        #: Set while due rows wait in the lanes.
+        self.ready = asyncio.Event()
+        #: Set when the heap fell below half, or half of it turned over (ticks
+        #: finished since ``refilled``): the loader may want to refill.
+        self.low = asyncio.Event()
+        #: Whether ``low`` is wanted at all (the loader sets it while the table
+        #: holds more near-due rows than the window took).
+        self.signal_low = False
+        self.turnover = 0
+        self.cas_conflicts = 0
+        self._name = name
+        # Admission order: priority first (the default and the table's order), or
+        # due time alone (only for measuring what priority-first admission buys).
+        self._priority_first = True
+        # The queued rows again, worst admission key first (lowest priority,
+        # latest due): who is evicted next, in O(log n). Lazy like the heap.
+        self._worst: list[_WorstItem] = []
         self._rows: dict[str, Row] = {}
         self._heap: list[_HeapItem] = []
         self._queued = 0
@@ -117,13 +174,28 @@ class DueWindow:
         self._skip_stale()
         return self._heap[0][0] if self._heap else None
 
-    def last_due(self) -> datetime | None:
-        """The latest ``next_due`` in the heap (a scan: called only when full)."""
-        live = [item[0] for item in self._heap if _live(item)]
-        return max(live) if live else None
+    @property
+    def priority_first(self) -> bool:
+        """Whether admission is priority first (else due time alone)."""
+        return self._priority_first
+
+    @priority_first.setter
+    def priority_first(self, value: bool) -> None:
+        self._priority_first = value
+        self._worst = [self._worst_item(item[3]) for item in self._heap if _live(item)]
+        heapq.heapify(self._worst)
+
+    def last_admitted(self) -> tuple[int, datetime] | None:
+        """The admission key (``-priority, next_due``) of the queued row that would
+        be evicted first, or ``None``. O(log n) amortised."""
+        row = self._peek_worst()
+        if row is None:
+            return None
+        return (-row.priority if self._priority_first else 0, row.next_due)
 
     def push(self, row: Row) -> bool:
-        """Queue ``row`` (making it resident); ``True`` if it became the head.
+        """Queue ``row`` (making it resident); ``True`` if it became the head
+        (then ``head_changed`` is set).
 
         The caller checks capacity for rows that are not yet resident; a row
         coming back from its tick is already counted.
@@ -135,13 +207,18 @@ class DueWindow:
         row.state = RowState.QUEUED
         row.seq = next(self._seq)
         heapq.heappush(self._heap, (row.next_due, -row.priority, row.seq, row))
+        heapq.heappush(self._worst, self._worst_item(row))
         self._queued += 1
         self.high_water = max(self.high_water, len(self._rows))
         self._maybe_compact()
-        return head is None or row.next_due < head
+        new_head = head is None or row.next_due < head
+        if new_head:
+            self.head_changed.set()
+        return new_head
 
     def pop_due(self, now: datetime) -> list[Row]:
-        """Take every queued row with ``next_due <= now``, earliest first; they become DUE."""
+        """Take every queued row with ``next_due <= now``, earliest first; they
+        become DUE and wait in their lanes (``ready`` is set)."""
         out: list[Row] = []
         heap = self._heap
         while heap:
@@ -156,7 +233,38 @@ class DueWindow:
             row.state = RowState.DUE
             self._queued -= 1
             out.append(row)
+        if out:
+            for row in out:
+                self.lanes.put(row)
+            self.ready.set()
+            self._check_low()
         return out
+
+    def take(self) -> Row | None:
+        """The next due row to deliver: the oldest of the highest non-empty lane."""
+        row = self.lanes.pop()
+        if not self.lanes:
+            self.ready.clear()
+        return row
+
+    def ticked(self, row: Row, next_due: datetime, *, keep: bool) -> None:
+        """``row``'s tick is done and its next slot is ``next_due``: re-queue it if
+        ``keep`` (inside the look-ahead), else release it. A dropped row stays out."""
+        row.next_due = next_due
+        self.turnover += 1
+        if not row.dropped:
+            if keep:
+                self.push(row)
+            else:
+                self.release(row)
+        self._check_low()
+
+    def refilled(self, more_available: bool) -> None:
+        """A refill ran: turnover counts from here; ``low`` is signalled again
+        only if the table holds more rows than the window took."""
+        self.turnover = 0
+        self.low.clear()
+        self.signal_low = more_available
 
     def release(self, row: Row) -> None:
         """The row leaves memory (whatever its state)."""
@@ -167,40 +275,130 @@ class DueWindow:
         row.state = RowState.GONE
         self._maybe_compact()
 
+    def drop(self, row: Row) -> None:
+        """Forget ``row`` for good: it is not ticked or re-queued any more (a
+        delivery already running finishes). Out of its lane, out of memory."""
+        row.dropped = True
+        if row.state is RowState.DUE:
+            self.lanes.remove(row)
+        self.release(row)
+        self.head_changed.set()
+
     def retain(self, keep: Callable[[Row], bool]) -> list[Row]:
-        """Release every resident row for which ``keep`` is false; return them."""
+        """Drop every resident row for which ``keep`` is false; return them."""
         gone = [row for row in self._rows.values() if not keep(row)]
         for row in gone:
-            self.release(row)
+            self.drop(row)
         return gone
 
+    def persisted(self, update: ScheduleUpdate, etag: str | None) -> None:
+        """The outcome of a schedule write: the held row adopts the new etag, or
+        is dropped if another writer moved it (a lost CAS; the loader reads it
+        again from the change feed)."""
+        key = row_key(update.grain_id, update.name)
+        row = self._rows.get(key)
+        # A held row with another etag was loaded or rewritten after this update
+        # was made: the outcome is not about it.
+        mine = row is not None and row.entry.etag == update.etag
+        if etag is None:
+            self.cas_conflicts += 1
+            log.info("reminder moved by another writer name=%s key=%s", self._name, key)
+            if row is not None and mine:
+                self.drop(row)
+        elif row is not None and mine:
+            row.entry = replace(
+                row.entry, etag=etag, next_due=update.next_due, last_fire=update.last_fire
+            )
+
+    def replace_entry(self, row: Row, entry: ReminderEntry) -> None:
+        """A write kept ``row``'s schedule but changed its stored copy (a new
+        priority or action, a new etag): swap it in, keeping the local schedule,
+        and move the row to its priority's lane or heap position."""
+        waiting = row.state is RowState.DUE and self.lanes.remove(row)
+        row.entry = entry
+        if waiting:
+            self.lanes.put(row)
+        elif row.state is RowState.QUEUED:
+            self.push(row)  # the heap's tie-break follows the priority
+
+    def reschedule(self, row: Row, entry: ReminderEntry, schedule: Schedule, *, keep: bool) -> bool:
+        """A write moved ``row``'s schedule (a repair, a new period or cron): the
+        stored row is the new truth. ``False`` if the row is being delivered
+        right now (the caller drops it and loads the new row instead)."""
+        waiting = row.state is RowState.DUE and self.lanes.remove(row)
+        if row.state is RowState.DUE and not waiting:
+            return False
+        row.entry, row.schedule = entry, schedule
+        row.next_due, row.last_fire = entry.next_due, entry.last_fire
+        row.reloaded = False  # the writer chose this next_due: nothing was missed
+        if keep:
+            self.push(row)
+        else:
+            self.release(row)
+        return True
+
     def merge(self, candidates: Iterable[Row]) -> tuple[int, list[Row]]:
-        """Load ``candidates`` (rows not resident), keeping the earliest overall.
+        """Load ``candidates`` (rows not resident), keeping the first overall in
+        the admission order: highest priority first, then earliest due.
 
         Queued rows compete with the candidates for the room left by DUE rows;
-        the latest lose: a losing candidate is not loaded, a losing queued row is
-        evicted (released). Returns ``(loaded, evicted)``. Never exceeds
-        ``capacity``, also when the capacity shrank since the last merge.
+        the last in that order lose: a losing candidate is not loaded, a losing
+        queued row is evicted (released; the loader reads it again once there is
+        room). Returns ``(loaded, evicted)``. Never exceeds ``capacity``, also
+        when the capacity shrank since the last merge.
         """
-        fresh = [row for row in candidates if row.key not in self._rows]
-        room = self.capacity - (len(self._rows) - self._queued)
-        if len(fresh) <= room - self._queued:
-            for row in fresh:
-                self.push(row)
-            return len(fresh), []
-        queued = [item[3] for item in self._heap if _live(item)]
-        pool = sorted(queued + fresh, key=_order)
-        keep = pool[: max(0, room)]
-        kept_ids = {id(row) for row in keep}
-        evicted = [row for row in queued if id(row) not in kept_ids]
-        for row in evicted:
-            self.release(row)
+        order = _order if self._priority_first else _due_order
+        fresh = sorted((row for row in candidates if row.key not in self._rows), key=order)
+        evicted: list[Row] = []
+        # A capacity that shrank: the worst queued rows go first.
+        while len(self._rows) > self.capacity:
+            worst = self._peek_worst()
+            if worst is None:
+                break
+            self.release(worst)
+            evicted.append(worst)
         loaded = 0
-        for row in keep:
-            if row.state is not RowState.QUEUED:
-                self.push(row)
-                loaded += 1
+        for row in fresh:
+            if len(self._rows) >= self.capacity:
+                # Full: the candidate takes the place of the worst queued row if
+                # it comes strictly before it (candidates come best first, so
+                # once one loses, the rest lose too).
+                worst = self._peek_worst()
+                if worst is None or order(row)[:2] >= order(worst)[:2]:
+                    break
+                self.release(worst)
+                evicted.append(worst)
+            self.push(row)
+            loaded += 1
+        if loaded or evicted:
+            self.head_changed.set()
+        evicted.sort(key=order)
         return loaded, evicted
+
+    def _worst_item(self, row: Row) -> _WorstItem:
+        priority = row.priority if self._priority_first else 0
+        return (priority, -to_ms(row.next_due), -row.seq, row)
+
+    def _peek_worst(self) -> Row | None:
+        worst = self._worst
+        while worst:
+            row = worst[0][3]
+            if row.state is RowState.QUEUED and row.seq == -worst[0][2]:
+                return row
+            heapq.heappop(worst)
+        return None
+
+    def _check_low(self) -> None:
+        # Under a backlog the heap refills with the next slots of delivered rows,
+        # so "below half" alone would leave older rows in the table until the
+        # poll; a half-turned-over window also asks (a refill then evicts the
+        # later rows in favour of the older ones).
+        if not self.signal_low:
+            return
+        half = self.capacity // 2
+        if self._queued < half or self.turnover >= half:
+            self.signal_low = False
+            self.low.set()
 
     def _unqueue(self, row: Row) -> None:
         # Invalidates the row's heap entry; the entry itself is dropped lazily.
@@ -217,6 +415,9 @@ class DueWindow:
         if len(self._heap) > 64 and len(self._heap) > 2 * self._queued:
             self._heap = [item for item in self._heap if _live(item)]
             heapq.heapify(self._heap)
+        if len(self._worst) > 64 and len(self._worst) > 2 * self._queued:
+            self._worst = [self._worst_item(item[3]) for item in self._heap if _live(item)]
+            heapq.heapify(self._worst)
 
 
 def _live(item: _HeapItem) -> bool:
@@ -224,5 +425,15 @@ def _live(item: _HeapItem) -> bool:
     return row.state is RowState.QUEUED and row.seq == item[2]
 
 
-def _order(row: Row) -> tuple[datetime, int, int]:
+def admission_key(priority: int, next_due: datetime) -> tuple[int, datetime]:
+    """The order in which rows compete for the window (and the table's due
+    order): priority descending, then next_due ascending."""
+    return (-priority, next_due)
+
+
+def _order(row: Row) -> tuple[int, datetime, int]:
+    return (-row.priority, row.next_due, row.seq)
+
+
+def _due_order(row: Row) -> tuple[datetime, int, int]:
     return (row.next_due, -row.priority, row.seq)

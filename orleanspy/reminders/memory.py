@@ -2,14 +2,15 @@
 
 The embedded default and the table of fast tests. Rows live in a dict; the due
 index is one binary min-heap of ``(next_due_ms, hash, key, seq)`` per shard of
-the hash space (top 8 bits), as in the Redis layout. A write pushes a new heap
-item and leaves the old one behind, stale (its ``seq`` is no longer the row's),
-so every write is O(log n) even with millions of rows; the heaps are rebuilt
-from the live rows when stale items outnumber them. ``read_due`` and
-``upcoming`` walk the heaps of the shards overlapping the range in due order
-without popping them (a small frontier heap merges them), skip stale items, and
-stop at ``before`` or ``limit``: they never look at rows that are not yet due,
-nor at due rows of shards outside the range. Nothing is durable.
+the hash space (top 8 bits) and priority lane, as in the Redis layout. A write
+pushes a new heap item and leaves the old one behind, stale (its ``seq`` is no
+longer the row's), so every write is O(log n) even with millions of rows; the
+heaps are rebuilt from the live rows when stale items outnumber them.
+``read_due`` and ``upcoming`` walk the lane heaps of the shards overlapping the
+range in the contract's order (priority descending, then due) without popping
+them (a small frontier heap merges them), skip stale items, and stop a lane at
+``before`` and the walk at ``limit``: they never look at rows that are not yet
+due, nor at due rows of shards outside the range. Nothing is durable.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class InMemoryReminderTable:
     def __init__(self, service_id: str = "default") -> None:
         self.service_id = service_id
         self._rows: dict[_Key, tuple[ReminderEntry, int]] = {}
-        self._due: list[list[_DueItem]] = [[] for _ in range(1 << _SHARD_BITS)]
+        # Per shard, one heap per priority present (lanes emptied by writes stay
+        # until the next rebuild; they are cheap to skip).
+        self._due: list[dict[int, list[_DueItem]]] = [{} for _ in range(1 << _SHARD_BITS)]
         self._stale = 0
         self._by_grain: dict[str, dict[str, ReminderEntry]] = {}
         self._etags = itertools.count(1)
@@ -82,8 +85,21 @@ class InMemoryReminderTable:
         etag = str(seq)
         row = _normalise(entry, etag)
         self._put(row, seq)
-        self._publish(row.grain_id, row.name, row.next_due)
+        self._publish(row.grain_id, row.name, row.next_due, row.priority)
         return etag
+
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        """``upsert`` each entry in order; their etags in order."""
+        return [await self.upsert(e) for e in entries]
+
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
+        ``expected_etag``; the new etag, or ``None`` when it did not hold."""
+        found = self._rows.get(self._key_of(entry))
+        current = None if found is None else found[0].etag
+        if (found is not None or expected_etag is not None) and current != expected_etag:
+            return None
+        return await self.upsert(entry)
 
     async def update_schedule(
         self,
@@ -127,7 +143,8 @@ class InMemoryReminderTable:
         return found
 
     async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
-        """Due rows of ``r`` in ``next_due`` order (ties by hash, then key), at most ``limit``."""
+        """Due rows of ``r``, highest priority first, then earliest ``next_due`` (ties
+        by hash, then key), at most ``limit``."""
         return self._walk_due(r, to_ms(before), limit)
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
@@ -154,7 +171,11 @@ class InMemoryReminderTable:
             self._stale += 1
         self._rows[key] = (row, seq)
         h = row.hash
-        heappush(self._due[h >> _SHIFT], (to_ms(row.next_due), h, key, seq))
+        lanes = self._due[h >> _SHIFT]
+        lane = lanes.get(int(row.priority))
+        if lane is None:
+            lane = lanes[int(row.priority)] = []
+        heappush(lane, (to_ms(row.next_due), h, key, seq))
         self._by_grain.setdefault(key[0], {})[row.name] = row
         self._maybe_rebuild()
 
@@ -170,12 +191,14 @@ class InMemoryReminderTable:
     def _maybe_rebuild(self) -> None:
         if self._stale <= max(len(self._rows), _MIN_STALE_FOR_REBUILD):
             return
-        shards: list[list[_DueItem]] = [[] for _ in range(1 << _SHARD_BITS)]
+        shards: list[dict[int, list[_DueItem]]] = [{} for _ in range(1 << _SHARD_BITS)]
         for key, (row, seq) in self._rows.items():
             h = row.hash
-            shards[h >> _SHIFT].append((to_ms(row.next_due), h, key, seq))
-        for heap in shards:
-            heapify(heap)
+            lanes = shards[h >> _SHIFT]
+            lanes.setdefault(int(row.priority), []).append((to_ms(row.next_due), h, key, seq))
+        for lanes in shards:
+            for heap in lanes.values():
+                heapify(heap)
         self._due = shards
         self._stale = 0
 
@@ -201,30 +224,38 @@ class InMemoryReminderTable:
         found: list[ReminderEntry] = []
         if limit <= 0:
             return found
-        heaps = self._due
         # Visit heap items in order without popping: a node's children are never
-        # smaller than it, so a frontier heap of (item, shard, index) seeded with
-        # the roots yields items in sorted order, touching only those visited.
-        frontier = [(heaps[s][0], s, 0) for s in _shards_of(r) if heaps[s]]
+        # smaller than it, so a frontier heap of ((-priority, item), heap, index)
+        # seeded with the lane roots yields items in the contract's order,
+        # touching only those visited. A lane stops at its first item past
+        # ``before`` (its children are later still); other lanes go on.
+        frontier: list[tuple[int, _DueItem, int, list[_DueItem]]] = []
+        for s in _shards_of(r):
+            for priority, heap in self._due[s].items():
+                if heap and heap[0][0] <= before_ms:
+                    frontier.append((-priority, heap[0], 0, heap))
         heapify(frontier)
         while frontier:
-            item, s, i = heappop(frontier)
-            due_ms, h, key, seq = item
-            if due_ms > before_ms:
-                break
+            neg_priority, item, i, heap = heappop(frontier)
+            _, h, key, seq = item
             live = self._rows.get(key)
             if live is not None and live[1] == seq and (r is None or h in r):
                 found.append(live[0])
                 if len(found) >= limit:
                     break
-            heap = heaps[s]
             for child in (2 * i + 1, 2 * i + 2):
-                if child < len(heap):
-                    heappush(frontier, (heap[child], s, child))
+                if child < len(heap) and heap[child][0] <= before_ms:
+                    heappush(frontier, (neg_priority, heap[child], child, heap))
         return found
 
-    def _publish(self, grain_id: GrainId, name: str, next_due: datetime | None) -> None:
-        change = ReminderChange(grain_id, name, next_due)
+    def _publish(
+        self,
+        grain_id: GrainId,
+        name: str,
+        next_due: datetime | None,
+        priority: int | None = None,
+    ) -> None:
+        change = ReminderChange(grain_id, name, next_due, priority)
         for sub in self._subscribers:
             sub.offer(change)
 

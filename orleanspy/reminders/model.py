@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,6 +57,9 @@ class ReminderEntry:
     Exactly one of ``period`` (interval on the grid ``start_at + k * period``) and
     ``cron`` (with zone ``tz``, default UTC) is set. ``next_due`` is always set
     and is what the due index orders by. ``etag`` is ``None`` until stored.
+    ``declared`` marks a row created by a ``@register_reminder`` declaration
+    (removed when its declaration goes); rows registered from code have
+    ``False`` and are never removed that way.
     """
 
     service_id: str
@@ -71,6 +74,7 @@ class ReminderEntry:
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
     etag: str | None = None
+    declared: bool = False
 
     def __post_init__(self) -> None:
         # Ints arrive where enums left (msgpack carries IntEnums as ints).
@@ -105,6 +109,7 @@ class ReminderEntry:
             "r": int(self.priority),
             "x": int(self.action),
             "e": self.etag,
+            "o": 1 if self.declared else None,
         }
 
     @classmethod
@@ -123,16 +128,25 @@ class ReminderEntry:
             priority=rec["r"],
             action=MissedReminderAction(rec["x"]),
             etag=rec["e"],
+            # Absent in records written before the field existed.
+            declared=bool(rec.get("o")),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class ReminderChange:
-    """A write to the reminder table: ``next_due`` is ``None`` when the row was removed."""
+    """A write to the reminder table: ``next_due`` is ``None`` when the row was removed.
+
+    ``priority`` is set by writes that replace the whole row (``upsert``: a
+    registration or a management call) to the row's priority, and ``None`` for
+    schedule CASes and removals (see ``ReminderTable``). It does not take part
+    in equality.
+    """
 
     grain_id: GrainId
     name: str
     next_due: datetime | None
+    priority: int | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

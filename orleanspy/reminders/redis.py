@@ -4,11 +4,13 @@ Layout (``P`` = ``orleanspy:<service_id>:``, ``T`` = the shard's Redis Cluster
 hash tag ``{<service_id>:rem:<s>}``, so each shard can live on its own node)::
 
     P rem:T:rows    HASH  "grain|name" -> msgpack record (all fields + etag)
-    P rem:T:due     ZSET  "hash8hex|grain|name", score = next_due in ms
+    P rem:T:due     ZSET  "hash8hex|grain|name", score = lane * 2**44 + next_due ms
     P rem:T:grain   ZSET  "grain|name", all scores 0 (prefix scans by grain)
     P rem:T:etag    STRING  per-shard write counter (etags)
     P rem:meta      HASH  "shards" -> the shard count the table was created with
-    P rem:changes   pub/sub channel, payload msgpack [grain, name, next_due_ms | nil]
+    P rem:changes   pub/sub channel, payload msgpack
+                    [grain, name, next_due_ms | nil] or, from upserts,
+                    [grain, name, next_due_ms, priority]
 
 A row lives in shard ``hash >> (32 - log2(shards))`` (the top bits), so a ring
 range maps onto a run of consecutive shards. Writes are Lua scripts over one
@@ -16,6 +18,17 @@ shard. ``read_due`` asks every shard that overlaps the range, in one pipelined
 round trip, for due members whose 8-hex-digit hash prefix lies in the range (the
 filtering runs in Redis, before any row is touched), merges the candidates by
 score, and fetches only the rows it returns in a second round trip.
+
+The due score encodes the contract's order (priority descending, then
+``next_due``): ``lane = 127 - priority`` (0 for priority 127, 255 for -128)
+times 2**44, plus ``next_due`` in ms (2**44 ms reaches the year 2527; the
+largest score, under 2**52, is an exact double). Sorting by score is the due
+order. The read script walks the lanes present in a shard: it finds the next
+non-empty lane with one ``ZRANGEBYSCORE ... LIMIT 0 1`` and reads that lane up
+to ``before``, so the cost grows with the rows returned and the priorities
+present, never with rows not yet due. Every script that writes the due index
+computes the score with ``lane_score`` (Python) or the same formula in Lua,
+from the row's stored priority.
 """
 
 from __future__ import annotations
@@ -26,10 +39,11 @@ import logging
 import secrets
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy._retry import Backoff
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
@@ -51,16 +65,39 @@ _MIN_FIRST_ASK: Final = 16
 # The change feed polls its socket this often so a close from another task is
 # noticed; between polls it blocks in Redis, it does not busy-wait.
 _FEED_POLL_S: Final = 0.5
-_BACKOFF_MIN_S: Final = 0.05
-_BACKOFF_MAX_S: Final = 2.0
+_BACKOFF_MIN: Final = timedelta(milliseconds=50)
+_BACKOFF_MAX: Final = timedelta(seconds=2)
 
 # Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
 # values when a script rewrites a row.
-_NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None}
+_NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None, "o": None}
+
+#: Width of a priority lane in the due score: next_due ms must lie in [0, 2**44).
+LANE_WIDTH: Final = 1 << 44
+
+
+def lane_score(priority: int, due_ms: int) -> int:
+    """The due-index score of a row: priority lane first, then due time (exact in a double)."""
+    if not 0 <= due_ms < LANE_WIDTH:
+        raise StorageError(f"next_due {due_ms} ms is outside the storable range [1970, 2527)")
+    if not -128 <= priority <= 127:
+        raise StorageError(f"priority {priority} is outside -128..127")
+    return (127 - priority) * LANE_WIDTH + due_ms
+
 
 # KEYS: rows, due, grain, etag counter.
-# ARGV: key, due member, score, record, etag suffix, channel, change payload.
+# ARGV: key, due member, score, record, etag suffix, channel, change payload,
+# condition: '' (none), '-' (only if absent) or the etag the row must have.
+# Returns the new etag, or nil when the condition does not hold.
 _UPSERT: Final = """
+if ARGV[8] ~= '' then
+  local raw = redis.call('HGET', KEYS[1], ARGV[1])
+  if ARGV[8] == '-' then
+    if raw then return false end
+  else
+    if not raw or cmsgpack.unpack(raw)['e'] ~= ARGV[8] then return false end
+  end
+end
 local etag = redis.call('INCR', KEYS[4]) .. ARGV[5]
 local rec = cmsgpack.unpack(ARGV[4])
 rec['e'] = etag
@@ -71,9 +108,32 @@ redis.call('PUBLISH', ARGV[6], ARGV[7])
 return etag
 """
 
+# Many upserts into one shard in one call. KEYS: rows, due, grain, etag counter.
+# ARGV: etag suffix, channel, then one msgpack array of rows, each
+# [key, due member, score, record map]; the change payload is built here from
+# the record (grain, name, due, priority). Returns the etags in order.
+_UPSERT_MANY: Final = """
+local rows = cmsgpack.unpack(ARGV[3])
+local out = {}
+for i = 1, #rows do
+  local row = rows[i]
+  local etag = redis.call('INCR', KEYS[4]) .. ARGV[1]
+  local rec = row[4]
+  rec['e'] = etag
+  redis.call('HSET', KEYS[1], row[1], cmsgpack.pack(rec))
+  redis.call('ZADD', KEYS[2], string.format('%.0f', row[3]), row[2])
+  redis.call('ZADD', KEYS[3], 0, row[1])
+  redis.call('PUBLISH', ARGV[2], cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+  out[i] = etag
+end
+return out
+"""
+
 # KEYS: rows, due, etag counter.
 # ARGV: key, due member, expected etag, next_due ms, last_fire ms or '', etag
 # suffix, channel, change payload. Returns the new etag, or nil on a lost race.
+# The due score is the lane of the stored priority plus next_due (module
+# docstring); formatted with %.0f because Lua would print it with 14 digits.
 _UPDATE_SCHEDULE: Final = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return false end
@@ -84,7 +144,8 @@ rec['d'] = tonumber(ARGV[4])
 if ARGV[5] == '' then rec['l'] = nil else rec['l'] = tonumber(ARGV[5]) end
 rec['e'] = etag
 redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
+local score = (127 - rec['r']) * 17592186044416 + rec['d']
+redis.call('ZADD', KEYS[2], string.format('%.0f', score), ARGV[2])
 redis.call('PUBLISH', ARGV[7], ARGV[8])
 return etag
 """
@@ -102,33 +163,49 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 """
 
-# KEYS: due. ARGV: min score, max score, limit (0 = all), page, then inclusive
-# hash intervals as pairs of 8-hex-digit bounds. Returns [member, score, ...] of due
-# members inside the intervals, in score order. Fixed-width lowercase hex
-# compares as strings in numeric order, so no number parsing is needed.
+# KEYS: due. ARGV: min score, max score, before (next_due ms), limit (0 = all),
+# page, then inclusive hash intervals as pairs of 8-hex-digit bounds. Returns
+# [member, score, ...] of members with min <= score <= max, next_due <= before,
+# inside the intervals, in score order (the due order). Lanes are visited in
+# order; an empty stretch between lanes costs one ZRANGEBYSCORE LIMIT 0 1.
+# Fixed-width lowercase hex compares as strings in numeric order.
 _READ_DUE: Final = """
-local limit = tonumber(ARGV[3])
-local page = tonumber(ARGV[4])
+local W = 17592186044416
+local max = tonumber(ARGV[2])
+local before = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local page = tonumber(ARGV[5])
 local want = 2 * limit
 local out = {}
-local offset = 0
-while true do
-  local batch = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[2],
-                           'WITHSCORES', 'LIMIT', offset, page)
-  for i = 1, #batch, 2 do
-    local h = string.sub(batch[i], 1, 8)
-    for j = 5, #ARGV, 2 do
-      if h >= ARGV[j] and h <= ARGV[j + 1] then
-        out[#out + 1] = batch[i]
-        out[#out + 1] = batch[i + 1]
-        break
+local cur = tonumber(ARGV[1])
+while cur <= max do
+  local head = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%.0f', cur),
+                          string.format('%.0f', max), 'WITHSCORES', 'LIMIT', 0, 1)
+  if #head == 0 then return out end
+  local lane = math.floor(tonumber(head[2]) / W)
+  local lo = math.max(cur, lane * W)
+  local hi = math.min(max, lane * W + before)
+  local offset = 0
+  while lo <= hi do
+    local batch = redis.call('ZRANGEBYSCORE', KEYS[1], string.format('%.0f', lo),
+                             string.format('%.0f', hi), 'WITHSCORES', 'LIMIT', offset, page)
+    for i = 1, #batch, 2 do
+      local h = string.sub(batch[i], 1, 8)
+      for j = 6, #ARGV, 2 do
+        if h >= ARGV[j] and h <= ARGV[j + 1] then
+          out[#out + 1] = batch[i]
+          out[#out + 1] = batch[i + 1]
+          break
+        end
       end
+      if limit > 0 and #out >= want then return out end
     end
-    if limit > 0 and #out >= want then return out end
+    if #batch < 2 * page then break end
+    offset = offset + page
   end
-  if #batch < 2 * page then return out end
-  offset = offset + page
+  cur = (lane + 1) * W
 end
+return out
 """
 
 
@@ -153,14 +230,24 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
 
 
-def _change_payload(grain_id: GrainId, name: str, next_due_ms: int | None) -> bytes:
-    return pack([grain_id.canonical, name, next_due_ms])
+def _change_payload(
+    grain_id: GrainId, name: str, next_due_ms: int | None, priority: int | None = None
+) -> bytes:
+    if priority is None:
+        return pack([grain_id.canonical, name, next_due_ms])
+    return pack([grain_id.canonical, name, next_due_ms, priority])
 
 
 def _decode_change(data: bytes) -> ReminderChange:
-    canonical, name, due_ms = unpack(data)
+    fields = unpack(data)
+    if not isinstance(fields, list) or len(fields) not in (3, 4):
+        raise ValueError("a change is [grain, name, next_due_ms] or with a priority")
+    canonical, name, due_ms = fields[:3]
+    priority = fields[3] if len(fields) == 4 else None
+    if priority is not None and (type(priority) is not int or not -128 <= priority <= 127):
+        raise ValueError(f"bad priority in change: {priority!r}")
     return ReminderChange(
-        GrainId.parse(canonical), name, None if due_ms is None else from_ms(due_ms)
+        GrainId.parse(canonical), name, None if due_ms is None else from_ms(due_ms), priority
     )
 
 
@@ -224,6 +311,7 @@ class RedisReminderTable:
             )
         for name, text in (
             ("upsert", _UPSERT),
+            ("upsert_many", _UPSERT_MANY),
             ("update", _UPDATE_SCHEDULE),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
@@ -253,30 +341,81 @@ class RedisReminderTable:
 
     async def upsert(self, entry: ReminderEntry) -> str:
         """Insert or replace the row unconditionally; returns its new etag."""
+        etag = await self._upsert(entry, "", "reminder upsert")
+        assert etag is not None
+        return etag
+
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        """``upsert`` each entry, in order, in one pipelined round trip: one script
+        call per shard touched, its rows packed into one argument (the script is
+        loaded first on the same connection, so NOSCRIPT cannot happen)."""
+        if not entries:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        packed: list[list[Any]] = []
+        for i, entry in enumerate(entries):
+            h = entry.hash
+            by_shard.setdefault(self.shard_of(h), []).append(i)
+            due_ms = to_ms(entry.next_due)
+            record = {k: v for k, v in entry.to_record().items() if v is not None}
+            packed.append(
+                [
+                    entry.key,
+                    self._member(h, entry.key),
+                    lane_score(int(entry.priority), due_ms),
+                    record,
+                ]
+            )
+        script = self._script("upsert_many")
+        with translate_errors("reminder upsert_many"):
+            pipe = self._c.pipeline(transaction=False)
+            pipe.script_load(_UPSERT_MANY)
+            for s, indexes in by_shard.items():
+                keys = [self._key(s, k) for k in ("rows", "due", "grain", "etag")]
+                rows = pack([packed[i] for i in indexes])
+                pipe.evalsha(script.sha, 4, *keys, self._etag_suffix, self._channel, rows)
+            replies = (await pipe.execute())[1:]
+        etags: list[str] = [""] * len(entries)
+        for indexes, reply in zip(by_shard.values(), replies, strict=True):
+            for i, etag in zip(indexes, reply, strict=True):
+                etags[i] = str(etag.decode())
+        return etags
+
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
+        ``expected_etag``; the new etag, or ``None`` when it did not hold."""
+        condition = "-" if expected_etag is None else expected_etag
+        return await self._upsert(entry, condition, "reminder upsert_if")
+
+    async def _upsert(self, entry: ReminderEntry, condition: str, what: str) -> str | None:
+        keys, args = self._upsert_call(entry, condition)
+        with translate_errors(what):
+            etag = await self._script("upsert")(keys=keys, args=args)
+        return None if etag is None else str(etag.decode())
+
+    def _upsert_call(self, entry: ReminderEntry, condition: str) -> tuple[list[str], list[Any]]:
         h = entry.hash
         s = self.shard_of(h)
         key = entry.key
         due_ms = to_ms(entry.next_due)
         record = {**entry.to_record(), "e": None}
-        with translate_errors("reminder upsert"):
-            etag = await self._script("upsert")(
-                keys=[
-                    self._key(s, "rows"),
-                    self._key(s, "due"),
-                    self._key(s, "grain"),
-                    self._key(s, "etag"),
-                ],
-                args=[
-                    key,
-                    self._member(h, key),
-                    due_ms,
-                    pack(record),
-                    self._etag_suffix,
-                    self._channel,
-                    _change_payload(entry.grain_id, entry.name, due_ms),
-                ],
-            )
-        return str(etag.decode())
+        keys = [
+            self._key(s, "rows"),
+            self._key(s, "due"),
+            self._key(s, "grain"),
+            self._key(s, "etag"),
+        ]
+        args: list[Any] = [
+            key,
+            self._member(h, key),
+            lane_score(int(entry.priority), due_ms),
+            pack(record),
+            self._etag_suffix,
+            self._channel,
+            _change_payload(entry.grain_id, entry.name, due_ms, int(entry.priority)),
+            condition,
+        ]
+        return keys, args
 
     def _update_call(
         self,
@@ -290,6 +429,7 @@ class RedisReminderTable:
         s = self.shard_of(h)
         key = row_key(grain_id, name)
         due_ms = to_ms(next_due)
+        lane_score(0, due_ms)  # range check; the script scores with the stored priority
         keys = [self._key(s, "rows"), self._key(s, "due"), self._key(s, "etag")]
         args: list[Any] = [
             key,
@@ -384,12 +524,13 @@ class RedisReminderTable:
 
     async def read_range(self, r: RingRange) -> list[ReminderEntry]:
         """Every row in ``r``, ordered by hash then key (reads whole shards: tools only)."""
-        rows = await self._collect(r, "+inf", 0, "reminder read_range")
+        rows = await self._collect(r, LANE_WIDTH - 1, 0, "reminder read_range")
         rows.sort(key=lambda row: (row.hash, row.key))
         return rows
 
     async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
-        """Due rows of ``r``, earliest first (ties by hash, then key), at most ``limit``.
+        """Due rows of ``r`` in the due order (priority descending, then next_due;
+        ties by hash, then key), at most ``limit``.
 
         Two round trips whatever the number of shards: pipelined filtered index
         reads, then pipelined HMGETs of only the rows returned.
@@ -397,7 +538,7 @@ class RedisReminderTable:
         if limit <= 0:
             return []
         before_ms = to_ms(before)
-        rows = await self._collect(r, str(before_ms), limit, "reminder read_due")
+        rows = await self._collect(r, before_ms, limit, "reminder read_due")
         return [row for row in rows if to_ms(row.next_due) <= before_ms]
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
@@ -405,7 +546,7 @@ class RedisReminderTable:
         if limit <= 0:
             return []
         before_ms = to_ms(before)
-        rows = await self._collect(None, str(before_ms), limit, "reminder upcoming")
+        rows = await self._collect(None, before_ms, limit, "reminder upcoming")
         return [row for row in rows if to_ms(row.next_due) <= before_ms]
 
     async def count(self) -> int:
@@ -427,23 +568,31 @@ class RedisReminderTable:
         return sorted(plan.items())
 
     async def _collect(
-        self, r: RingRange | None, max_score: str, limit: int, what: str
+        self, r: RingRange | None, before_ms: int, limit: int, what: str
     ) -> list[ReminderEntry]:
-        """Rows of ``r`` with score <= ``max_score``: the ``limit`` earliest
-        (all when ``limit`` is 0), sorted by (next_due, hash, key).
+        """Rows of ``r`` with next_due <= ``before_ms``: the first ``limit`` in the
+        due order (all when ``limit`` is 0), sorted by (score, hash, key).
 
-        The earliest ``limit`` across shards is a prefix of each shard's due
+        The first ``limit`` across shards is a prefix of each shard's score
         order. The first pipelined round asks every shard for a short prefix;
         only a shard whose whole answer lies at or below the ``limit``-th best
         score seen may hide more winners, and only those are asked again, from
         their last score up to that threshold. Then the winners' rows are fetched.
         """
+        before_ms = min(before_ms, LANE_WIDTH - 1)
+        if before_ms < 0:
+            return []
+        top = 256 * LANE_WIDTH - 1
         plan = self._plan(r)
         if limit <= 0:
-            found = await self._scan(plan, "-inf", max_score, 0, what)
+            found = await self._scan(
+                plan, 0, max_score=top, before_ms=before_ms, limit=0, what=what
+            )
         else:
             ask = min(limit, max(_MIN_FIRST_ASK, -(-2 * limit // len(plan))))
-            found = await self._scan(plan, "-inf", max_score, ask, what)
+            found = await self._scan(
+                plan, 0, max_score=top, before_ms=before_ms, limit=ask, what=what
+            )
             best = sorted((score, member) for part in found for score, member in part)
             threshold = best[limit - 1][0] if len(best) >= limit else None
             again = [
@@ -454,13 +603,14 @@ class RedisReminderTable:
                 and (threshold is None or part[-1][0] <= threshold)
             ]
             if again:
-                upper = max_score if threshold is None else f"{threshold:.0f}"
+                upper = top if threshold is None else threshold
                 more = await self._scan(
                     [plan[i] for i in again],
-                    [f"{found[i][-1][0]:.0f}" for i in again],
-                    upper,
-                    limit,
-                    what,
+                    [found[i][-1][0] for i in again],
+                    max_score=upper,
+                    before_ms=before_ms,
+                    limit=limit,
+                    what=what,
                 )
                 for i, part in zip(again, more, strict=True):
                     # The second ask starts at the last score seen (inclusive, for
@@ -487,23 +637,25 @@ class RedisReminderTable:
         rows: list[ReminderEntry] = []
         for raws in fetched:
             rows.extend(_decode_row(raw) for raw in raws if raw is not None)
-        rows.sort(key=lambda row: (to_ms(row.next_due), row.hash, row.key))
+        rows.sort(key=lambda row: (-int(row.priority), to_ms(row.next_due), row.hash, row.key))
         return rows
 
     async def _scan(
         self,
         plan: list[tuple[int, list[tuple[int, int]]]],
-        min_scores: str | list[str],
-        max_score: str,
+        min_scores: int | list[int],
+        *,
+        max_score: int,
+        before_ms: int,
         limit: int,
         what: str,
-    ) -> list[list[tuple[float, bytes]]]:
+    ) -> list[list[tuple[int, bytes]]]:
         """Per planned shard, up to ``limit`` (0: all) due members inside the
-        shard's intervals with min <= score <= max, as (score, member) in order.
-        One pipelined round trip."""
+        shard's intervals with min <= score <= max and next_due <= ``before_ms``,
+        as (score, member) in score order. One pipelined round trip."""
         script = self._script("read_due")
         page = min(max(limit, _MIN_PAGE), _MAX_PAGE) if limit > 0 else _MAX_PAGE
-        mins = [min_scores] * len(plan) if isinstance(min_scores, str) else min_scores
+        mins = [min_scores] * len(plan) if isinstance(min_scores, int) else min_scores
         with translate_errors(what):
             pipe = self._c.pipeline(transaction=False)
             # Loading first on the same connection makes NOSCRIPT impossible.
@@ -511,10 +663,21 @@ class RedisReminderTable:
             for (s, parts), lo in zip(plan, mins, strict=True):
                 bounds = [f"{x:08x}" for lo_hi in parts for x in lo_hi]
                 pipe.evalsha(
-                    script.sha, 1, self._key(s, "due"), lo, max_score, limit, page, *bounds
+                    script.sha,
+                    1,
+                    self._key(s, "due"),
+                    lo,
+                    max_score,
+                    before_ms,
+                    limit,
+                    page,
+                    *bounds,
                 )
             replies = (await pipe.execute())[1:]
-        return [[(float(flat[i + 1]), flat[i]) for i in range(0, len(flat), 2)] for flat in replies]
+        # Scores are integers below 2**52, exact as doubles.
+        return [
+            [(int(float(flat[i + 1])), flat[i]) for i in range(0, len(flat), 2)] for flat in replies
+        ]
 
     def _script(self, name: str) -> Any:
         if not self._scripts:
@@ -549,7 +712,7 @@ class _RedisChanges:
         self._pubsub: Any = None
         self._closed = asyncio.Event()
         self._busy = False
-        self._delay = _BACKOFF_MIN_S
+        self._backoff = Backoff(_BACKOFF_MIN, _BACKOFF_MAX)
 
     def __aiter__(self) -> _RedisChanges:
         return self
@@ -585,18 +748,16 @@ class _RedisChanges:
         except StorageError as exc:
             if self._closed.is_set():
                 return None
+            delay = self._backoff.next()
             _log.warning(
-                "reminder change feed lost redis; resubscribing error=%s delay_s=%.2f",
-                exc,
-                self._delay,
+                "reminder change feed lost redis; resubscribing error=%s delay_s=%.2f", exc, delay
             )
             await self._drop()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), self._delay)
-            self._delay = min(self._delay * 2, _BACKOFF_MAX_S)
+                await asyncio.wait_for(self._closed.wait(), delay)
             return None
         if message is not None:
-            self._delay = _BACKOFF_MIN_S
+            self._backoff.reset()
         return message
 
     async def _drop(self) -> None:

@@ -1,44 +1,151 @@
-"""``@register_reminder`` at silo start-up: create declared rows that are missing."""
+"""``@register_reminder`` at silo start-up: register-or-update every declaration.
+
+For each grain class the silo hosts, each declared reminder and each of its
+keys (``keys=[...]`` on the declaration, else the class's ``reminder_keys``):
+
+- a missing row is created, marked ``declared``;
+- a row whose period, cron, zone, priority or action differs from the
+  declaration is updated. A changed schedule re-anchors the row at now (like a
+  registration from code); a changed priority or action alone keeps the row's
+  ``next_due`` and ``last_fire``;
+- an unchanged row is left alone (``next_due``, ``last_fire``, etag).
+
+Then, for every key the class declares reminders for, a row marked
+``declared`` whose name the class no longer declares for that key is removed
+(with a CAS on the etag just read, so a row rewritten meanwhile is kept). Rows
+registered from code are never marked, so never removed here. Rows of a class
+no silo hosts any more, or of a key no declaration names any more, are not
+looked for (that would need a scan of the table); remove them with the
+management grain.
+
+Silos starting together all run this. Each write is conditional on the row
+as read (absent, or the etag read: ``ConditionalReminderTable.upsert_if``); a
+silo that loses reads the row again and finds it as declared, so each row is
+created or updated exactly once. New rows are anchored at the current whole
+second, so silos that fall back to plain upserts write identical rows.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass, replace
 
-from orleanspy.grain import GrainDefinition
-from orleanspy.reminders.model import MissedReminderAction
+from orleanspy.errors import ReminderError
+from orleanspy.grain import DeclaredReminder, GrainDefinition
+from orleanspy.identity import GrainKey
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
 from orleanspy.reminders.registry import ReminderRegistry
+from orleanspy.reminders.spec import new_entry
 
-__all__ = ["register_declared_reminders"]
+__all__ = ["DeclarationSync", "register_declared_reminders"]
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
+class DeclarationSync:
+    """What one start-up pass did: rows created, updated and removed."""
+
+    created: int = 0
+    updated: int = 0
+    removed: int = 0
+
+
+def _keys(defn: GrainDefinition, declared: DeclaredReminder) -> tuple[GrainKey, ...]:
+    return declared.keys if declared.keys is not None else defn.reminder_keys
+
+
+def _desired(
+    registry: ReminderRegistry, defn: GrainDefinition, declared: DeclaredReminder, key: GrainKey
+) -> ReminderEntry:
+    """The row the declaration asks for, anchored at now; ``ReminderError`` naming
+    the class and the reminder when the declaration is invalid."""
+    try:
+        entry = new_entry(
+            service_id=registry.service_id,
+            grain_id=defn.grain_id(key),
+            name=declared.name,
+            # The whole second: silos starting together compute the same row.
+            now=registry.clock.now().replace(microsecond=0),
+            options=registry.options,
+            due=declared.due,
+            period=declared.period,
+            cron=declared.cron,
+            tz=declared.tz,
+            priority=declared.priority,
+            action=MissedReminderAction(declared.action),
+        )
+    except (ReminderError, ValueError) as exc:
+        raise ReminderError(
+            f"@register_reminder({declared.name!r}) on {defn.cls.__qualname__} "
+            f"(grain type {defn.type_name!r}, key {key!r}) is invalid: {exc}"
+        ) from exc
+    return replace(entry, declared=True)
+
+
+def _same_schedule(a: ReminderEntry, b: ReminderEntry) -> bool:
+    return (a.period, a.cron, a.tz) == (b.period, b.cron, b.tz)
+
+
+#: Conditional writes one declaration may lose to other silos before giving up.
+_ATTEMPTS = 5
+
+
+async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
+    """Create or update one declared row; ``"created"``, ``"updated"`` or ``""``."""
+    for _ in range(_ATTEMPTS):
+        stored = await registry.get(desired.grain_id, desired.name)
+        if stored is None:
+            if await registry.store_if(desired, None):
+                return "created"
+            continue
+        if not _same_schedule(stored, desired):
+            write = replace(desired, last_fire=stored.last_fire)
+        elif (stored.priority, stored.action) != (desired.priority, desired.action):
+            write = replace(stored, priority=desired.priority, action=desired.action, declared=True)
+        else:
+            return ""
+        if await registry.store_if(write, stored.etag):
+            return "updated"
+    raise ReminderError(
+        f"could not register declared reminder {desired.name!r} of {desired.grain_id}: "
+        f"it kept changing ({_ATTEMPTS} attempts)"
+    )
+
+
 async def register_declared_reminders(
     registry: ReminderRegistry, definitions: Iterable[GrainDefinition]
-) -> int:
-    """For every declared reminder and every declared key, create the row if it
-    does not exist (existing rows, and their schedules, are left alone). No grain
-    is activated. Returns how many rows were created. Invalid declarations raise
-    ``ReminderError`` (the silo does not start)."""
-    created = 0
+) -> DeclarationSync:
+    """Register-or-update every declaration of ``definitions`` and remove rows
+    whose declaration is gone (module docstring). No grain is activated. An
+    invalid declaration raises ``ReminderError`` naming its class and reminder
+    (the silo does not start)."""
+    created = updated = removed = 0
     for defn in definitions:
+        declared_names: dict[GrainKey, set[str]] = {}
         for declared in defn.reminders:
-            for key in defn.reminder_keys:
-                gid = defn.grain_id(key)
-                if await registry.get(gid, declared.name) is not None:
-                    continue
-                await registry.register(
-                    gid,
-                    declared.name,
-                    due=declared.due,
-                    period=declared.period,
-                    cron=declared.cron,
-                    tz=declared.tz,
-                    priority=declared.priority,
-                    action=MissedReminderAction(declared.action),
-                )
-                created += 1
-    if created:
-        log.info("declared reminders created count=%d", created)
-    return created
+            for key in _keys(defn, declared):
+                declared_names.setdefault(key, set()).add(declared.name)
+                desired = _desired(registry, defn, declared, key)
+                outcome = await _apply(registry, desired)
+                created += outcome == "created"
+                updated += outcome == "updated"
+        for key in set(defn.reminder_keys) | set(declared_names):
+            names = declared_names.get(key, set())
+            for row in await registry.list(defn.grain_id(key)):
+                if (
+                    row.declared
+                    and row.name not in names
+                    and await registry.remove_if_unchanged(row)
+                ):
+                    removed += 1
+    result = DeclarationSync(created, updated, removed)
+    if created or updated or removed:
+        log.info(
+            "declared reminders synced created=%d updated=%d removed=%d",
+            created,
+            updated,
+            removed,
+        )
+    return result

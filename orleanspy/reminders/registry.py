@@ -8,7 +8,9 @@ registry validates input (``ReminderError``) and refuses grains that are not
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from orleanspy.clock import Clock
@@ -23,11 +25,32 @@ from orleanspy.reminders.model import (
     ReminderPriority,
 )
 from orleanspy.reminders.spec import new_entry
-from orleanspy.reminders.table import ReminderTable
+from orleanspy.reminders.table import (
+    BulkReminderTable,
+    ConditionalReminderTable,
+    ReminderTable,
+)
 
-__all__ = ["ReminderRegistry"]
+__all__ = ["Registration", "ReminderRegistry"]
 
 _REMOVE_ATTEMPTS = 5
+#: Rows per round trip of ``register_many``.
+BULK_BATCH = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One reminder to register in bulk (``ReminderRegistry.register_many``);
+    the fields mean what ``register_or_update_reminder``'s arguments mean."""
+
+    grain_id: GrainId
+    name: str
+    due: timedelta | float | None = None
+    period: timedelta | float | None = None
+    cron: str | None = None
+    tz: str | None = None
+    priority: int = ReminderPriority.NORMAL
+    action: MissedReminderAction = MissedReminderAction.SKIP
 
 
 class ReminderRegistry:
@@ -54,7 +77,12 @@ class ReminderRegistry:
         self._listeners.append(listener)
 
     def _changed(self, grain_id: GrainId, name: str, entry: ReminderEntry | None) -> None:
-        change = ReminderChange(grain_id, name, entry.next_due if entry else None)
+        change = ReminderChange(
+            grain_id,
+            name,
+            entry.next_due if entry else None,
+            int(entry.priority) if entry else None,
+        )
         for listener in self._listeners:
             listener(change)
 
@@ -97,11 +125,80 @@ class ReminderRegistry:
         self._changed(grain_id, name, entry)
         return entry
 
+    async def register_many(
+        self, registrations: Iterable[Registration], *, batch: int = BULK_BATCH
+    ) -> int:
+        """Register many reminders (upsert, last writer wins), ``batch`` rows per
+        round trip: for seeding or migrating a table. Every registration is
+        validated before anything is written; the first invalid one raises
+        ``ReminderError`` naming its position, and nothing is written. Returns
+        how many rows were written. The local service hears of each row, and
+        other silos read the change feed, as for single registrations."""
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        now = self.clock.now()
+        entries: list[ReminderEntry] = []
+        checked: set[str] = set()
+        for i, r in enumerate(registrations):
+            try:
+                if r.grain_id.type_name not in checked:
+                    self._check_remindable(r.grain_id)
+                    checked.add(r.grain_id.type_name)
+                entries.append(
+                    new_entry(
+                        service_id=self.service_id,
+                        grain_id=r.grain_id,
+                        name=r.name,
+                        now=now,
+                        options=self.options,
+                        due=r.due,
+                        period=r.period,
+                        cron=r.cron,
+                        tz=r.tz,
+                        priority=r.priority,
+                        action=r.action,
+                    )
+                )
+            except ReminderError as exc:
+                raise ReminderError(
+                    f"registration #{i} ({r.grain_id}, {r.name!r}) is invalid: {exc}"
+                ) from exc
+        for start in range(0, len(entries), batch):
+            chunk = entries[start : start + batch]
+            if isinstance(self.table, BulkReminderTable):
+                etags = await self.table.upsert_many(chunk)
+            else:
+                etags = list(await asyncio.gather(*map(self.table.upsert, chunk)))
+            for entry, etag in zip(chunk, etags, strict=True):
+                self._changed(entry.grain_id, entry.name, entry.with_etag(etag))
+        return len(entries)
+
     async def store(self, entry: ReminderEntry) -> ReminderEntry:
         """Upsert a fully built row (management operations)."""
         entry = entry.with_etag(await self.table.upsert(entry))
         self._changed(entry.grain_id, entry.name, entry)
         return entry
+
+    async def store_if(self, entry: ReminderEntry, expected_etag: str | None) -> bool:
+        """Write ``entry`` only if the row is absent (``expected_etag`` ``None``) or
+        still has ``expected_etag``; ``False`` if another writer got there first.
+        On a table that is not a ``ConditionalReminderTable`` this is ``store``."""
+        if isinstance(self.table, ConditionalReminderTable):
+            etag = await self.table.upsert_if(entry, expected_etag)
+            if etag is None:
+                return False
+        else:
+            etag = await self.table.upsert(entry)
+        self._changed(entry.grain_id, entry.name, entry.with_etag(etag))
+        return True
+
+    async def remove_if_unchanged(self, row: ReminderEntry) -> bool:
+        """Remove ``row`` if it still has the etag it was read with; ``False`` if
+        it is gone or was rewritten meanwhile (then it is kept)."""
+        if row.etag is None or not await self.table.remove(row.grain_id, row.name, row.etag):
+            return False
+        self._changed(row.grain_id, row.name, None)
+        return True
 
     async def unregister(self, grain_id: GrainId, name: str) -> bool:
         """Remove the row; ``False`` if it did not exist. Retries lost etag races

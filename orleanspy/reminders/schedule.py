@@ -19,26 +19,41 @@ Cron schedules
     ``@annually`` are accepted. Random (``R``) and hashed (``H``) fields are
     refused: every silo must compute the same slots from the stored row.
 
+    Fields mean what they mean in Vixie/ISC cron. croniter 7 disagrees in a
+    few places, so every numeric field is expanded here and handed to croniter
+    as an explicit list (``normalise_fields``): a one-value range ``N-N`` (and
+    ``N-N/S``) is ``N`` (croniter reads ``*``); ``N/S`` is ``N-max/S``; and
+    day-of-month and day-of-week are OR-ed only when neither field starts with
+    ``*`` (``*/2`` counts as a wildcard), AND-ed otherwise. A property test
+    compares the slots with cronsim, an independent implementation, over
+    thousands of random expressions.
+
     An expression is evaluated in its IANA zone (default UTC), so
     ``"0 0 9 * * 1-5"`` in ``Europe/Berlin`` fires at 09:00 Berlin time in summer
-    and in winter. Around daylight-saving changes we keep croniter 7's
-    behaviour, pinned by tests. For a daily ``"0 30 2 * * *"`` in Europe/Berlin:
+    and in winter. croniter matches fields on local wall-clock times; turning
+    them into instants around daylight-saving changes follows cron's own rule
+    (Vixie/ISC cron), which is what a billing or report job expects:
 
-    * spring forward (02:00 -> 03:00, e.g. 2024-03-31): 02:30 does not exist; the
-      slot fires **once at 03:00 local** (01:00 UTC), the first instant after the
-      gap. Several slots inside the gap (``"0 0,30 2 * * *"``) collapse into
-      that one 03:00 tick.
-    * fall back (03:00 -> 02:00, e.g. 2024-10-27): 02:30 happens twice; the slot
-      fires **twice**, at 02:30 CEST (00:30 UTC) and 02:30 CET (01:30 UTC).
+    * a *fixed-time* job (neither the minute nor the hour field starts with
+      ``*``) runs **once** in the repeated hour of a fall-back, on its first
+      pass: ``"0 30 2 * * *"`` in Europe/Berlin fires at 02:30 CEST on
+      2026-10-25, not again at 02:30 CET;
+    * a fixed-time slot inside the skipped hour of a spring-forward runs once,
+      **right after the gap**: 02:30 on 2026-03-29 fires at 03:00 CEST; several
+      slots in the gap (``"0 0,30 2 * * *"``) give that one tick;
+    * a job whose minute or hour field is a wildcard or a step (``*/15``,
+      ``@hourly``) follows real elapsed time: it fires in both passes of a
+      repeated hour and not at all in a skipped one.
 
-    America/New_York behaves the same way (``"0 30 2 * * *"`` fires at 03:00 EDT
-    on the spring-forward day; ``"0 30 1 * * *"`` fires twice on the fall-back
-    day).
+    The same holds for zones with a 30-minute shift (Australia/Lord_Howe) and
+    for America/New_York; tests pin all three. Interval reminders are not
+    affected: they stay on their absolute grid.
 
 Cost: building a croniter takes about 100 µs and one ``get_next`` 30-60 µs. A
 ``CronSchedule`` keeps one iterator: asking ``next_after`` of the slot it last
 returned just steps it; any other instant re-positions it (a few µs) instead of
-building a new one. ``schedule_for`` shares one ``CronSchedule`` per
+building a new one. In a zone with daylight saving each answer also checks the
+zone's offset a few times (about 1 µs each). ``schedule_for`` shares one ``CronSchedule`` per
 ``(expression, zone)``. Schedules are not thread-safe; use them from the event
 loop's thread.
 """
@@ -60,6 +75,8 @@ from orleanspy.reminders.model import ReminderEntry
 
 __all__ = [
     "DEFAULT_SLOT_CAP",
+    "MAX_CRON_LENGTH",
+    "MAX_ZONE_LENGTH",
     "CronSchedule",
     "IntervalSchedule",
     "Schedule",
@@ -69,6 +86,12 @@ __all__ = [
 ]
 
 DEFAULT_SLOT_CAP = 100_000
+#: Longest cron expression accepted. Bounds the parse (a 1 MB expression blocked a
+#: silo for seconds, and every owner of the row would parse it again); 256 holds
+#: any list of explicit values of one field.
+MAX_CRON_LENGTH = 256
+#: Longest time zone name accepted (the longest IANA name has 32 characters).
+MAX_ZONE_LENGTH = 64
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
@@ -77,6 +100,18 @@ _ALIASES = frozenset(
 )
 # croniter's own pattern for random/hashed fields, applied to each comma item.
 _RANDOM_OR_HASHED = re.compile(r"^[hr](\(\d+-\d+\))?(/\d+)?$", re.IGNORECASE)
+# Plain numeric items: "*", "N", "N-M", each with an optional "/S".
+_NUMERIC_ITEM = re.compile(r"^(\*|(\d+)(?:-(\d+))?)(?:/(\d+))?$")
+# The bounds of each field, seconds first (day-of-week 7 is Sunday too).
+_FIELD_BOUNDS = ((0, 59), (0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+# Zone names that mean plain UTC (no offsets to apply).
+_UTC_NAMES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "Universal", "Zulu"})
+# The largest daylight-saving shift of any zone (Antarctica/Troll: 2 h), with margin.
+_MAX_SHIFT = timedelta(hours=3)
+_DAY = timedelta(days=1)
+_SECOND = timedelta(seconds=1)
+# Offset changes one next_after may cross (a few per search at most in real zones).
+_MAX_DST_STEPS = 64
 # Guards next_after against an iterator that returns a slot not after t; croniter 7
 # never does in our tests, but the contract "strictly after" must hold regardless.
 _MAX_CATCH_UP_STEPS = 8
@@ -162,19 +197,40 @@ def parse_zone(tz: str | None) -> ZoneInfo:
         raise ReminderError(
             f"tz must be an IANA zone name such as 'Europe/Berlin' or None for UTC, got {tz!r}"
         )
+    if len(tz) > MAX_ZONE_LENGTH:
+        raise ReminderError(
+            f"time zone name is {len(tz)} characters long; the limit is {MAX_ZONE_LENGTH} "
+            "(MAX_ZONE_LENGTH): use an IANA zone name such as 'Europe/Berlin'"
+        )
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
+        # OSError: the name is looked up as a file (too long, a directory, ...).
         raise ReminderError(
             f"unknown time zone {tz!r}: use an IANA zone name such as 'Europe/Berlin', "
             "'America/New_York' or 'UTC'"
         ) from exc
 
 
+def _fixed_time(fields: list[str]) -> bool:
+    """Vixie cron's "fixed-time job": neither the minute nor the hour field starts
+    with ``*``. Only those get the DST rule (once in a repeated hour, once right
+    after a skipped one); the others follow elapsed time."""
+    if len(fields) == 1:
+        return fields[0].lower() != "@hourly"
+    minute, hour = (fields[1], fields[2]) if len(fields) == 6 else (fields[0], fields[1])
+    return not (minute.startswith("*") or hour.startswith("*"))
+
+
 def _check_shape(expr: str) -> list[str]:
     """The expression's fields; ``ReminderError`` for shapes we do not accept."""
     if not isinstance(expr, str):
         raise ReminderError(f"cron must be a string, got {type(expr).__name__}")
+    if len(expr) > MAX_CRON_LENGTH:
+        raise ReminderError(
+            f"cron expression is {len(expr)} characters long; the limit is {MAX_CRON_LENGTH} "
+            "(MAX_CRON_LENGTH): use ranges and steps instead of long lists"
+        )
     fields = expr.split()
     if len(fields) == 1 and fields[0].lower() in _ALIASES:
         return fields
@@ -194,15 +250,78 @@ def _check_shape(expr: str) -> list[str]:
     return fields
 
 
+def _expand(field: str, lo: int, hi: int) -> set[int] | None:
+    """The values a numeric field stands for, as Vixie cron reads it (``N-N/S``
+    is ``{N}``, ``N/S`` is ``N-hi/S``); ``None`` for anything else (names,
+    ``L``, ``W``, ``#``, out-of-range values), which is left to croniter."""
+    values: set[int] = set()
+    for item in field.split(","):
+        m = _NUMERIC_ITEM.match(item)
+        if m is None:
+            return None
+        step = int(m.group(4)) if m.group(4) else 1
+        if m.group(1) == "*":
+            start, end = lo, hi
+        else:
+            start = int(m.group(2))
+            end = int(m.group(3)) if m.group(3) else (hi if m.group(4) else start)
+        if step < 1 or not lo <= start <= end <= hi:
+            return None
+        values.update(range(start, end + 1, step))
+    return values
+
+
+def _write(values: set[int]) -> str:
+    return ",".join(str(v) for v in sorted(values))
+
+
+def normalise_fields(fields: list[str]) -> tuple[list[str], bool]:
+    """Five or six cron fields rewritten so that croniter evaluates them as Vixie
+    cron does, and the ``day_or`` flag to give croniter.
+
+    croniter 7 reads a one-value range ``N-N`` as ``*``, treats a list holding
+    ``*`` as plain ``*`` in its day rule, and decides OR versus AND from its own
+    expansion. So every numeric field is expanded here and written back as an
+    explicit list (or ``*`` when it covers the whole field). The day rule is
+    Vixie's: day-of-month and day-of-week are OR-ed only when neither field
+    starts with ``*`` (``*/2`` counts as a wildcard); when OR-ed and either
+    covers every day, every day matches. Aliases pass through.
+    """
+    if len(fields) == 1:
+        return fields, True
+    bounds = _FIELD_BOUNDS if len(fields) == 6 else _FIELD_BOUNDS[1:]
+    out: list[str] = []
+    full: list[bool] = []
+    for i, (field, (lo, hi)) in enumerate(zip(fields, bounds, strict=True)):
+        values = _expand(field, lo, hi)
+        is_dow = i == len(fields) - 1
+        if values is None:
+            out.append(field)
+            full.append(field == "*")
+            continue
+        if is_dow:
+            values = {v % 7 for v in values}
+        whole = len(values) == (7 if is_dow else hi - lo + 1)
+        out.append("*" if whole else _write(values))
+        full.append(whole)
+    day_or = not (fields[-3].startswith("*") or fields[-1].startswith("*"))
+    if day_or and (full[-3] or full[-1]):
+        # An OR with every day is every day; croniter would use the other field alone.
+        out[-3] = out[-1] = "*"
+    return out, day_or
+
+
 class CronSchedule:
     """A cron expression evaluated in an IANA zone (see the module docstring).
 
     Construction validates the expression and the zone (``ReminderError``). One
-    croniter iterator is kept and reused; the schedule therefore holds mutable
-    state, but every answer equals that of a freshly built schedule.
+    croniter iterator over local wall-clock times is kept and reused; the
+    schedule therefore holds mutable state, but every answer equals that of a
+    freshly built schedule. Wall times are turned into instants here, with the
+    daylight-saving rule of the module docstring.
     """
 
-    __slots__ = ("_iter", "_last", "_seconds_first", "_zone", "expr", "tz")
+    __slots__ = ("_fixed", "_iter", "_last", "_seconds_first", "_utc", "_zone", "expr", "tz")
 
     def __init__(self, expr: str, tz: str | None = None) -> None:
         fields = _check_shape(expr)
@@ -210,16 +329,24 @@ class CronSchedule:
         self.expr = expr
         self.tz = tz
         self._seconds_first = len(fields) == 6
+        self._fixed = _fixed_time(fields)
+        self._utc = self._zone.key in _UTC_NAMES
+        fixed, day_or = normalise_fields(fields)
         try:
+            # Naive wall-clock times: croniter only matches fields; the zone's
+            # offsets, gaps and repeats are applied in _next.
             self._iter = croniter(
-                " ".join(fields), _EPOCH.astimezone(self._zone), second_at_beginning=True
+                " ".join(fixed),
+                _EPOCH.replace(tzinfo=None),
+                second_at_beginning=True,
+                day_or=day_or,
             )
         except (CroniterError, ValueError, TypeError, KeyError) as exc:
             raise ReminderError(
                 f"bad cron expression {expr!r}: {exc}. Use 5 fields (minute first) or 6 "
                 "fields (second first), e.g. '0 0 9 * * 1-5' for weekdays at 09:00:00"
             ) from exc
-        # The slot the iterator is positioned on, in UTC; None until the first step.
+        # The wall time the iterator is positioned on; None until the first step.
         self._last: datetime | None = None
 
     def next_after(self, t: datetime) -> datetime:
@@ -230,14 +357,85 @@ class CronSchedule:
         """
         if t.tzinfo is None:
             raise ValueError("naive datetime: schedules take timezone-aware datetimes")
-        if self._last is None or t != self._last:
-            self._iter.set_current(t.astimezone(self._zone), force=True)
+        t = t.astimezone(UTC)
+        if self._utc:
+            return self._wall_after(t.replace(tzinfo=None)).replace(tzinfo=UTC)
+        return self._next(t)
+
+    def _offset(self, t: datetime) -> timedelta:
+        """The zone's UTC offset at instant ``t`` (aware UTC)."""
+        off = t.astimezone(self._zone).utcoffset()
+        assert off is not None
+        return off
+
+    def _next(self, t: datetime) -> datetime:
+        """The first instant after ``t`` whose local wall time matches, with the DST rule.
+
+        Walks wall-clock matches under the offset in force; where an offset
+        change lies ahead (at the next match, or within ``_MAX_SHIFT``, so that
+        walls repeating after a fall-back are not passed over) it finds the
+        change instant and goes on from there under the new offset.
+        """
+        off = self._offset(t)
+        wall_from = (t + off).replace(tzinfo=None)
+        lo = t  # exclusive: the instants searched are after lo, under ``off``
+        for _ in range(_MAX_DST_STEPS):
+            w = self._wall_after(wall_from)
+            u = w.replace(tzinfo=UTC) - off
+            change = self._change_between(lo, min(u, lo + _MAX_SHIFT), off)
+            if change is None and self._offset(u) != off:
+                change = self._change_between(lo, u, off)
+            if change is None or u < change:
+                # ``u`` is valid under ``off``. A fixed-time job runs once in a
+                # repeated hour: not on the second pass (fold 1).
+                if self._fixed and u.astimezone(self._zone).fold == 1:
+                    lo, wall_from = u, w
+                    continue
+                return u
+            new_off = self._offset(change)
+            if new_off > off and self._fixed and w < (change + new_off).replace(tzinfo=None):
+                # A fixed-time slot in the skipped hour runs once, right after the gap.
+                return change
+            lo = change - _US
+            off = new_off
+            wall_from = (change + new_off).replace(tzinfo=None) - _US
+        raise ReminderError(f"cron {self.expr!r} produced no slot after {t.isoformat()}")
+
+    def _change_between(self, lo: datetime, hi: datetime, off: timedelta) -> datetime | None:
+        """The first instant in ``(lo, hi]`` whose offset is not ``off``, or ``None``.
+
+        Steps a day at a time (zones change offset at most a few times a
+        year), then bisects to the second within the day.
+        """
+        if hi <= lo:
+            return None
+        a = lo
+        while True:
+            b = min(hi, a + _DAY)
+            if self._offset(b) != off:
+                break
+            if b >= hi:
+                return None
+            a = b
+        # offset(a) == off (or a == lo), offset(b) != off: bisect to whole seconds.
+        while b - a > _SECOND:
+            mid = a + (b - a) / 2
+            if self._offset(mid) != off:
+                b = mid
+            else:
+                a = mid
+        return b.replace(microsecond=0) if self._offset(b.replace(microsecond=0)) != off else b
+
+    def _wall_after(self, wall: datetime) -> datetime:
+        """The first matching wall time strictly after naive ``wall``."""
+        if self._last is None or wall != self._last:
+            self._iter.set_current(wall, force=True)
         slot = self._step()
         for _ in range(_MAX_CATCH_UP_STEPS):
-            if slot > t:
+            if slot > wall:
                 return slot
             slot = self._step()
-        raise ReminderError(f"cron {self.expr!r} produced no slot after {t.isoformat()}")
+        raise ReminderError(f"cron {self.expr!r} produced no slot after {wall.isoformat()}")
 
     def _step(self) -> datetime:
         try:
@@ -248,9 +446,8 @@ class CronSchedule:
                 f"cron expression {self.expr!r} never matches after this point "
                 "(for example a day that does not exist in any month)"
             ) from exc
-        slot = local.astimezone(UTC)
-        self._last = slot
-        return slot
+        self._last = local
+        return local
 
     def slots_between(self, after: datetime, upto: datetime, cap: int = DEFAULT_SLOT_CAP) -> int:
         """Counted by stepping, O(min(count, cap)) at 30-60 µs per slot.

@@ -7,15 +7,22 @@ call ``receive_reminder``; after the acknowledgement the next slot is persisted
 in batches. The parts live in private modules, one job each:
 
 - ``_ownership``: the owned ranges and what a ring change means;
-- ``_loader``: which rows the window holds (refills, hints, repair, change feed);
-- ``_window``: the bounded due-heap (all resident rows count against the bound);
-- ``_ticker``: the one sleeper and the missed-tick rule;
-- ``_lanes``: priority lanes and permits;
-- ``_delivery``: one due row's tick (the grain call, retries, missed ticks, next slot);
+- ``_loader``: reads the table and feeds the window (refills, hints, repair,
+  change feed);
+- ``_window``: the rows held, their state and lane, the due-heap (all resident
+  rows count against the bound);
+- ``_ticker``: the one sleeper, moving due rows into their lanes;
+- ``_lanes``: priority lanes and the dispatcher with its permits;
+- ``_delivery``: one due row's tick (the grain call, retries, next slot);
+- ``_missed``: the missed-tick rule and NOTIFY publishing;
 - ``_persist``: batched, retried CAS writes;
 - ``_adaptive``: the bucket-size formula.
 
-This module composes them.
+This module composes them. Data flows one way: table -> loader -> window ->
+ticker -> lanes -> dispatcher -> delivery -> persister -> table; the
+persister reports each write's outcome to the window, which owns the row. No
+part is handed another after construction, and nothing calls back up into the
+loader: it waits on the window's signals (docs/decisions.md has the diagram).
 
 Storage outages. Every table error is logged and retried with backoff; the
 service never stops for one. Rows already held keep ticking on their local
@@ -34,9 +41,10 @@ from dataclasses import dataclass
 from orleanspy.clock import Clock
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, default_load, window_size
-from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery, PublishMissed
+from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery
 from orleanspy.reminders._lanes import Dispatcher
 from orleanspy.reminders._loader import Loader
+from orleanspy.reminders._missed import MissedNotifier, PublishMissed
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._ticker import Ticker
@@ -111,33 +119,26 @@ class ReminderService:
         self._name = name
         load = load or default_load
         self._ownership = Ownership()
-        self._window = DueWindow(window_size(options, load, name))
+        self._window = window = DueWindow(
+            window_size(options, load, name), enable_priority=options.enable_priority, name=name
+        )
+        self._persister = persister = Persister(table, clock, options, window.persisted)
+        self._notifier = notifier = MissedNotifier(publish_missed, name)
         self._delivery = delivery = Delivery(
-            clock, options, self._window, deliver=deliver, publish_missed=publish_missed, name=name
+            clock, options, window, persister, notifier, deliver=deliver, name=name
         )
-        self._ticker = Ticker(clock, self._window, delivery.on_due)
-        self._dispatcher = Dispatcher(
-            options.permits, delivery.tick, enable_priority=options.enable_priority
-        )
-        self._persister = Persister(table, clock, options, delivery.on_persisted)
+        self._ticker = Ticker(clock, window)
+        self._dispatcher = Dispatcher(window, options.permits, delivery.tick)
         self._loader = Loader(
             table,
             clock,
             options,
             ownership=self._ownership,
-            window=self._window,
-            persister=self._persister,
+            window=window,
+            persister=persister,
+            notifier=notifier,
             load=load,
-            drop=delivery.drop,
-            notify=delivery.notify,
-            wake_ticker=self._ticker.wake,
             name=name,
-        )
-        delivery.attach(
-            ticker=self._ticker,
-            dispatcher=self._dispatcher,
-            persister=self._persister,
-            loader=self._loader,
         )
         self._running = False
 
@@ -175,11 +176,8 @@ class ReminderService:
         owned ranges are read right away.
         """
         new = self._ownership.update(ranges)
-        for row in self._window.retain(lambda row: self._ownership.owns(row.entry.grain_id)):
-            row.dropped = True
-        self._dispatcher.lanes.retain(lambda row: not row.dropped)
+        self._window.retain(lambda row: self._ownership.owns(row.entry.grain_id))
         self._loader.ranges_changed(new)
-        self._ticker.wake()
         log.info(
             "reminder ranges changed name=%s ranges=%d new=%d resident=%d",
             self._name,
@@ -222,7 +220,7 @@ class ReminderService:
         return ReminderServiceStats(
             bucket_size=w.capacity,
             loaded=w.queued,
-            queued=d.queued,
+            queued=len(w.lanes),
             in_flight=d.in_flight,
             resident=len(w),
             high_water=w.high_water,
@@ -233,9 +231,9 @@ class ReminderService:
             # The repair pass skips rows in place: each one was missed and skipped.
             missed=dl.missed + ld.repaired,
             skipped=dl.skipped + ld.repaired,
-            notified=dl.notified,
+            notified=self._notifier.notified,
             repaired=ld.repaired,
-            cas_conflicts=dl.cas_conflicts,
+            cas_conflicts=w.cas_conflicts,
             persisted=p.written,
             persist_failures=p.failures,
             refills=ld.refills,

@@ -11,32 +11,38 @@ goes through it, so the rules below hold for every stored row:
 * a cron's slots are never closer than ``options.minimum_period``;
 * the name is non-empty, at most ``options.max_name_length`` characters, and
   free of ``|`` (the storage key separator) and line breaks;
+* the grain's canonical id (type and key) is at most ``MAX_GRAIN_ID_LENGTH``
+  characters; a cron expression at most ``MAX_CRON_LENGTH`` and a zone name
+  at most ``MAX_ZONE_LENGTH`` (``schedule``), so no row is costly to parse for
+  every silo that comes to own it;
 * the priority is an ``int`` in -128..127 (``bool`` is refused);
 * the action is a ``MissedReminderAction``.
 
 Anything else raises ``ReminderError`` saying what is wrong and how to fix it.
 Times are stored with millisecond precision, so ``start_at``, ``next_due`` and
 ``period`` are truncated to whole milliseconds here, once.
-
-``advance`` computes where a row goes after a delivered tick.
 """
 
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, ReminderPriority
-from orleanspy.reminders.schedule import Schedule, cron_schedule, parse_zone
+from orleanspy.reminders.schedule import cron_schedule, parse_zone
 
-__all__ = ["PRIORITY_MAX", "PRIORITY_MIN", "advance", "new_entry"]
+__all__ = ["MAX_GRAIN_ID_LENGTH", "PRIORITY_MAX", "PRIORITY_MIN", "new_entry"]
 
 PRIORITY_MIN = -128
 PRIORITY_MAX = 127
+#: Ticks are scheduled before this instant (tables index due times up to 2527).
+LATEST_TICK = datetime(2500, 1, 1, tzinfo=UTC)
+#: Longest canonical grain id (``type/tagged key``) a reminder row may have.
+MAX_GRAIN_ID_LENGTH = 1024
 
 _MS = timedelta(milliseconds=1)
 _FORBIDDEN_IN_NAME = ("|", "\n", "\r")
@@ -85,6 +91,15 @@ def _check_name(name: str, options: ReminderOptions) -> None:
         )
 
 
+def _check_grain(grain_id: GrainId) -> None:
+    size = len(grain_id.canonical)
+    if size > MAX_GRAIN_ID_LENGTH:
+        raise ReminderError(
+            f"grain id of {grain_id.type_name} is {size} characters long; reminders accept "
+            f"at most {MAX_GRAIN_ID_LENGTH} (MAX_GRAIN_ID_LENGTH): use a shorter grain key"
+        )
+
+
 def _check_priority(priority: int) -> None:
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ReminderError(
@@ -100,9 +115,13 @@ def _check_priority(priority: int) -> None:
 
 def _start(now: datetime, due: timedelta) -> datetime:
     try:
-        return _truncate_ms(now + due)
-    except OverflowError as exc:
-        raise ReminderError(f"due of {due} puts the first tick beyond the year 9999") from exc
+        start = _truncate_ms(now + due)
+    except OverflowError:
+        start = None
+    if start is None or start >= LATEST_TICK:
+        # Tables index due times as ms below 2**44 (the year 2527).
+        raise ReminderError(f"due of {due} puts the first tick beyond the year 2500")
+    return start
 
 
 def new_entry(
@@ -133,6 +152,7 @@ def new_entry(
     if now.tzinfo is None:
         raise ValueError("now must be a timezone-aware datetime")
     _check_name(name, options)
+    _check_grain(grain_id)
     _check_priority(priority)
     if not isinstance(action, MissedReminderAction):
         raise ReminderError(
@@ -196,21 +216,3 @@ def new_entry(
         priority=int(priority),
         action=action,
     )
-
-
-def advance(
-    entry: ReminderEntry, schedule: Schedule, *, fired_slot: datetime, now: datetime
-) -> datetime:
-    """The row's ``next_due`` after the tick for ``fired_slot`` was delivered at ``now``.
-
-    Always ``schedule.next_after(fired_slot)``: the next slot of the grid (or of
-    the cron expression) counted from the scheduled slot, not from the delivery
-    time, so late deliveries never make the schedule drift. If that slot is
-    already in the past, it is returned anyway: the service finds the row late
-    on its next pass and applies the row's missed-tick ``action`` there, which
-    is the one place that decides between catch-up, skip and notify. ``entry``
-    and ``now`` are part of the contract so that policy can move here without
-    changing callers; they do not affect the result today.
-    """
-    del entry, now
-    return schedule.next_after(fired_slot)

@@ -10,7 +10,19 @@ Lost races are values, not exceptions: a CAS against a stale etag returns
 (``StorageUnavailableError``) or misbehaving (``StorageError``).
 
 Timestamps go in and come out as timezone-aware UTC datetimes, stored with
-millisecond precision.
+millisecond precision. Every field of ``ReminderEntry`` round-trips, including
+``declared`` (whether a ``@register_reminder`` declaration created the row);
+``ReminderEntry.to_record``/``from_record`` give a storage form of plain values.
+
+The due order. ``read_due`` (and ``upcoming``, which is ``read_due`` over the
+whole ring) answers with the rows of the range whose ``next_due <= before``,
+ordered by ``priority`` *descending* (the higher int first: CRITICAL=100 before
+NORMAL=0 before BACKGROUND=-100; any int in -128..127), then by ``next_due``
+ascending, at most ``limit`` of them. So the answer is always a prefix of that
+order: no row left out comes before a row returned. Ties in
+``(priority, next_due)`` come back in a stable but unspecified order. This is
+what lets the service hold the highest-priority rows first when the due
+backlog is larger than its window, without reading the whole backlog.
 """
 
 from __future__ import annotations
@@ -24,7 +36,13 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
 
-__all__ = ["BatchingReminderTable", "ChangeFeed", "ReminderTable"]
+__all__ = [
+    "BatchingReminderTable",
+    "BulkReminderTable",
+    "ChangeFeed",
+    "ConditionalReminderTable",
+    "ReminderTable",
+]
 
 
 @runtime_checkable
@@ -54,7 +72,10 @@ class ReminderTable(Protocol):
 
         The ``etag`` of ``entry`` is ignored. Returns the row's new etag, distinct
         from every etag the row had before (parallel upserts of one key each get
-        their own). Publishes a change with the row's ``next_due``.
+        their own). Publishes a change with the row's ``next_due`` *and its
+        priority* (``ReminderChange.priority``): that is how the service tells a
+        registration or management write of a row it holds (a new priority,
+        action or schedule to apply at once) from the echo of a schedule CAS.
         """
         ...
 
@@ -72,10 +93,12 @@ class ReminderTable(Protocol):
         ...
 
     async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
-        """Rows in ``r`` with ``next_due <= before``, earliest ``next_due`` first,
-        at most ``limit``. Answered from the due index: the cost grows with the
-        rows returned (and those due in overlapping shards), never with the table.
-        Ties in ``next_due`` come back in a stable but unspecified order."""
+        """Rows in ``r`` with ``next_due <= before``, in the due order (module
+        docstring: priority descending, then ``next_due`` ascending), at most
+        ``limit``. Answered from the due index: the cost grows with the rows
+        returned, those due in overlapping shards and the priorities present,
+        never with the table. Ties in ``(priority, next_due)`` come back in a
+        stable but unspecified order."""
         ...
 
     async def update_schedule(
@@ -89,14 +112,15 @@ class ReminderTable(Protocol):
         """Compare-and-swap ``next_due``/``last_fire`` on the row.
 
         Returns the new etag, or ``None`` if the row is gone or its etag is not
-        ``etag`` (another writer moved it). Publishes a change on success.
+        ``etag`` (another writer moved it). Publishes a change on success, with
+        ``priority`` left ``None``.
         """
         ...
 
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if it exists and its etag is ``etag``; ``True`` if deleted.
 
-        Publishes a change with ``next_due=None`` on success."""
+        Publishes a change with ``next_due=None`` (and ``priority`` ``None``) on success."""
         ...
 
     async def count(self) -> int:
@@ -104,8 +128,8 @@ class ReminderTable(Protocol):
         ...
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
-        """Rows across the whole ring with ``next_due <= before``, earliest first,
-        at most ``limit`` (uses the due index)."""
+        """``read_due`` over the whole ring: rows with ``next_due <= before`` in the
+        due order (priority descending, then ``next_due``), at most ``limit``."""
         ...
 
     def changes(self) -> ChangeFeed:
@@ -129,4 +153,37 @@ class BatchingReminderTable(ReminderTable, Protocol):
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
         """``update_schedule`` for each update, in order, as one batch; each result
         is the new etag or ``None`` (lost race), exactly as for single calls."""
+        ...
+
+
+@runtime_checkable
+class ConditionalReminderTable(ReminderTable, Protocol):
+    """A table that can write a whole row on a condition (optional).
+
+    Start-up registration of ``@register_reminder`` declarations uses it so
+    that silos starting together create or update each row exactly once; on
+    a table without it they fall back to ``upsert`` (the rows still end up as
+    declared, possibly written once per silo).
+    """
+
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``upsert`` if the row is absent (``expected_etag`` is ``None``) or its
+        etag is ``expected_etag``; returns the new etag, or ``None`` (nothing
+        written, nothing published) when the condition does not hold. Publishes
+        like ``upsert`` on success."""
+        ...
+
+
+@runtime_checkable
+class BulkReminderTable(ReminderTable, Protocol):
+    """A table that can upsert many rows in one round trip (optional).
+
+    ``ReminderRegistry.register_many`` uses it to seed or migrate a table; it
+    falls back to concurrent ``upsert`` calls otherwise.
+    """
+
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        """``upsert`` each entry, in order, as one batch; the new etags in order.
+        Not a transaction: after a ``StorageUnavailableError`` some may have been
+        written (upserting them again is harmless)."""
         ...

@@ -25,10 +25,12 @@ import logging
 import re
 from collections import deque
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy._retry import Backoff
 from orleanspy.errors import ConfigurationError, StorageError
 from orleanspy.serialization import pack
 from orleanspy.streams.provider import (
@@ -46,8 +48,8 @@ _BATCH = 100
 # Below connect()'s 10 s socket timeout, so an idle blocking read is never
 # mistaken for a dead connection.
 _BLOCK_MS = 1_000
-_BACKOFF_FIRST = 0.05
-_BACKOFF_MAX = 2.0
+_BACKOFF_FIRST = timedelta(milliseconds=50)
+_BACKOFF_MAX = timedelta(seconds=2)
 _ID = re.compile(r"\d+(-\d+)?")
 
 
@@ -90,7 +92,7 @@ class _RedisSubscription:
         self._buffer: deque[StreamItem] = deque()
         self._closed = False
         self._inflight: asyncio.Task[None] | None = None
-        self._delay = _BACKOFF_FIRST
+        self._backoff = Backoff(_BACKOFF_FIRST, _BACKOFF_MAX)
         self._failing = False
 
     def __aiter__(self) -> Self:
@@ -164,15 +166,14 @@ class _RedisSubscription:
                     exc,
                 )
                 self._failing = True
-            await asyncio.sleep(self._delay)
-            self._delay = min(self._delay * 2, _BACKOFF_MAX)
+            await asyncio.sleep(self._backoff.next())
             return
         if self._failing:
             _log.info(
                 "stream subscription resumed stream=%s after=%s", self._stream, self._position
             )
             self._failing = False
-            self._delay = _BACKOFF_FIRST
+            self._backoff.reset()
         for entry_id, data in _xread_entries(reply):
             self._position = entry_id
             decoded = None if data is None else decode_item(self._stream, entry_id, data)

@@ -103,9 +103,20 @@ class RedisServer:
             self._proc.wait(10)
         self._proc = None
 
+    def freeze(self) -> None:
+        """SIGSTOP the server: connections stay open, nothing is answered."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT a frozen server: it works off what queued up meanwhile."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         """Terminate the server politely and wait for it."""
         if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)  # a frozen server cannot stop
             self._proc.terminate()
             try:
                 self._proc.wait(10)

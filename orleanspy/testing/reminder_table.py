@@ -23,7 +23,9 @@ A failed check raises ``AssertionError`` saying what was expected. The checks
 cover Orleans' ``ReminderTableTestsBase`` (parallel upserts, remove with stale,
 wrong and right etag, range reads with random bounds over 1,000 rows including
 wrap-around) and the parts orleanspy adds: the due index, schedule CAS (single
-and batched, when the table is a ``BatchingReminderTable``), ``upcoming``,
+and batched, when the table is a ``BatchingReminderTable``), ``upsert_if`` (when
+the table is a ``ConditionalReminderTable``), ``upsert_many`` (when it is a
+``BulkReminderTable``), ``upcoming``,
 ``count``, the change feed and a field-by-field round trip. Rows are written with
 the table's ``service_id`` attribute when it has one.
 """
@@ -48,7 +50,13 @@ from orleanspy.reminders.model import (
     ReminderPriority,
     ScheduleUpdate,
 )
-from orleanspy.reminders.table import BatchingReminderTable, ChangeFeed, ReminderTable
+from orleanspy.reminders.table import (
+    BatchingReminderTable,
+    BulkReminderTable,
+    ChangeFeed,
+    ConditionalReminderTable,
+    ReminderTable,
+)
 from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = [
@@ -125,9 +133,21 @@ async def _upsert_all(table: ReminderTable, entries: list[ReminderEntry]) -> dic
     return etags
 
 
+_PRIORITIES: Final = (
+    ReminderPriority.CRITICAL,
+    ReminderPriority.NORMAL,
+    ReminderPriority.NORMAL,
+    ReminderPriority.BACKGROUND,
+    127,
+    -128,
+    5,
+)
+
+
 def _bulk_entries(table: ReminderTable, rng: random.Random, n: int) -> list[ReminderEntry]:
     """``n`` rows over many grains (two names on some), with next_due spread over
-    two hours at millisecond precision and some exact ties."""
+    two hours at millisecond precision and some exact ties, in several priorities
+    (the named ones most, the extremes -128 and 127 too)."""
     entries: list[ReminderEntry] = []
     for i in range(n):
         gid = GrainId("ContractGrain", i // 2 if i % 3 else f"k{i}")
@@ -135,8 +155,14 @@ def _bulk_entries(table: ReminderTable, rng: random.Random, n: int) -> list[Remi
             due = _T0 + timedelta(minutes=rng.randrange(0, 120))
         else:
             due = _T0 + timedelta(milliseconds=rng.randrange(0, 2 * 3600 * 1000))
-        entries.append(_entry(table, gid, f"r{i}", due=due))
+        priority = int(rng.choice(_PRIORITIES))
+        entries.append(_entry(table, gid, f"r{i}", due=due, priority=priority))
     return entries
+
+
+def _due_order(e: ReminderEntry) -> tuple[int, datetime]:
+    """The contract's due order: priority descending, then next_due ascending."""
+    return (-int(e.priority), e.next_due)
 
 
 def _check_due_answer(
@@ -148,8 +174,9 @@ def _check_due_answer(
     before: datetime,
     limit: int,
 ) -> None:
-    """``got`` must be the ``limit`` earliest rows of ``pool`` in ``r`` due by
-    ``before``, earliest first (any order, and any choice, among ties)."""
+    """``got`` must be the first ``limit`` rows of ``pool`` in ``r`` due by
+    ``before`` in the due order: priority descending, then next_due ascending
+    (any order, and any choice, among ties of both)."""
     qualifying = [e for e in pool if (r is None or e.hash in r) and e.next_due <= before]
     keys = {e.key for e in qualifying}
     got_keys = [e.key for e in got]
@@ -160,14 +187,21 @@ def _check_due_answer(
         f"{what} {r} before={before} limit={limit}: "
         f"{len(got)} rows, expected {min(limit, len(qualifying))}"
     )
-    dues = [e.next_due for e in got]
-    assert dues == sorted(dues), f"{what}: rows not in next_due order"
+    order = [_due_order(e) for e in got]
+    assert order == sorted(order), (
+        f"{what}: rows not in the due order (priority descending, then next_due)"
+    )
     if got and len(got) < len(qualifying):
         left = {e.key for e in qualifying} - set(got_keys)
-        earliest_left = min(e.next_due for e in qualifying if e.key in left)
-        assert dues[-1] <= earliest_left, (
-            f"{what}: returned a row due {dues[-1]} while one due {earliest_left} was left out"
+        first_left = min(_due_order(e) for e in qualifying if e.key in left)
+        assert order[-1] <= first_left, (
+            f"{what}: returned a row of (priority, due) ({-order[-1][0]}, {order[-1][1]}) "
+            f"while one of ({-first_left[0]}, {first_left[1]}) was left out"
         )
+    # The brute-force answer, compared as (priority, due) pairs (ties may pick
+    # different rows).
+    want = sorted(_due_order(e) for e in qualifying)[: len(got)]
+    assert order == want, f"{what}: answer differs from the brute-force due order"
 
 
 async def _next_change(it: AsyncIterator[ReminderChange]) -> ReminderChange:
@@ -307,6 +341,7 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
                 due=at,
                 action=MissedReminderAction.SKIP,
             ),
+            _entry(table, GrainId("RoundTrip", "decl"), "declared", due=at, declared=True),
         ]
         for e in variants:
             etag = await table.upsert(e)
@@ -315,6 +350,60 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
             assert got == expected, f"round trip changed the row:\n got {got}\nwant {expected}"
             assert got.next_due.tzinfo is not None and got.next_due.utcoffset() == timedelta(0)
             assert got.next_due == from_ms(to_ms(e.next_due)), "next_due not kept to the ms"
+        # A schedule CAS keeps the fields it does not set, ``declared`` included.
+        declared = await table.read(GrainId("RoundTrip", "decl"), "declared")
+        assert declared is not None and declared.etag is not None
+        moved = at + timedelta(minutes=1)
+        assert await table.update_schedule(
+            declared.grain_id, declared.name, declared.etag, moved, at
+        )
+        again = await table.read(declared.grain_id, declared.name)
+        assert again is not None and again.declared, "update_schedule lost the declared flag"
+
+
+async def check_upsert_if(factory: TableFactory) -> None:
+    """``upsert_if`` (a ``ConditionalReminderTable``) writes only on its condition:
+    absent for ``None``, else the current etag; concurrent inserts of one row
+    make exactly one winner. Skipped for tables without it."""
+    async with factory() as table:
+        if not isinstance(table, ConditionalReminderTable):
+            return
+        gid = GrainId("ContractGrain", "cond")
+        first = _entry(table, gid, "c", due=_T0)
+        etag = await table.upsert_if(first, None)
+        assert etag is not None, "insert into an empty slot failed"
+        assert await table.upsert_if(first, None) is None, "insert over an existing row"
+        moved = replace(first, next_due=_T0 + timedelta(hours=1), priority=9)
+        assert await table.upsert_if(moved, "stale") is None, "replace with a wrong etag"
+        got = await table.read(gid, "c")
+        assert got == _stored(first, etag), "a refused upsert_if changed the row"
+        new_etag = await table.upsert_if(moved, etag)
+        assert new_etag is not None and new_etag != etag
+        assert await table.read(gid, "c") == _stored(moved, new_etag)
+        assert await table.upsert_if(moved, etag) is None, "the old etag still works"
+        racers = [replace(first, name="race", priority=p) for p in range(5)]
+        results = await asyncio.gather(*(table.upsert_if(e, None) for e in racers))
+        assert sum(r is not None for r in results) == 1, f"{results}: not exactly one insert"
+
+
+async def check_upsert_many(factory: TableFactory) -> None:
+    """``upsert_many`` (a ``BulkReminderTable``) writes every row as ``upsert``
+    would, with the etags in order. Skipped for tables without it."""
+    async with factory() as table:
+        if not isinstance(table, BulkReminderTable):
+            return
+        entries = [
+            _entry(table, GrainId("ContractBulk", i % 97), f"b{i}", due=_T0, priority=i % 7 - 3)
+            for i in range(600)
+        ]
+        etags = await table.upsert_many(entries)
+        assert len(etags) == len(entries), "one etag per row"
+        assert await table.count() == len(entries)
+        for e, etag in list(zip(entries, etags, strict=True))[::50]:
+            assert await table.read(e.grain_id, e.name) == _stored(e, etag)
+        due = await table.read_due(RingRange.full(), _T0, 10)
+        assert [int(e.priority) for e in due] == [3] * 10, "bulk rows missing from the due index"
+        assert await table.upsert_many([]) == []
 
 
 async def check_remove_checks_the_etag(factory: TableFactory) -> None:
@@ -437,8 +526,9 @@ async def check_read_range_random_bounds(factory: TableFactory) -> None:
 
 
 async def check_read_due_against_brute_force(factory: TableFactory) -> None:
-    """``read_due`` returns the earliest due rows of the range, in order, at most
-    ``limit``, for random ranges (wrapping too), cut-offs and limits."""
+    """``read_due`` returns the first due rows of the range in the due order
+    (priority descending, then next_due), at most ``limit``, for random ranges
+    (wrapping too), cut-offs and limits, checked against brute force."""
     rng = random.Random(4242)
     async with factory() as table:
         entries = _bulk_entries(table, rng, _BULK)
@@ -546,9 +636,11 @@ async def check_changes_feed(factory: TableFactory) -> None:
             await _prime(table, second)
             gid = GrainId("ContractGrain", "feed")
             due = _T0 + timedelta(minutes=3)
-            etag = await table.upsert(_entry(table, gid, "n", due=due))
+            etag = await table.upsert(_entry(table, gid, "n", due=due, priority=-7))
             for it in (first, second):
-                assert await _next_change(it) == ReminderChange(gid, "n", due), "upsert change"
+                change = await _next_change(it)
+                assert change == ReminderChange(gid, "n", due), "upsert change"
+                assert change.priority == -7, "an upsert's change must carry the row's priority"
             moved = _T0 + timedelta(minutes=9)
             assert await table.update_schedule(gid, "n", "stale", _T0, None) is None
             assert await table.remove(gid, "n", "stale") is False
@@ -556,10 +648,14 @@ async def check_changes_feed(factory: TableFactory) -> None:
             assert new_etag is not None
             for it in (first, second):
                 # The lost races above must not have published anything.
-                assert await _next_change(it) == ReminderChange(gid, "n", moved), "CAS change"
+                change = await _next_change(it)
+                assert change == ReminderChange(gid, "n", moved), "CAS change"
+                assert change.priority is None, "a schedule CAS's change carries no priority"
             assert await table.remove(gid, "n", new_etag) is True
             for it in (first, second):
-                assert await _next_change(it) == ReminderChange(gid, "n", None), "remove change"
+                change = await _next_change(it)
+                assert change == ReminderChange(gid, "n", None), "remove change"
+                assert change.priority is None, "a removal's change carries no priority"
             if isinstance(table, BatchingReminderTable):
                 etag = await table.upsert(_entry(table, gid, "b", due=due))
                 assert await _next_change(first) == ReminderChange(gid, "b", due)
@@ -590,6 +686,8 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_read_and_read_grain,
     check_round_trip_every_field,
     check_remove_checks_the_etag,
+    check_upsert_if,
+    check_upsert_many,
     check_update_schedule_cas,
     check_update_schedule_many,
     check_read_range_random_bounds,

@@ -136,7 +136,7 @@ async def test_redis_rows_land_in_the_shard_of_their_top_hash_bits(redis_url: st
         assert await client.hexists(f"orleanspy:svc:rem:{tag}:rows", f"{gid.canonical}|r")
         assert await client.zscore(
             f"orleanspy:svc:rem:{tag}:due", f"{gid.uniform_hash():08x}|{gid.canonical}|r"
-        ) == float(int(T0.timestamp() * 1000))
+        ) == float(127 * 2**44 + int(T0.timestamp() * 1000))  # NORMAL's lane, then due
         assert await client.zscore(f"orleanspy:svc:rem:{tag}:grain", f"{gid.canonical}|r") == 0
 
 

@@ -210,7 +210,7 @@ def test_cron_in_zone_returns_utc() -> None:
     assert slot.utcoffset() == timedelta(0)
 
 
-# -- DST (croniter 7 behaviour, documented in the module docstring) ---------------------
+# -- DST (cron's own rule, documented in the module docstring and decisions.md) -------
 
 
 def test_dst_berlin_spring_forward_fires_once_at_three_oclock() -> None:
@@ -234,17 +234,62 @@ def test_dst_berlin_spring_forward_collapses_slots_inside_the_gap() -> None:
     ]
 
 
-def test_dst_berlin_fall_back_fires_twice() -> None:
+def test_dst_berlin_fall_back_fixed_time_job_fires_once() -> None:
     schedule = CronSchedule("0 30 2 * * *", "Europe/Berlin")
-    slots = take(schedule, utc(2024, 10, 26, 12), 3)
+    slots = take(schedule, utc(2026, 10, 24, 12), 3)
     assert slots == [
-        utc(2024, 10, 27, 0, 30),  # 02:30 CEST
-        utc(2024, 10, 27, 1, 30),  # 02:30 CET, the repeated hour
-        utc(2024, 10, 28, 1, 30),
+        utc(2026, 10, 25, 0, 30),  # 02:30 CEST; not again at 02:30 CET
+        utc(2026, 10, 26, 1, 30),
+        utc(2026, 10, 27, 1, 30),
     ]
-    assert [s.astimezone(BERLIN).strftime("%H:%M %Z") for s in slots[:2]] == [
-        "02:30 CEST",
-        "02:30 CET",
+    assert slots[0].astimezone(BERLIN).strftime("%H:%M %Z") == "02:30 CEST"
+
+
+def test_dst_berlin_fall_back_wildcard_job_follows_elapsed_time() -> None:
+    schedule = CronSchedule("0 */15 * * * *", "Europe/Berlin")
+    slots = take(schedule, utc(2026, 10, 24, 23, 50), 10)
+    # Every 15 minutes of real time, through both passes of 02:00-03:00.
+    assert slots == [utc(2026, 10, 25, 0) + timedelta(minutes=15 * i) for i in range(10)]
+    local = [s.astimezone(BERLIN).strftime("%H:%M%Z") for s in slots[3:6]]
+    assert local == ["02:45CEST", "02:00CET", "02:15CET"]
+
+
+def test_dst_berlin_spring_forward_wildcard_job_skips_the_missing_hour() -> None:
+    schedule = CronSchedule("0 */15 * * * *", "Europe/Berlin")
+    slots = take(schedule, utc(2026, 3, 29, 0, 40), 3)
+    assert slots == [utc(2026, 3, 29, 0, 45), utc(2026, 3, 29, 1, 0), utc(2026, 3, 29, 1, 15)]
+    assert slots[1].astimezone(BERLIN).strftime("%H:%M") == "03:00"
+
+
+LORD_HOWE = ZoneInfo("Australia/Lord_Howe")
+
+
+def test_dst_lord_howe_half_hour_shift() -> None:
+    # 2026-04-05 02:00 LHDT (+11) -> 01:30 LHST (+10:30): 01:30-02:00 repeats.
+    fall = CronSchedule("0 45 1 * * *", "Australia/Lord_Howe")
+    assert take(fall, utc(2026, 4, 4), 2) == [
+        utc(2026, 4, 4, 14, 45),  # 01:45 +11 on the 5th, once
+        utc(2026, 4, 5, 15, 15),  # 01:45 +10:30 on the 6th
+    ]
+    every20 = CronSchedule("0 */20 * * * *", "Australia/Lord_Howe")
+    slots = take(every20, utc(2026, 4, 4, 14), 4)
+    assert slots == [
+        utc(2026, 4, 4, 14, 20),  # 01:20 +11
+        utc(2026, 4, 4, 14, 40),  # 01:40 +11
+        utc(2026, 4, 4, 15, 10),  # 01:40 +10:30, the repeated half hour
+        utc(2026, 4, 4, 15, 30),  # 02:00 +10:30
+    ]
+    assert [s.astimezone(LORD_HOWE).strftime("%H:%M") for s in slots] == [
+        "01:20",
+        "01:40",
+        "01:40",
+        "02:00",
+    ]
+    # 2026-10-04 02:00 LHST -> 02:30 LHDT: 02:15 does not exist, it runs at 02:30.
+    spring = CronSchedule("0 15 2 * * *", "Australia/Lord_Howe")
+    assert take(spring, utc(2026, 10, 3), 2) == [
+        utc(2026, 10, 3, 15, 30),  # 02:30 +11, right after the gap
+        utc(2026, 10, 4, 15, 15),  # 02:15 +11
     ]
 
 
@@ -262,15 +307,23 @@ def test_dst_new_york_spring_forward_and_fall_back() -> None:
     ]
     fall = CronSchedule("0 30 1 * * *", "America/New_York")
     assert take(fall, utc(2024, 11, 2, 12), 3) == [
-        utc(2024, 11, 3, 5, 30),  # 01:30 EDT
-        utc(2024, 11, 3, 6, 30),  # 01:30 EST
+        utc(2024, 11, 3, 5, 30),  # 01:30 EDT, once (not again at 01:30 EST)
         utc(2024, 11, 4, 6, 30),
+        utc(2024, 11, 5, 6, 30),
+    ]
+    hourly = CronSchedule("@hourly", "America/New_York")
+    assert take(hourly, utc(2024, 11, 3, 4, 30), 3) == [
+        utc(2024, 11, 3, 5),  # 01:00 EDT
+        utc(2024, 11, 3, 6),  # 01:00 EST: a wildcard hour runs in both passes
+        utc(2024, 11, 3, 7),
     ]
 
 
 def test_dst_fresh_positioning_inside_the_repeated_hour_agrees_with_stepping() -> None:
     schedule = CronSchedule("0 30 2 * * *", "Europe/Berlin")
-    assert schedule.next_after(utc(2024, 10, 27, 0, 45)) == utc(2024, 10, 27, 1, 30)
+    # From inside either pass of the repeated hour, the next run is the next day.
+    assert schedule.next_after(utc(2024, 10, 27, 0, 45)) == utc(2024, 10, 28, 1, 30)
+    assert schedule.next_after(utc(2024, 10, 27, 1, 15)) == utc(2024, 10, 28, 1, 30)
     assert schedule.next_after(utc(2024, 10, 27, 1, 30)) == utc(2024, 10, 28, 1, 30)
 
 
@@ -293,7 +346,7 @@ def test_cron_slots_between_counts_and_honours_the_cap() -> None:
 
 def test_cron_slots_between_across_dst_counts_real_ticks() -> None:
     schedule = CronSchedule("0 30 2 * * *", "Europe/Berlin")
-    assert schedule.slots_between(utc(2024, 10, 26, 12), utc(2024, 10, 27, 12)) == 2
+    assert schedule.slots_between(utc(2024, 10, 26, 12), utc(2024, 10, 27, 12)) == 1
     assert schedule.slots_between(utc(2024, 3, 30, 12), utc(2024, 3, 31, 12)) == 1
 
 

@@ -373,7 +373,47 @@ async def test_missed_notify_publishes_and_skips(table, clock) -> None:
 
 async def test_late_tick_within_grace_is_delivered_on_its_slot(table, clock) -> None:
     await table.upsert(entry(clock, due=10, period=10, action=MissedReminderAction.SKIP))
-    await advance(clock, 25)  # slot +10 is 15 s late (< 30 s grace), slot +20 5 s late
+    await advance(clock, 18)  # slot +10 is 8 s late (< 30 s grace); +20 not yet due
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await until(lambda: len(rec.calls) == 1)
+        await advance(clock, 2)
+        await until(lambda: len(rec.calls) == 2)
+        assert rec.slots() == [START + 10 * S, START + 20 * S]
+        assert svc.stats.missed == 0
+
+
+async def test_row_loaded_several_slots_behind_after_an_outage_gets_its_action(clock) -> None:
+    # The rows fall due while the store is down, so no refill can load them. Once
+    # it is back, slots +400 to +420 have passed: inside the grace, but a burst
+    # of old ticks after an outage is what the missed-tick action is for.
+    table = FlakyTable()
+    await table.upsert(entry(clock, 1, due=400, period=10, action=MissedReminderAction.SKIP))
+    fire = MissedReminderAction.FIRE_IMMEDIATELY
+    await table.upsert(entry(clock, 2, due=400, period=10, action=fire))
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        assert svc.stats.loaded == 0  # beyond the look-ahead
+        table.down = True
+        await advance(clock, 30)  # a poll fails
+        await until(lambda: svc.stats.load_errors >= 1)
+        await advance(clock, 395)  # t=425
+        table.down = False
+        await svc.refill_now()
+        await until(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1)
+        # FIRE_IMMEDIATELY: one catch-up for +400 with +410, +420 folded in; SKIP: nothing.
+        ((caught_up, status),) = rec.calls
+        assert caught_up.grain_id.key == 2
+        assert (status.current_tick_time, status.missed_ticks) == (START + 400 * S, 2)
+        await advance(clock, 5)
+        await until(lambda: len(rec.calls) == 3)
+        assert sorted(rec.slots()[1:]) == [START + 430 * S, START + 430 * S]
+
+
+async def test_row_behind_its_grid_without_storage_trouble_is_just_late(table, clock) -> None:
+    # An overload, not an outage: both passed slots are delivered on their slots.
+    await table.upsert(entry(clock, due=10, period=10, action=MissedReminderAction.SKIP))
+    await advance(clock, 25)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
         await until(lambda: len(rec.calls) == 2)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from orleanspy._retry import Backoff
 from orleanspy.identity import GrainId
 from orleanspy.reminders._adaptive import LoadSignals, bucket_size, read_memory_load
 from orleanspy.reminders._lanes import Lanes
+from orleanspy.reminders._missed import TickPlan, plan_tick
 from orleanspy.reminders._ownership import Ownership
-from orleanspy.reminders._ticker import Backoff, plan_tick
 from orleanspy.reminders._window import DueWindow, Row, RowState
 from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
 from orleanspy.reminders.schedule import schedule_for
@@ -123,17 +124,37 @@ def test_released_rows_leave_the_heap() -> None:
 # -- ticks and lanes ---------------------------------------------------------------------
 
 
+def _plan(row: Row, now: datetime, grace: timedelta, *, reloaded: bool = False) -> TickPlan:
+    return plan_tick(row.schedule, row.entry.action, row.next_due, now, grace, reloaded=reloaded)
+
+
 def test_plan_tick_within_grace_delivers_the_slot() -> None:
-    plan = plan_tick(_row(1, 10), T0 + 35 * S, 30 * S)
+    plan = _plan(_row(1, 10), T0 + 35 * S, 30 * S)
     assert plan.deliver and not plan.missed and plan.slot == T0 + 10 * S
 
 
 def test_plan_tick_past_grace_applies_the_action() -> None:
     now = T0 + 95 * S
-    fire = plan_tick(_row(1, 10, action=MissedReminderAction.FIRE_IMMEDIATELY), now, 30 * S)
+    fire = _plan(_row(1, 10, action=MissedReminderAction.FIRE_IMMEDIATELY), now, 30 * S)
     assert (fire.deliver, fire.missed_ticks, fire.resume) == (True, 8, T0 + 100 * S)
-    skip = plan_tick(_row(1, 10, action=MissedReminderAction.SKIP), now, 30 * S)
+    skip = _plan(_row(1, 10, action=MissedReminderAction.SKIP), now, 30 * S)
     assert (skip.deliver, skip.missed_ticks, skip.resume) == (False, 9, T0 + 100 * S)
+
+
+def test_plan_tick_of_a_reloaded_row_behind_by_several_slots_applies_the_action() -> None:
+    # A row read back from the table 25 s behind its 10 s grid, inside a 30 s grace:
+    # the slots at 10, 20 and 30 s have passed, so they count as missed.
+    now = T0 + 35 * S
+    row = _row(1, 10, action=MissedReminderAction.SKIP)
+    assert _plan(row, now, 30 * S).deliver  # a held row: late but on time
+    skip = _plan(row, now, 30 * S, reloaded=True)
+    assert (skip.deliver, skip.missed_ticks, skip.resume) == (False, 3, T0 + 40 * S)
+    fire = _plan(
+        _row(1, 10, action=MissedReminderAction.FIRE_IMMEDIATELY), now, 30 * S, reloaded=True
+    )
+    assert (fire.deliver, fire.missed_ticks, fire.slot) == (True, 2, T0 + 10 * S)
+    # Behind by less than one period: an ordinary late tick.
+    assert _plan(row, T0 + 15 * S, 30 * S, reloaded=True).deliver
 
 
 def test_lanes_take_critical_first() -> None:

@@ -28,6 +28,7 @@ from orleanspy import grain as grain_module
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.registry import Registration
 from orleanspy.reminders.spec import new_entry
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM
 from orleanspy.testing.clock import ManualClock
@@ -279,28 +280,77 @@ async def test_declared_reminders_are_created_at_start_without_activation(
         assert catalog.get(gid) is not None
 
 
-async def test_declared_reminders_leave_existing_rows_alone(
+async def test_declarations_are_register_or_update(
     clock: ManualClock, declared_grain: type[Grain]
 ) -> None:
     table = InMemoryReminderTable("default")
-    gid = GrainId("test_silo_reminders.Declared", "k1")
-    existing = new_entry(
-        service_id="default",
-        grain_id=gid,
-        name="soon",
-        now=clock.now(),
-        options=REMINDERS,
-        due=timedelta(hours=2),
-        period=timedelta(hours=3),
-    )
-    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table) as silo:
+    k1 = GrainId("test_silo_reminders.Declared", "k1")
+    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table):
         pass  # the first start creates every declared row
-    etag = await table.upsert(existing)
-    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table) as silo:
-        row = await table.read(gid, "soon")
-        assert row is not None
-        assert row.etag == etag and row.period == timedelta(hours=3)
-        assert await silo.client.reminders.count_all() == 4
+    first = {r.name: r for r in await table.read_grain(k1)}
+    assert set(first) == {"daily", "soon"} and all(r.declared for r in first.values())
+    # A row registered from code, and a declared row changed behind the declaration.
+    await table.upsert(
+        new_entry(
+            service_id="default",
+            grain_id=k1,
+            name="from-code",
+            now=clock.now(),
+            options=REMINDERS,
+            period=timedelta(hours=1),
+        )
+    )
+    await table.upsert(replace(first["soon"], period=timedelta(hours=3)))
+    await clock.advance(10 * S)
+    async with Silo.local(_options(declared_grain), clock=clock, reminder_table=table):
+        pass
+    second = {r.name: r for r in await table.read_grain(k1)}
+    # Unchanged: untouched (same etag, next_due, last_fire). Changed: declared again.
+    assert second["daily"] == first["daily"]
+    assert second["soon"].period == 60 * S and second["soon"].declared
+    assert second["soon"].next_due == clock.now() + 5 * S
+    assert not second["from-code"].declared
+
+    # The next version of the class: "daily" is gone, "soon" changes priority
+    # only, "extra" is new and declared for key k9 alone.
+    grain_module._registry.pop("test_silo_reminders.Declared", None)
+
+    @register_reminder("extra", cron="0 0 9 * * *", tz="Europe/Berlin", keys=["k9"])
+    @register_reminder("soon", due=5, period=60, priority=ReminderPriority.CRITICAL)
+    class DeclaredGrainV2(
+        Grain, Remindable, type_name="test_silo_reminders.Declared", reminder_keys=("k1", "k2")
+    ):
+        async def receive_reminder(self, name: str, status: TickStatus) -> None:
+            TICKS.append((self.grain_key, name, status))
+
+    await clock.advance(10 * S)
+    async with Silo.local(_options(DeclaredGrainV2), clock=clock, reminder_table=table):
+        pass
+    third = {r.name: r for r in await table.read_grain(k1)}
+    assert set(third) == {"soon", "from-code"}, "the row of a removed declaration stayed"
+    assert third["soon"].priority == ReminderPriority.CRITICAL
+    assert third["soon"].next_due == second["soon"].next_due, "a priority change re-anchored"
+    assert third["from-code"] == second["from-code"], "a row registered from code was touched"
+    assert [r.name for r in await table.read_grain(GrainId(k1.type_name, "k2"))] == ["soon"]
+    (extra,) = await table.read_grain(GrainId(k1.type_name, "k9"))
+    assert extra.name == "extra" and extra.cron == "0 0 9 * * *" and extra.declared
+
+
+async def test_bad_declaration_names_its_class_and_reminder(clock: ManualClock) -> None:
+    @register_reminder("nightly", cron="0 0 25 * * *")
+    class BadlyDeclared(Grain, Remindable, type_name="test_silo_reminders.BadlyDeclared"):
+        async def receive_reminder(self, name: str, status: TickStatus) -> None:
+            pass
+
+    try:
+        with pytest.raises(
+            ReminderError,
+            match=r"register_reminder\('nightly'\) on .*BadlyDeclared",
+        ):
+            async with Silo.local(_options(BadlyDeclared), clock=clock):
+                pass
+    finally:
+        grain_module._registry.pop("test_silo_reminders.BadlyDeclared", None)
 
 
 async def test_management_grain_operations(silo: Silo, clock: ManualClock) -> None:
@@ -383,3 +433,30 @@ async def test_notify_publishes_missed_reminder_on_the_stream(clock: ManualClock
         await svc.wait_persisted()
         stored = await table.read(gid, "n")
         assert stored is not None and stored.next_due == event.next_due
+
+
+async def test_register_many_writes_every_row_and_the_service_ticks_them(
+    silo: Silo, clock: ManualClock
+) -> None:
+    registry = silo.dispatcher.reminders
+    regs = [
+        Registration(GrainId("test_silo_reminders.Tick", f"bulk{i}"), "r", due=5, period=60)
+        for i in range(1200)
+    ]
+    assert await registry.register_many(regs, batch=256) == 1200
+    assert await silo.client.reminders.count_all() == 1200
+    await _loaded(silo, 64)  # the window (64 rows) filled from the local hints
+    await clock.advance(5 * S)
+    await until(lambda: len(_ticks("r")) >= 64)
+
+
+async def test_register_many_validates_everything_before_writing(silo: Silo) -> None:
+    registry = silo.dispatcher.reminders
+    regs = [Registration(GrainId("test_silo_reminders.Tick", i), "r", period=60) for i in range(10)]
+    regs.insert(7, Registration(GrainId("test_silo_reminders.Tick", "x"), "r", period=60, cron="*"))
+    with pytest.raises(ReminderError, match=r"registration #7 .* exactly one of period"):
+        await registry.register_many(regs)
+    plain = [Registration(GrainId("test_silo_reminders.Plain", 1), "r", period=60)]
+    with pytest.raises(ReminderError, match="cannot have reminders"):
+        await registry.register_many(plain)
+    assert await silo.client.reminders.count_all() == 0

@@ -1,4 +1,4 @@
-"""Registration validation (new_entry) and the next slot after a tick (advance)."""
+"""Registration validation (new_entry) and the next slot after a tick."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, ReminderPriority
 from orleanspy.reminders.schedule import CronSchedule, IntervalSchedule, schedule_for
-from orleanspy.reminders.spec import advance, new_entry
+from orleanspy.reminders.spec import new_entry
 
 NOW = datetime(2024, 5, 3, 12, 0, 0, 123_456, tzinfo=UTC)  # a Friday
 GRAIN = GrainId("StatsGrain", "a")
@@ -175,7 +175,13 @@ MINUTE = ReminderOptions(minimum_period=timedelta(minutes=1))
         ({"due": -math.inf, "cron": "@hourly"}, "finite"),
         ({"due": True, "period": 10}, "number of seconds"),
         ({"due": 1e30, "period": 10}, "too large"),
-        ({"due": timedelta(days=3_000_000), "period": 10}, "beyond the year 9999"),
+        ({"due": timedelta(days=3_000_000), "period": 10}, "beyond the year 2500"),
+        ({"due": timedelta(days=200_000), "period": 10}, "beyond the year 2500"),
+        ({"cron": "0 " * 200 + "*"}, "limit is 256"),
+        ({"cron": "0 0 " + ",".join(["1"] * 2_000_000) + " * * *"}, "limit is 256"),
+        ({"cron": "@hourly", "tz": "A" * 300}, "limit is 64"),
+        ({"cron": "@hourly", "tz": "Europe/" + "B" * 50}, "unknown time zone"),
+        ({"period": 10, "grain_id": GrainId("StatsGrain", "k" * 2000)}, "at most 1024"),
         ({"cron": "@hourly", "tz": "Mars/Olympus"}, "unknown time zone"),
         ({"cron": "@hourly", "tz": ""}, "IANA zone"),
         ({"period": 10, "tz": "Europe/Berlin"}, "tz applies to cron reminders only"),
@@ -208,27 +214,20 @@ def test_cron_at_exactly_the_minimum_period_is_accepted() -> None:
     assert make(cron="*/2 * * * * *", options=STRICT).next_due == utc(2024, 5, 3, 12, 0, 2)
 
 
-# -- advance ----------------------------------------------------------------------------
+# -- the next slot after a tick ----------------------------------------------------------
 
 
-def test_advance_keeps_the_interval_grid_even_when_delivered_late() -> None:
+def test_next_slot_keeps_the_interval_grid() -> None:
     entry = make(due=0, period=60)
     schedule = schedule_for(entry)
     assert isinstance(schedule, IntervalSchedule)
     fired = entry.next_due
-    on_time = advance(entry, schedule, fired_slot=fired, now=fired + timedelta(milliseconds=3))
-    assert on_time == fired + timedelta(minutes=1)
-    # Delivered 10 minutes late: the next slot is still the grid's, already past;
-    # the service applies the missed-tick action when it meets the row again.
-    late = advance(entry, schedule, fired_slot=fired, now=fired + timedelta(minutes=10))
-    assert late == fired + timedelta(minutes=1)
+    # Counted from the slot, never from a (late) delivery time.
+    assert schedule.next_after(fired) == fired + timedelta(minutes=1)
 
 
-def test_advance_on_cron_counts_from_the_slot_not_the_delivery_time() -> None:
+def test_next_cron_slot_counts_from_the_slot() -> None:
     entry = make(cron="0 0 9 * * 1-5", tz="Europe/Berlin")
     schedule = schedule_for(entry)
     assert isinstance(schedule, CronSchedule)
-    nxt = advance(
-        entry, schedule, fired_slot=entry.next_due, now=entry.next_due + timedelta(days=1, hours=1)
-    )
-    assert nxt == utc(2024, 5, 7, 7)  # Tuesday 09:00 CEST, not Wednesday
+    assert schedule.next_after(entry.next_due) == utc(2024, 5, 7, 7)  # Tuesday 09:00 CEST

@@ -1,0 +1,118 @@
+"""Bulk reminder registration (``ReminderRegistry.register_many``) beside single
+registrations, against one private redis-server, in the same run.
+
+Run: ``python -m benchmarks.bench_reminder_register [--rows 20000] [--batch 500]``.
+
+Each phase writes ``--rows`` fresh interval reminders through a
+``ReminderRegistry`` over a ``RedisReminderTable`` (validation included):
+
+- ``single, one at a time``: ``register`` awaited row after row, as a loop in
+  a grain or a script does;
+- ``single, 64 concurrent``: ``register`` with 64 calls in flight;
+- ``register_many``: pipelined batches of ``--batch`` rows (one script call per shard touched).
+
+Reported: rows per second and the speed-up over one-at-a-time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+from benchmarks._util import loop_name, print_report, ratio, run
+from orleanspy.clock import SystemClock
+from orleanspy.identity import GrainId
+from orleanspy.options import ReminderOptions
+from orleanspy.reminders.redis import RedisReminderTable
+from orleanspy.reminders.registry import Registration, ReminderRegistry
+from orleanspy.testing.redis_server import RedisServer
+
+TYPE = "BenchRegisterGrain"
+OPTIONS = ReminderOptions()
+
+
+class _Remindable:
+    remindable = True
+
+
+def _definitions(type_name: str) -> Any:
+    return _Remindable() if type_name == TYPE else None
+
+
+async def _registry(stack: AsyncExitStack, url: str, service: str) -> ReminderRegistry:
+    table = RedisReminderTable(url, service_id=service)
+    await table.start(stack)
+    return ReminderRegistry(
+        table,
+        service_id=service,
+        clock=SystemClock(),
+        options=OPTIONS,
+        definitions=_definitions,  # type: ignore[arg-type]
+    )
+
+
+def _registrations(rows: int, tag: str) -> list[Registration]:
+    return [
+        Registration(GrainId(TYPE, f"{tag}-{i}"), "r", due=60 + i % 600, period=3600)
+        for i in range(rows)
+    ]
+
+
+async def measure(url: str, rows: int, batch: int) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    async with AsyncExitStack() as stack:
+        reg = await _registry(stack, url, "bench-register-single")
+        todo = _registrations(rows, "one")
+        start = time.perf_counter()
+        for r in todo:
+            await reg.register(r.grain_id, r.name, due=r.due, period=r.period)
+        elapsed = time.perf_counter() - start
+        results.append({"mode": "single, one at a time", "rows": rows, "seconds": elapsed})
+
+        reg = await _registry(stack, url, "bench-register-concurrent")
+        todo = _registrations(rows, "conc")
+        sem = asyncio.Semaphore(64)
+
+        async def one(r: Registration) -> None:
+            async with sem:
+                await reg.register(r.grain_id, r.name, due=r.due, period=r.period)
+
+        start = time.perf_counter()
+        await asyncio.gather(*map(one, todo))
+        elapsed = time.perf_counter() - start
+        results.append({"mode": "single, 64 concurrent", "rows": rows, "seconds": elapsed})
+
+        reg = await _registry(stack, url, "bench-register-many")
+        todo = _registrations(rows, "many")
+        start = time.perf_counter()
+        written = await reg.register_many(todo, batch=batch)
+        elapsed = time.perf_counter() - start
+        assert written == rows and await reg.table.count() == rows
+        results.append({"mode": f"register_many, batch {batch}", "rows": rows, "seconds": elapsed})
+    base = rows / results[0]["seconds"]
+    for row in results:
+        row["rows_per_s"] = rows / row["seconds"]
+        row["vs_one_at_a_time"] = ratio(row["rows_per_s"], base)
+    return results
+
+
+def main(rows: int, batch: int) -> None:
+    with RedisServer() as server:
+        results = run(measure(server.url, rows, batch))
+    print_report(
+        "reminder_register",
+        results,
+        ["mode", "rows", "seconds", "rows_per_s", "vs_one_at_a_time"],
+        loop=loop_name(),
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=2000)
+    args = parser.parse_args()
+    main(args.rows, args.batch)
