@@ -35,6 +35,9 @@ _BACKOFF_MIN_S: Final = 0.05
 _BACKOFF_MAX_S: Final = 2.0
 
 _GAP: Final = object()
+# Longest first field ("4294967295:-128") and next_due ("-" and 19 digits) of a payload.
+_MAX_HEAD: Final = 15
+_MAX_DUE: Final = 20
 
 
 class PostgresChanges:
@@ -189,15 +192,35 @@ class Listener:
 
 
 def _decode(payload: str) -> object:
-    """``hash|next_due_ms|grain|name`` as a ``ReminderChange``; ``hash|!`` (a write
-    whose payload was too long to send) as ``_GAP``, so feeds re-read; ``None``
-    (logged) if malformed."""
+    """``hash[:priority]|next_due_ms|grain|name`` as a ``ReminderChange``; ``hash|!``
+    (a write whose payload was too long to send) as ``_GAP``, so feeds re-read;
+    ``None`` (logged) if malformed.
+
+    Only the first field may carry ``:priority`` (a whole-row write), an int in
+    -128..127; ``next_due`` is empty for a removal. Every field is checked
+    before use, and the short ones for length before they are converted.
+    """
     if payload.endswith("|!") and payload.count("|") == 1:
         return _GAP
     try:
-        _, due, rest = payload.split("|", 2)
-        canonical, _, name = rest.rpartition("|")
-        return ReminderChange(GrainId.parse(canonical), name, from_ms(int(due)) if due else None)
+        head, due, rest = payload.split("|", 2)
+        canonical, sep, name = rest.rpartition("|")
+        if not sep or len(head) > _MAX_HEAD or len(due) > _MAX_DUE:
+            raise ValueError("malformed fields")
+        _, colon, prio = head.partition(":")
+        priority = _priority(prio) if colon else None
+        return ReminderChange(
+            GrainId.parse(canonical), name, from_ms(int(due)) if due else None, priority
+        )
     except (ValueError, TypeError, OverflowError):
         _log.warning("reminder change ignored: malformed payload %.100r", payload)
         return None
+
+
+def _priority(text: str) -> int:
+    if not 1 <= len(text) <= 4 or not text.lstrip("-").isdigit() or not text.isascii():
+        raise ValueError(f"bad priority {text!r}")
+    priority = int(text)
+    if not -128 <= priority <= 127:
+        raise ValueError(f"priority {priority} is outside -128..127")
+    return priority

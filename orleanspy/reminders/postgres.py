@@ -8,11 +8,12 @@ One table holds every service's rows (``service_id`` leads every key)::
         bucket      smallint           grain_hash >> 24: 256 slices of the ring
         priority    smallint           -128 .. 127, higher first
         next_due    bigint             ms since the epoch (as start_at, last_fire)
+        declared    boolean            made by a @register_reminder declaration
         version     bigint             the etag; every write takes a fresh value
                                        from the sequence orleanspy_reminder_version
     index (service_id, priority, bucket, next_due)   read_due
+    index (service_id, priority, next_due)           upcoming
     index (service_id, grain_hash)                   read_range
-    index (service_id, next_due)                     upcoming
 
 ``read_due(r, before, limit)`` orders by priority (higher first), then
 ``next_due``. A loose index scan finds the priorities in use (one index
@@ -23,13 +24,17 @@ index). A range of few buckets asks each scan for ``limit`` rows; a range of
 many asks for a fair share first and then asks again only the scans that may
 hide winners (see ``read_due``). So a read looks at no row that is not due: the
 cost follows the rows returned and the buckets touched, never the rows of the
-table. A range that wraps is just more buckets.
+table. A range that wraps is just more buckets. ``upcoming`` is ``read_due`` over the
+whole ring; it skips the buckets: per priority in use, one index range scan
+of ``(service_id, priority, next_due)``.
 
 Every write is one statement: the change, checked against ``version`` where
 the contract asks for a compare-and-swap, and a ``pg_notify`` on the service's
-channel carrying ``hash|next_due_ms|grain|name`` (``next_due`` empty for a
-removal). PostgreSQL sends the notification at commit, so a listener never
-hears of a write that did not happen.
+channel carrying ``hash:priority|next_due_ms|grain|name``. ``:priority`` is
+there only for writes of a whole row (``upsert``, ``upsert_if``,
+``upsert_many``): a schedule CAS sends ``hash|next_due_ms|grain|name``, a
+removal ``hash||grain|name``. PostgreSQL sends the notification at commit, so a
+listener never hears of a write that did not happen.
 
 ``changes()`` feeds are served by one LISTEN connection per table. When that
 connection is lost the table reconnects and re-LISTENs in the background; once
@@ -61,6 +66,8 @@ _TOP: Final = HASH_SPACE - 1
 _BUCKET_SHIFT: Final = 24
 # read_due's first pass asks each scan for at least this many rows.
 _MIN_FIRST_ASK: Final = 16
+# upsert_many writes at most this many rows per statement (and commit).
+_MANY_CHUNK: Final = 1000
 # A notification payload must stay below 8000 bytes; longer ones (huge grain
 # keys) are sent as "hash|!" and make every feed re-read, losing nothing.
 _MAX_PAYLOAD: Final = 7900
@@ -99,29 +106,107 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
             FROM (SELECT h || '|' || coalesce(due::text, '') || '|' || g || '|' || n AS p) x
             $$""",
     ),
+    # v2: the declared flag; upcoming in the due order (priority first) gets an
+    # index of its own in place of (service_id, next_due); changes of whole-row
+    # writes carry the priority. The priority rides in the first field, which
+    # v1 readers skip, so silos of both versions read each other's payloads;
+    # the v1 function stays for v1 silos still writing during an upgrade.
+    (
+        "ALTER TABLE orleanspy_reminders "
+        "ADD COLUMN IF NOT EXISTS declared boolean NOT NULL DEFAULT false",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_upcoming "
+        "ON orleanspy_reminders (service_id, priority, next_due)",
+        "DROP INDEX IF EXISTS orleanspy_reminders_next_due",
+        f"""CREATE OR REPLACE FUNCTION orleanspy_reminder_notify(
+                channel text, h bigint, due bigint, g text, n text, prio smallint)
+            RETURNS void
+            LANGUAGE sql AS $$
+            SELECT pg_notify(channel, CASE WHEN octet_length(p) < {_MAX_PAYLOAD}
+                                           THEN p ELSE h || '|!' END)
+            FROM (SELECT h || coalesce(':' || prio::text, '') || '|'
+                         || coalesce(due::text, '') || '|' || g || '|' || n AS p) x
+            $$""",
+    ),
 )
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, version"
+    "last_fire, priority, action, declared, version"
 )
 
-_UPSERT: Final = """
-WITH w AS (
-    INSERT INTO orleanspy_reminders AS t (
-        service_id, grain_id, name, grain_hash, bucket, priority, start_at, next_due,
-        period_ms, cron, tz, last_fire, action, version)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13,
-            nextval('orleanspy_reminder_version'))
-    ON CONFLICT (service_id, grain_id, name) DO UPDATE SET
+# The columns a whole-row write sets, in the order of its parameters $2..$14.
+_ROW_COLUMNS: Final = (
+    "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
+    "period_ms, cron, tz, last_fire, action, declared"
+)
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14"
+_SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
-        action = EXCLUDED.action, version = EXCLUDED.version
-    RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name
+        action = EXCLUDED.action, declared = EXCLUDED.declared, version = EXCLUDED.version"""
+# Every statement writing whole rows ends with this: the notification with the
+# row's priority, for the rows written (none when a condition failed).
+_NOTIFY_ROWS: Final = """
+SELECT w.version,
+    orleanspy_reminder_notify($15, w.grain_hash, w.next_due, w.grain_id, w.name, w.priority)
+FROM w
+"""
+_RETURNING_ROW: Final = (
+    "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority"
 )
-SELECT w.version, orleanspy_reminder_notify($14, w.grain_hash, w.next_due, w.grain_id, w.name)
+
+# $1 service, $2..$14 the row (_ROW_COLUMNS), $15 channel.
+_UPSERT: Final = f"""
+WITH w AS (
+    INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
+    VALUES ($1, {_ROW_VALUES}, nextval('orleanspy_reminder_version'))
+    ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
+    {_RETURNING_ROW}
+)
+{_NOTIFY_ROWS}
+"""
+
+# upsert_if with no etag: insert only where no row is (a racing insert that
+# commits first wins; this one then writes nothing).
+_INSERT_IF_ABSENT: Final = f"""
+WITH w AS (
+    INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
+    VALUES ($1, {_ROW_VALUES}, nextval('orleanspy_reminder_version'))
+    ON CONFLICT (service_id, grain_id, name) DO NOTHING
+    {_RETURNING_ROW}
+)
+{_NOTIFY_ROWS}
+"""
+
+# upsert_if with an etag: replace the row only while its version is $16.
+_REPLACE_IF: Final = f"""
+WITH w AS (
+    UPDATE orleanspy_reminders AS t
+    SET ({_ROW_COLUMNS}, version) =
+        ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $16
+    {_RETURNING_ROW}
+)
+{_NOTIFY_ROWS}
+"""
+
+# upsert_many: $2..$14 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $15 channel.
+_UPSERT_MANY: Final = f"""
+WITH w AS (
+    INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
+    SELECT $1, u.*, nextval('orleanspy_reminder_version')
+    FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
+                $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
+                $12::bigint[], $13::smallint[], $14::boolean[]) AS u
+    ORDER BY 2, 3
+    ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
+    {_RETURNING_ROW}
+)
+SELECT w.grain_id, w.name, w.version,
+    orleanspy_reminder_notify($15, w.grain_hash, w.next_due, w.grain_id, w.name, w.priority)
 FROM w
 """
 
@@ -201,10 +286,25 @@ CROSS JOIN LATERAL (
 ) r
 """
 
+# read_due over the whole ring, without buckets: per priority in use (the
+# loose scan of _READ_DUE), the earliest due rows from the upcoming index.
 _UPCOMING: Final = f"""
-SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
-WHERE service_id = $1 AND next_due <= $2
-ORDER BY next_due, grain_hash
+WITH RECURSIVE prio(p) AS (
+    SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1
+    UNION ALL
+    SELECT (SELECT max(priority) FROM orleanspy_reminders
+            WHERE service_id = $1 AND priority < prio.p)
+    FROM prio WHERE prio.p IS NOT NULL
+)
+SELECT r.* FROM prio
+CROSS JOIN LATERAL (
+    SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
+    WHERE service_id = $1 AND priority = prio.p AND next_due <= $2
+    ORDER BY next_due, grain_hash
+    LIMIT $3
+) r
+WHERE prio.p IS NOT NULL
+ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $3
 """
 
@@ -254,6 +354,30 @@ def _ms_or_none(at: datetime | None) -> int | None:
     return None if at is None else to_ms(at)
 
 
+def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
+    """``entry`` as the values of ``_ROW_COLUMNS``, in order. A priority outside
+    -128..127 is refused (``StorageError``), as the Redis table refuses it: no
+    reader could order or announce such a row."""
+    if not -128 <= int(entry.priority) <= 127:
+        raise StorageError(f"priority {entry.priority} is outside -128..127")
+    h = entry.hash
+    return (
+        entry.grain_id.canonical,
+        entry.name,
+        h,
+        h >> _BUCKET_SHIFT,
+        int(entry.priority),
+        to_ms(entry.start_at),
+        to_ms(entry.next_due),
+        None if entry.period is None else entry.period // timedelta(milliseconds=1),
+        entry.cron,
+        entry.tz,
+        _ms_or_none(entry.last_fire),
+        int(entry.action),
+        entry.declared,
+    )
+
+
 def _row(rec: Any) -> ReminderEntry:
     try:
         period = rec["period_ms"]
@@ -271,6 +395,7 @@ def _row(rec: Any) -> ReminderEntry:
             priority=int(rec["priority"]),
             action=MissedReminderAction(rec["action"]),
             etag=str(rec["version"]),
+            declared=bool(rec["declared"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"malformed reminder row in postgresql: {exc}") from exc
@@ -286,7 +411,8 @@ def _rank(row: ReminderEntry) -> tuple[int, int]:
 
 
 class PostgresReminderTable:
-    """A ``ReminderTable`` (and ``BatchingReminderTable``) in PostgreSQL.
+    """A ``ReminderTable`` in PostgreSQL; also a ``BatchingReminderTable``,
+    ``ConditionalReminderTable`` and ``BulkReminderTable``.
 
     ``url_or_pool``: a ``postgresql://`` URL (the table opens a pool and a
     LISTEN connection, both closed with the start stack) or an ``asyncpg``
@@ -332,26 +458,69 @@ class PostgresReminderTable:
 
     async def upsert(self, entry: ReminderEntry) -> str:
         """Insert or replace the row unconditionally; returns its new etag."""
-        h = entry.hash
         with translate_errors("reminder upsert"):
             version = await self._p.fetchval(
-                _UPSERT,
-                self.service_id,
-                entry.grain_id.canonical,
-                entry.name,
-                h,
-                h >> _BUCKET_SHIFT,
-                int(entry.priority),
-                to_ms(entry.start_at),
-                to_ms(entry.next_due),
-                None if entry.period is None else entry.period // timedelta(milliseconds=1),
-                entry.cron,
-                entry.tz,
-                _ms_or_none(entry.last_fire),
-                int(entry.action),
-                self._channel,
+                _UPSERT, self.service_id, *_row_values(entry), self._channel
             )
         return str(version)
+
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
+        ``expected_etag``; the new etag, or ``None`` (nothing written, nothing
+        published) when that does not hold. One statement either way: an insert
+        that does nothing on conflict, or an update checked against ``version``."""
+        extra: tuple[int, ...] = ()
+        if expected_etag is None:
+            statement = _INSERT_IF_ABSENT
+        else:
+            version = _version(expected_etag)
+            if version is None:
+                return None
+            statement, extra = _REPLACE_IF, (version,)
+        with translate_errors("reminder upsert_if"):
+            new = await self._p.fetchval(
+                statement, self.service_id, *_row_values(entry), self._channel, *extra
+            )
+        return None if new is None else str(new)
+
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        """``upsert`` each entry, in order; their new etags in order.
+
+        One ``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO UPDATE`` per
+        round of at most ``_MANY_CHUNK`` rows. A key repeated in ``entries`` goes
+        in a later round (one statement cannot write a row twice), so the last
+        entry of a key is what stays, as with single calls. Not a transaction:
+        after a ``StorageUnavailableError`` earlier rounds have been written.
+        """
+        etags = [""] * len(entries)
+        pending = list(range(len(entries)))
+        while pending:
+            seen: set[tuple[str, str]] = set()
+            now: list[int] = []
+            later: list[int] = []
+            for i in pending:
+                key = (entries[i].grain_id.canonical, entries[i].name)
+                (later if key in seen or len(now) >= _MANY_CHUNK else now).append(i)
+                seen.add(key)
+            await self._upsert_round(entries, now, etags)
+            pending = later
+        return etags
+
+    async def _upsert_round(
+        self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
+    ) -> None:
+        columns: list[list[Any]] = [[] for _ in range(13)]
+        for i in indices:
+            for column, value in zip(columns, _row_values(entries[i]), strict=True):
+                column.append(value)
+        with translate_errors("reminder upsert_many"):
+            records = await self._p.fetch(_UPSERT_MANY, self.service_id, *columns, self._channel)
+        # Keys are unique within a round, so each returned row names its entry.
+        at = {(entries[i].grain_id.canonical, entries[i].name): i for i in indices}
+        for rec in records:
+            etags[at[(rec["grain_id"], rec["name"])]] = str(rec["version"])
+        if len(records) != len(indices):
+            raise StorageError(f"reminder upsert_many wrote {len(records)} of {len(indices)} rows")
 
     async def update_schedule(
         self,
@@ -546,13 +715,15 @@ class PostgresReminderTable:
         return rows
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
-        """Rows across the ring with ``next_due <= before``, earliest first."""
+        """``read_due`` over the whole ring: rows with ``next_due <= before``,
+        priority descending, then ``next_due`` (ties by hash, then key), at most
+        ``limit``. One index range scan per priority in use (the upcoming index)."""
         if limit <= 0:
             return []
         with translate_errors("reminder upcoming"):
             records = await self._p.fetch(_UPCOMING, self.service_id, to_ms(before), limit)
         rows = [_row(rec) for rec in records]
-        rows.sort(key=lambda row: (to_ms(row.next_due), row.hash, row.key))
+        rows.sort(key=_due_order)
         return rows
 
     async def count(self) -> int:

@@ -20,9 +20,13 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders import postgres as pg_reminders
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.reminders.postgres import PostgresReminderTable
-from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
+from orleanspy.reminders.table import (
+    BatchingReminderTable,
+    BulkReminderTable,
+    ConditionalReminderTable,
+    ReminderTable,
+)
 from orleanspy.ring import HASH_SPACE, RingRange
-from orleanspy.testing import reminder_table as kit
 from orleanspy.testing.reminder_table import REMINDER_TABLE_CHECKS
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -42,26 +46,16 @@ def factory(url: str, service_id: str = "contract") -> Any:
     return make
 
 
-# This table answers read_due priority first. A kit whose due-order helper does not
-# know priorities yet judges rewrites with random priorities by next_due alone, so
-# that one check runs only once the kit speaks of priority;
-# test_due_index_follows_rewrites_priority_first covers it until then.
-_KIT_KNOWS_PRIORITY = "priority" in (kit._check_due_answer.__doc__ or "")
-_CHECKS = [
-    c
-    for c in REMINDER_TABLE_CHECKS
-    if _KIT_KNOWS_PRIORITY or c is not kit.check_due_index_follows_rewrites
-]
-
-
-@pytest.mark.parametrize("check", _CHECKS, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("check", REMINDER_TABLE_CHECKS, ids=lambda c: c.__name__)
 async def test_contract(postgres_url: str, check: Any) -> None:
     await check(factory(postgres_url))
 
 
-def test_is_a_batching_table() -> None:
+def test_has_every_optional_capability() -> None:
     table = PostgresReminderTable("postgresql://x", service_id="s")
     assert isinstance(table, BatchingReminderTable)
+    assert isinstance(table, ConditionalReminderTable)
+    assert isinstance(table, BulkReminderTable)
 
 
 def entry(grain: GrainId, name: str = "r", due: datetime = T0, priority: int = 0) -> ReminderEntry:
@@ -161,10 +155,9 @@ async def test_schema_is_versioned_and_a_newer_schema_is_refused(postgres_url: s
         pass
     conn = await asyncpg.connect(postgres_url)
     try:
-        assert (
-            await conn.fetchval("SELECT version FROM orleanspy_schema WHERE component='reminders'")
-            == 1
-        )
+        assert await conn.fetchval(
+            "SELECT version FROM orleanspy_schema WHERE component='reminders'"
+        ) == len(pg_reminders._SCHEMA)
         await conn.execute("UPDATE orleanspy_schema SET version = 99 WHERE component='reminders'")
     finally:
         await conn.close()

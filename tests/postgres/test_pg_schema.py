@@ -36,7 +36,7 @@ async def test_providers_starting_together_create_the_schema_once(postgres_url: 
         versions = dict(await conn.fetch("SELECT component, version FROM orleanspy_schema"))
     finally:
         await conn.close()
-    assert versions == {"reminders": 1, "membership": 1, "directory": 1}
+    assert versions == {"reminders": 2, "membership": 1, "directory": 1}
 
 
 async def test_dropped_connections_are_storage_unavailable_then_recover(postgres_url: str) -> None:
