@@ -1,15 +1,24 @@
 """Bulk reminder registration (``ReminderRegistry.register_many``) beside single
 registrations, against one private redis-server, in the same run.
 
-Run: ``python -m benchmarks.bench_reminder_register [--rows 20000] [--batch 500]``.
+Run: ``python -m benchmarks.bench_reminder_register [--rows 20000] [--batch 500]
+[--backend redis|postgres]``.
 
 Each phase writes ``--rows`` fresh interval reminders through a
-``ReminderRegistry`` over a ``RedisReminderTable`` (validation included):
+``ReminderRegistry`` over a ``RedisReminderTable`` (validation included), or
+with ``--backend postgres`` over a ``PostgresReminderTable`` in a throw-away
+database on the machine's PostgreSQL (``ORLEANSPY_TEST_POSTGRES_URL``, else the
+local server):
 
 - ``single, one at a time``: ``register`` awaited row after row, as a loop in
   a grain or a script does;
 - ``single, 64 concurrent``: ``register`` with 64 calls in flight;
-- ``register_many``: pipelined batches of ``--batch`` rows (one script call per shard touched).
+- ``register_many``: pipelined batches of ``--batch`` rows (one script call per
+  shard touched on Redis; one ``INSERT ... SELECT FROM unnest`` per 1,000 rows on
+  PostgreSQL);
+- ``concurrent upserts``: the same batches as concurrent ``upsert`` calls, which is
+  what ``register_many`` does on a table without ``upsert_many`` (without the
+  registry's validation, so this baseline is a little flattered).
 
 Reported: rows per second and the speed-up over one-at-a-time.
 """
@@ -26,8 +35,13 @@ from benchmarks._util import loop_name, print_report, ratio, run
 from orleanspy.clock import SystemClock
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.reminders.registry import Registration, ReminderRegistry
+from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.table import ReminderTable
+from orleanspy.tables import table_backend
+from orleanspy.testing.postgres import PostgresDatabase
 from orleanspy.testing.redis_server import RedisServer
 
 TYPE = "BenchRegisterGrain"
@@ -43,7 +57,11 @@ def _definitions(type_name: str) -> Any:
 
 
 async def _registry(stack: AsyncExitStack, url: str, service: str) -> ReminderRegistry:
-    table = RedisReminderTable(url, service_id=service)
+    table: ReminderTable
+    if table_backend(url) == "postgres":
+        table = PostgresReminderTable(url, service_id=service)
+    else:
+        table = RedisReminderTable(url, service_id=service)
     await table.start(stack)
     return ReminderRegistry(
         table,
@@ -92,6 +110,30 @@ async def measure(url: str, rows: int, batch: int) -> list[dict[str, Any]]:
         elapsed = time.perf_counter() - start
         assert written == rows and await reg.table.count() == rows
         results.append({"mode": f"register_many, batch {batch}", "rows": rows, "seconds": elapsed})
+
+        reg = await _registry(stack, url, "bench-register-fallback")
+        todo = _registrations(rows, "fallback")
+        now = reg.clock.now()
+        entries = [
+            new_entry(
+                service_id=reg.service_id,
+                grain_id=r.grain_id,
+                name=r.name,
+                now=now,
+                options=OPTIONS,
+                due=r.due,
+                period=r.period,
+            )
+            for r in todo
+        ]
+        start = time.perf_counter()
+        for i in range(0, rows, batch):
+            await asyncio.gather(*map(reg.table.upsert, entries[i : i + batch]))
+        elapsed = time.perf_counter() - start
+        assert await reg.table.count() == rows
+        results.append(
+            {"mode": f"concurrent upserts, batch {batch}", "rows": rows, "seconds": elapsed}
+        )
     base = rows / results[0]["seconds"]
     for row in results:
         row["rows_per_s"] = rows / row["seconds"]
@@ -99,8 +141,10 @@ async def measure(url: str, rows: int, batch: int) -> list[dict[str, Any]]:
     return results
 
 
-def main(rows: int, batch: int) -> None:
-    with RedisServer() as server:
+def main(rows: int, batch: int, backend: str) -> None:
+    server: RedisServer | PostgresDatabase
+    server = PostgresDatabase() if backend == "postgres" else RedisServer()
+    with server:
         results = run(measure(server.url, rows, batch))
     print_report(
         "reminder_register",
@@ -114,5 +158,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=2000)
+    parser.add_argument("--backend", choices=("redis", "postgres"), default="redis")
     args = parser.parse_args()
-    main(args.rows, args.batch)
+    main(args.rows, args.batch, args.backend)
