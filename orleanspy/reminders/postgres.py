@@ -15,6 +15,10 @@ One table holds every service's rows (``service_id`` leads every key)::
     index (service_id, priority, next_due)           upcoming
     index (service_id, grain_hash)                   read_range
 
+The schema is versioned (``_SCHEMA``, one step per version, applied by
+``start``): version 2 added ``declared``, the upcoming index (in place of
+v1's ``(service_id, next_due)``) and the notification with a priority.
+
 ``read_due(r, before, limit)`` orders by priority (higher first), then
 ``next_due``. A loose index scan finds the priorities in use (one index
 descent each, a handful in practice), and for each priority and each bucket
