@@ -11,9 +11,12 @@ import asyncpg
 
 from orleanspy.errors import StorageUnavailableError
 from orleanspy.identity import GrainId
+from orleanspy.membership.postgres import _SCHEMA as membership_schema
 from orleanspy.membership.postgres import PostgresMembershipTable
+from orleanspy.postgres_directory import _SCHEMA as directory_schema
 from orleanspy.postgres_directory import PostgresGrainDirectory
 from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.postgres import _SCHEMA as reminders_schema
 from orleanspy.reminders.postgres import PostgresReminderTable
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -36,7 +39,11 @@ async def test_providers_starting_together_create_the_schema_once(postgres_url: 
         versions = dict(await conn.fetch("SELECT component, version FROM orleanspy_schema"))
     finally:
         await conn.close()
-    assert versions == {"reminders": 2, "membership": 1, "directory": 1}
+    assert versions == {
+        "reminders": len(reminders_schema),
+        "membership": len(membership_schema),
+        "directory": len(directory_schema),
+    }
 
 
 async def test_dropped_connections_are_storage_unavailable_then_recover(postgres_url: str) -> None:
