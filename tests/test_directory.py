@@ -9,15 +9,12 @@ from contextlib import AsyncExitStack
 import pytest
 
 from orleanspy import _redis
-from orleanspy.directory import (
-    ActivationAddress,
-    CachedDirectory,
-    GrainDirectory,
-    InMemoryGrainDirectory,
-)
+from orleanspy.directory.cached import CachedDirectory
+from orleanspy.directory.memory import InMemoryGrainDirectory
+from orleanspy.directory.redis import RedisGrainDirectory
+from orleanspy.directory.table import ActivationAddress, GrainDirectory
 from orleanspy.errors import ConfigurationError, StorageError, StorageUnavailableError
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.redis_directory import RedisGrainDirectory
 from orleanspy.testing.grain_directory import (
     GRAIN_DIRECTORY_CHECKS,
     DirectoryFactory,

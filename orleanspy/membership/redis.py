@@ -24,7 +24,7 @@ from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy.clock import to_ms
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.table import (
+from orleanspy.membership.model import (
     INITIAL_VERSION,
     MembershipEntry,
     MembershipSnapshot,

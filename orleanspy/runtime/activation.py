@@ -36,7 +36,7 @@ from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import Codec
 
 if TYPE_CHECKING:
-    from orleanspy.directory import ActivationAddress
+    from orleanspy.directory.table import ActivationAddress
     from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Activation", "ActivationHost", "ActivationState"]

@@ -50,7 +50,7 @@ from orleanspy.runtime.remote_errors import error_payload, result_of
 from orleanspy.serialization import Codec, DecodeLimits
 
 if TYPE_CHECKING:
-    from orleanspy.directory import ActivationAddress
+    from orleanspy.directory.table import ActivationAddress
     from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Dispatcher"]
@@ -496,7 +496,7 @@ class Dispatcher:
     async def register_activation(self, activation: Activation) -> ActivationAddress | None:
         if self._local_only:
             return None
-        from orleanspy.directory import ActivationAddress
+        from orleanspy.directory.table import ActivationAddress
 
         return await self._locator.register(
             activation.grain_id, ActivationAddress(self.address, activation.activation_id)
@@ -506,7 +506,7 @@ class Dispatcher:
         self.catalog.remove(activation)
         if self._local_only:
             return
-        from orleanspy.directory import ActivationAddress
+        from orleanspy.directory.table import ActivationAddress
 
         try:
             await self._locator.unregister(

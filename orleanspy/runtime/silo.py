@@ -20,12 +20,13 @@ from types import TracebackType
 from typing import Any, Self, TypeVar, overload
 
 from orleanspy.clock import Clock, SystemClock
-from orleanspy.directory import GrainDirectory
+from orleanspy.directory.table import GrainDirectory
 from orleanspy.errors import ClosedError, ConfigurationError
 from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_definitions
 from orleanspy.identity import GrainKey, SiloAddress
-from orleanspy.membership.oracle import MembershipService
-from orleanspy.membership.table import MembershipTable, SiloStatus
+from orleanspy.membership.model import SiloStatus
+from orleanspy.membership.service import MembershipService
+from orleanspy.membership.table import MembershipTable
 from orleanspy.messaging.transport import Transport
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
@@ -226,7 +227,7 @@ class Silo:
         """Join the cluster. Push order makes ``stop()`` go: ShuttingDown, reminders
         off, grains deactivated (directory entries released), Dead, transport and
         stores closed."""
-        from orleanspy.directory import CachedDirectory
+        from orleanspy.directory.cached import CachedDirectory
         from orleanspy.messaging.grpc import GrpcTransport
         from orleanspy.runtime.cluster import ClusterLocator, RingFollower
 

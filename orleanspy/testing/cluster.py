@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Self
 
 from orleanspy.client import ClusterClient
-from orleanspy.membership.table import SiloStatus
+from orleanspy.membership.model import SiloStatus
 from orleanspy.options import MembershipOptions, MessagingOptions, SiloOptions
 from orleanspy.runtime.silo import Silo, SiloState
 

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 
-from orleanspy.directory import ActivationAddress, GrainDirectory
+from orleanspy.directory.table import ActivationAddress, GrainDirectory
 from orleanspy.identity import GrainId, SiloAddress
 
 __all__ = [

@@ -20,13 +20,8 @@ from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.table import (
-    MembershipEntry,
-    MembershipSnapshot,
-    MembershipTable,
-    SiloStatus,
-    TableVersion,
-)
+from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus, TableVersion
+from orleanspy.membership.table import MembershipTable
 
 __all__ = ["MEMBERSHIP_TABLE_CHECKS", "check_membership_table", "make_entry"]
 

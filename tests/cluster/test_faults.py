@@ -37,8 +37,8 @@ from orleanspy.errors import (
     UnknownGrainTypeError,
 )
 from orleanspy.identity import SiloAddress
+from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
-from orleanspy.membership.table import SiloStatus
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import CLIENT_HEADER, GrpcGatewayConnection
 from orleanspy.messaging.message import Message

@@ -12,13 +12,9 @@ from orleanspy._redis import connect
 from orleanspy.errors import StorageUnavailableError
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.memory import InMemoryMembershipTable
+from orleanspy.membership.model import MembershipSnapshot, SiloStatus, TableVersion
 from orleanspy.membership.redis import RedisMembershipTable
-from orleanspy.membership.table import (
-    MembershipSnapshot,
-    MembershipTable,
-    SiloStatus,
-    TableVersion,
-)
+from orleanspy.membership.table import MembershipTable
 from orleanspy.testing.membership_table import (
     MEMBERSHIP_TABLE_CHECKS,
     check_membership_table,

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from orleanspy.directory import ActivationAddress, GrainDirectory
+from orleanspy.directory.postgres import PostgresGrainDirectory
+from orleanspy.directory.table import ActivationAddress, GrainDirectory
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.postgres_directory import PostgresGrainDirectory
 from orleanspy.testing.grain_directory import GRAIN_DIRECTORY_CHECKS, run_check
 
 

@@ -10,8 +10,8 @@ from contextlib import AsyncExitStack
 import pytest
 
 from orleanspy.errors import StorageUnavailableError
+from orleanspy.membership.model import INITIAL_VERSION
 from orleanspy.membership.postgres import PostgresMembershipTable
-from orleanspy.membership.table import INITIAL_VERSION
 from orleanspy.testing.membership_table import (
     MEMBERSHIP_TABLE_CHECKS,
     check_membership_table,

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from orleanspy.directory.postgres import PostgresGrainDirectory
 from orleanspy.errors import StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.membership.postgres import PostgresMembershipTable
-from orleanspy.postgres_directory import PostgresGrainDirectory
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
 
