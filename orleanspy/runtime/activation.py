@@ -30,8 +30,8 @@ from orleanspy.errors import ActivationError, ConfigurationError, InconsistentSt
 from orleanspy.grain import Grain, GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
+from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
-from orleanspy.runtime.remote_errors import error_payload
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import Codec
 

@@ -42,9 +42,9 @@ from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import CLIENT_HEADER, GrpcGatewayConnection
 from orleanspy.messaging.message import Message
+from orleanspy.messaging.remote_errors import rebuild_error
 from orleanspy.options import MessagingOptions
 from orleanspy.reminders.management import MANAGEMENT_TYPE
-from orleanspy.runtime.remote_errors import rebuild_error
 from orleanspy.serialization import unpack
 from orleanspy.testing.cluster import wait_for
 
