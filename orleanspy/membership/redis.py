@@ -1,6 +1,6 @@
 """``RedisMembershipTable``: the membership table of a cluster, in one Redis HASH.
 
-Layout (DESIGN.md section 4): the key
+Layout (docs/architecture.md, section 4): the key
 ``orleanspy:<service_id>:cluster:{<service_id>:<cluster_id>}:members`` holds one
 field per silo (``str(silo)`` -> msgpack map of the row, its etag under
 ``"e"``) and the field ``version`` (msgpack ``[number, etag]``). The braces are
