@@ -19,6 +19,7 @@ from typing import Protocol, TypeVar
 __all__ = ["Check", "ProviderFactory", "on_one_provider", "run_checks", "started"]
 
 P = TypeVar("P")
+F = TypeVar("F")
 
 
 class _Startable(Protocol):
@@ -47,10 +48,7 @@ def on_one_provider(
     return run
 
 
-async def run_checks(
-    checks: tuple[Callable[[ProviderFactory[P]], Awaitable[None]], ...],
-    factory: ProviderFactory[P],
-) -> None:
+async def run_checks(checks: tuple[Callable[[F], Awaitable[None]], ...], factory: F) -> None:
     """Run ``checks`` in order; the first failure is raised naming its check."""
     for check in checks:
         try:
