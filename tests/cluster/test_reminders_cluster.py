@@ -32,7 +32,7 @@ from orleanspy import (
 from orleanspy.identity import GrainId
 from orleanspy.reminders.service import ReminderServiceStats
 from orleanspy.runtime.silo import SiloState
-from orleanspy.testing.cluster import wait_for
+from orleanspy.testing.cluster import InProcessCluster, wait_for
 
 MS = timedelta(milliseconds=1)
 TYPE = "test_reminders_cluster.Tick"
@@ -116,27 +116,17 @@ Cluster = Callable[..., Awaitable[Silo]]
 async def cluster(redis_url: str) -> AsyncIterator[tuple[list[Silo], Cluster]]:
     """``(silos, add)``: ``await add(reminders=...)`` starts one more silo; every
     silo still running at the end is stopped."""
-    silos: list[Silo] = []
+    template = SiloOptions(
+        membership=MEMBERSHIP,
+        reminders=FAST,
+        grain_types=(ClusterTickGrain,),
+    )
+    async with InProcessCluster(redis_url, size=0, options=template) as silos:
 
-    async def add(reminders: ReminderOptions = FAST) -> Silo:
-        silo = Silo(
-            SiloOptions(
-                redis_url=redis_url,
-                name=f"s{len(silos)}",
-                membership=MEMBERSHIP,
-                reminders=reminders,
-                grain_types=(ClusterTickGrain,),
-            )
-        )
-        await silo.start()
-        silos.append(silo)
-        return silo
+        async def add(reminders: ReminderOptions = FAST) -> Silo:
+            return await silos.add(reminders=reminders)
 
-    try:
-        yield silos, add
-    finally:
-        for silo in reversed(silos):
-            await silo.stop()
+        yield silos.silos, add
 
 
 def _running(silos: list[Silo]) -> list[Silo]:
