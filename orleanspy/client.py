@@ -26,11 +26,11 @@ from orleanspy.errors import ClosedError, SiloUnavailableError
 from orleanspy.grain import Grain
 from orleanspy.identity import GrainId, GrainKey
 from orleanspy.messaging.message import Message, MessageKind
+from orleanspy.messaging.pending import PendingCalls
+from orleanspy.messaging.remote_errors import result_of
 from orleanspy.options import MessagingOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.reminders.management import ReminderManagementGrain
-from orleanspy.runtime.pending import PendingCalls
-from orleanspy.runtime.remote_errors import result_of
 from orleanspy.serialization import Codec, DecodeLimits
 from orleanspy.tables import TableConnections, table_backend
 

@@ -165,7 +165,7 @@ def _default_permits() -> int:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ReminderOptions:
-    """The adaptive reminder service (DESIGN.md section 5).
+    """The adaptive reminder service (docs/architecture.md, section 2).
 
     ``look_ahead``: rows due within this window are loaded into the heap.
     ``poll_interval``: the safety-net refill when no change notification came.

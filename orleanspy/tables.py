@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from orleanspy.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from orleanspy.directory import GrainDirectory
+    from orleanspy.directory.table import GrainDirectory
     from orleanspy.membership.table import MembershipTable
     from orleanspy.reminders.table import ReminderTable
 
@@ -97,11 +97,11 @@ class TableConnections:
 
     async def directory(self, url: str, *, cluster_id: str, service_id: str) -> GrainDirectory:
         if table_backend(url) == "postgres":
-            from orleanspy.postgres_directory import PostgresGrainDirectory
+            from orleanspy.directory.postgres import PostgresGrainDirectory
 
             return PostgresGrainDirectory(
                 await self.postgres(url), cluster_id=cluster_id, service_id=service_id
             )
-        from orleanspy.redis_directory import RedisGrainDirectory
+        from orleanspy.directory.redis import RedisGrainDirectory
 
         return RedisGrainDirectory(self.redis(url), cluster_id=cluster_id, service_id=service_id)

@@ -4,25 +4,23 @@ import sys
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 
 import pytest
 
 from orleanspy import _redis
-from orleanspy.directory import (
-    ActivationAddress,
-    CachedDirectory,
-    GrainDirectory,
-    InMemoryGrainDirectory,
-)
+from orleanspy.directory.cached import CachedDirectory
+from orleanspy.directory.memory import InMemoryGrainDirectory
+from orleanspy.directory.redis import RedisGrainDirectory
+from orleanspy.directory.table import ActivationAddress, GrainDirectory
 from orleanspy.errors import ConfigurationError, StorageError, StorageUnavailableError
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.redis_directory import RedisGrainDirectory
+from orleanspy.testing import started
 from orleanspy.testing.grain_directory import (
     GRAIN_DIRECTORY_CHECKS,
+    Check,
     DirectoryFactory,
     check_grain_directory,
-    run_check,
 )
 from orleanspy.testing.redis_server import RedisServer
 
@@ -34,26 +32,20 @@ def addr(silo: SiloAddress = A) -> ActivationAddress:
     return ActivationAddress(silo, uuid.uuid4().hex)
 
 
-async def memory(stack: AsyncExitStack) -> GrainDirectory:
-    d = InMemoryGrainDirectory()
-    await d.start(stack)
-    return d
+def memory() -> AbstractAsyncContextManager[GrainDirectory]:
+    return started(InMemoryGrainDirectory())
 
 
-async def cached_memory(stack: AsyncExitStack) -> GrainDirectory:
-    d = CachedDirectory(InMemoryGrainDirectory(), max_size=50)
-    await d.start(stack)
-    return d
+def cached_memory() -> AbstractAsyncContextManager[GrainDirectory]:
+    return started(CachedDirectory(InMemoryGrainDirectory(), max_size=50))
 
 
 def redis_factory(url: str, *, cached: bool = False) -> DirectoryFactory:
-    async def factory(stack: AsyncExitStack) -> GrainDirectory:
+    def factory() -> AbstractAsyncContextManager[GrainDirectory]:
         inner = RedisGrainDirectory(
             url, cluster_id="test", service_id=f"svc-{uuid.uuid4().hex[:8]}", shards=16
         )
-        d: GrainDirectory = CachedDirectory(inner) if cached else inner
-        await d.start(stack)
-        return d
+        return started(CachedDirectory(inner) if cached else inner)
 
     return factory
 
@@ -75,8 +67,8 @@ def factory(request: pytest.FixtureRequest) -> DirectoryFactory:
 
 
 @pytest.mark.parametrize("check", GRAIN_DIRECTORY_CHECKS, ids=lambda c: c.__name__)
-async def test_directory_contract(check: Callable[..., object], factory: DirectoryFactory) -> None:
-    await run_check(check, factory)  # type: ignore[arg-type]
+async def test_directory_contract(check: Check, factory: DirectoryFactory) -> None:
+    await check(factory)
 
 
 async def test_check_grain_directory_runs_the_whole_suite() -> None:
@@ -91,11 +83,8 @@ async def test_contract_suite_catches_a_last_writer_wins_directory() -> None:
             self._entries[grain_id] = address
             return address
 
-    async def broken(stack: AsyncExitStack) -> GrainDirectory:
-        return LastWriterWins()
-
-    with pytest.raises(AssertionError):
-        await check_grain_directory(broken)
+    with pytest.raises(AssertionError, match="first_writer_wins"):
+        await check_grain_directory(lambda: started(LastWriterWins()))
 
 
 # --- in-memory specifics ----------------------------------------------------------
@@ -283,8 +272,7 @@ async def test_redis_uses_a_given_client_without_closing_it(redis_url: str) -> N
 
 
 async def test_redis_unregister_silo_is_a_documented_noop(redis_url: str) -> None:
-    async with AsyncExitStack() as stack:
-        d = await redis_factory(redis_url)(stack)
+    async with redis_factory(redis_url)() as d:
         g, a = GrainId("G", 1), addr(A)
         await d.register(g, a)
         assert await d.unregister_silo(A) == 0

@@ -24,12 +24,8 @@ from datetime import datetime
 from orleanspy.clock import Clock
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.table import (
-    MembershipEntry,
-    MembershipSnapshot,
-    MembershipTable,
-    SiloStatus,
-)
+from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus
+from orleanspy.membership.table import MembershipTable
 from orleanspy.options import MembershipOptions
 
 __all__ = ["HealthMonitor", "Ping", "judge", "probe_targets", "votes_needed"]

@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 from datetime import datetime
 
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.table import (
+from orleanspy.membership.model import (
     INITIAL_VERSION,
     MembershipEntry,
     MembershipSnapshot,

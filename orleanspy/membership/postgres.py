@@ -29,7 +29,7 @@ from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
 from orleanspy.clock import to_ms
 from orleanspy.errors import SerializationError, StorageError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.table import (
+from orleanspy.membership.model import (
     INITIAL_VERSION,
     MembershipEntry,
     MembershipSnapshot,

@@ -1,6 +1,6 @@
 """``RedisMembershipTable``: the membership table of a cluster, in one Redis HASH.
 
-Layout (DESIGN.md section 4): the key
+Layout (docs/architecture.md, section 4): the key
 ``orleanspy:<service_id>:cluster:{<service_id>:<cluster_id>}:members`` holds one
 field per silo (``str(silo)`` -> msgpack map of the row, its etag under
 ``"e"``) and the field ``version`` (msgpack ``[number, etag]``). The braces are
@@ -24,7 +24,7 @@ from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy.clock import to_ms
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.table import (
+from orleanspy.membership.model import (
     INITIAL_VERSION,
     MembershipEntry,
     MembershipSnapshot,

@@ -80,9 +80,9 @@ from orleanspy.messaging.frames import (
     unencodable,
 )
 from orleanspy.messaging.message import Message, MessageKind
+from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.messaging.transport import MessageSink
 from orleanspy.options import MessagingOptions, TlsOptions
-from orleanspy.runtime.remote_errors import error_payload
 from orleanspy.serialization import pack
 
 __all__ = ["GrpcGatewayConnection", "GrpcTransport", "WireStats"]

@@ -142,13 +142,16 @@ class InMemoryTransport:
 
     async def ping(self, target: SiloAddress, timeout: float, table_version: int = 0) -> bool:
         """``True`` while ``target`` is alive on the network (and this silo is);
-        a non-zero ``table_version`` reaches its gossip listener."""
+        a non-zero ``table_version`` reaches its gossip listener before this
+        returns, as over gRPC, where the peer hears it before it answers."""
         if not (self._running and self._network.alive(target)):
             return False
         peer = self._network._silos.get(target)
         if table_version and peer is not None and peer._gossip_listener is not None:
-            # Delivered a hop later, as over a network, never inside this call.
+            # A hop later, as over a network: never on the caller's stack. The
+            # yield lets that hop run before the answer comes back.
             asyncio.get_running_loop().call_soon(peer._gossip_listener, table_version)
+            await asyncio.sleep(0)
         return True
 
     def on_gossip(self, listener: Callable[[int], None] | None) -> None:

@@ -30,13 +30,13 @@ from orleanspy.errors import ActivationError, ConfigurationError, InconsistentSt
 from orleanspy.grain import Grain, GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
+from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
-from orleanspy.runtime.remote_errors import error_payload
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import Codec
 
 if TYPE_CHECKING:
-    from orleanspy.directory import ActivationAddress
+    from orleanspy.directory.table import ActivationAddress
     from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Activation", "ActivationHost", "ActivationState"]

@@ -13,12 +13,13 @@ import logging
 import time
 from collections.abc import Callable
 
-from orleanspy.directory import ActivationAddress, CachedDirectory
+from orleanspy.directory.cached import CachedDirectory
+from orleanspy.directory.table import ActivationAddress
 from orleanspy.errors import UnknownGrainTypeError
 from orleanspy.grain import GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.membership.oracle import MembershipService
-from orleanspy.membership.table import MembershipSnapshot, SiloStatus
+from orleanspy.membership.model import MembershipSnapshot, SiloStatus
+from orleanspy.membership.service import MembershipService
 from orleanspy.messaging.transport import Transport
 from orleanspy.placement import DEFAULT_PLACEMENT
 from orleanspy.ring import ConsistentRing, RingRange

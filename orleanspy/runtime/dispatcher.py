@@ -37,6 +37,8 @@ from orleanspy.errors import (
 from orleanspy.grain import GrainDefinition, lookup_definition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
+from orleanspy.messaging.pending import PendingCalls
+from orleanspy.messaging.remote_errors import error_payload, result_of
 from orleanspy.messaging.transport import Transport
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
@@ -45,12 +47,10 @@ from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
 from orleanspy.runtime.locator import Locator
-from orleanspy.runtime.pending import PendingCalls
-from orleanspy.runtime.remote_errors import error_payload, result_of
 from orleanspy.serialization import Codec, DecodeLimits
 
 if TYPE_CHECKING:
-    from orleanspy.directory import ActivationAddress
+    from orleanspy.directory.table import ActivationAddress
     from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Dispatcher"]
@@ -496,7 +496,7 @@ class Dispatcher:
     async def register_activation(self, activation: Activation) -> ActivationAddress | None:
         if self._local_only:
             return None
-        from orleanspy.directory import ActivationAddress
+        from orleanspy.directory.table import ActivationAddress
 
         return await self._locator.register(
             activation.grain_id, ActivationAddress(self.address, activation.activation_id)
@@ -506,7 +506,7 @@ class Dispatcher:
         self.catalog.remove(activation)
         if self._local_only:
             return
-        from orleanspy.directory import ActivationAddress
+        from orleanspy.directory.table import ActivationAddress
 
         try:
             await self._locator.unregister(

@@ -12,7 +12,7 @@ from orleanspy.grain import GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
 
 if TYPE_CHECKING:
-    from orleanspy.directory import ActivationAddress
+    from orleanspy.directory.table import ActivationAddress
 
 __all__ = ["LocalLocator", "Locator"]
 

@@ -20,12 +20,14 @@ from types import TracebackType
 from typing import Any, Self, TypeVar, overload
 
 from orleanspy.clock import Clock, SystemClock
-from orleanspy.directory import GrainDirectory
+from orleanspy.directory.cached import CachedDirectory
+from orleanspy.directory.table import GrainDirectory
 from orleanspy.errors import ClosedError, ConfigurationError
 from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_definitions
 from orleanspy.identity import GrainKey, SiloAddress
-from orleanspy.membership.oracle import MembershipService
-from orleanspy.membership.table import MembershipTable, SiloStatus
+from orleanspy.membership.model import SiloStatus
+from orleanspy.membership.service import MembershipService
+from orleanspy.membership.table import MembershipTable
 from orleanspy.messaging.transport import Transport
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
@@ -37,7 +39,7 @@ from orleanspy.reminders.registry import ReminderRegistry
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
-from orleanspy.runtime.cluster import RingFollower
+from orleanspy.runtime.cluster import ClusterLocator, RingFollower
 from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
 from orleanspy.storage.contract import GrainStorage
@@ -223,17 +225,35 @@ class Silo:
     async def _start_cluster(
         self, stack: AsyncExitStack, types: dict[str, GrainDefinition]
     ) -> None:
-        """Join the cluster. Push order makes ``stop()`` go: ShuttingDown, reminders
-        off, grains deactivated (directory entries released), Dead, transport and
-        stores closed."""
-        from orleanspy.directory import CachedDirectory
-        from orleanspy.messaging.grpc import GrpcTransport
-        from orleanspy.runtime.cluster import ClusterLocator, RingFollower
-
-        o = self.options
+        """Join the cluster, one step per line. Push order makes ``stop()`` go:
+        ShuttingDown, reminders off, grains deactivated (directory entries
+        released), Dead, transport and stores closed."""
         # One Redis client or PostgreSQL pool per URL, shared by the providers
         # that live there, closed by the silo.
         connections = TableConnections(stack)
+        await self._open_cluster_providers(connections)
+        transport = self._make_transport()
+        directory = await self._start_membership_table_and_directory(stack)
+        locator, dispatcher = self._make_cluster_dispatcher(types, transport, directory)
+        # Before the transport: a call may activate a grain as soon as it listens.
+        await self._start_grain_storage(
+            stack, dispatcher, await _default_grain_storage(self.options, connections)
+        )
+        await self._start_transport(stack, transport, dispatcher)
+        membership = self._make_membership_service(stack, transport, locator, types)
+        await dispatcher.catalog.start(stack)
+        await self._start_reminders(stack, dispatcher, types)
+        await self._join_cluster(stack, membership, directory, transport)
+        await register_declared_reminders(dispatcher.reminders, types.values())
+
+    def _current_address(self) -> SiloAddress:
+        """This silo's address as of now (the transport may bind a new port)."""
+        return self.address
+
+    async def _open_cluster_providers(self, connections: TableConnections) -> None:
+        """Open the membership table, directory, reminder table and streams that
+        were not given, from their URLs."""
+        o = self.options
 
         def url_of(url: str | None) -> str:
             if url is None:
@@ -261,7 +281,13 @@ class Silo:
             self._streams = RedisStreamProvider(
                 connections.redis(o.streams_url), service_id=o.service_id
             )
-        transport = self._transport or GrpcTransport(
+
+    def _make_transport(self) -> Transport:
+        """The transport given, else gRPC on the configured ports (not started yet)."""
+        from orleanspy.messaging.grpc import GrpcTransport
+
+        o = self.options
+        return self._transport or GrpcTransport(
             host=o.host,
             port=o.silo_port,
             gateway_port=o.gateway_port,
@@ -269,19 +295,27 @@ class Silo:
             generation=self.address.generation,
             advertised_host=o.advertised_host,
         )
-        table = self._membership_table
-        await table.start(stack)
+
+    async def _start_membership_table_and_directory(self, stack: AsyncExitStack) -> CachedDirectory:
+        """Start the membership table and the directory, behind its cache."""
+        assert self._membership_table is not None and self._directory is not None
+        await self._membership_table.start(stack)
         directory = CachedDirectory(self._directory)
         await directory.start(stack)
+        return directory
 
-        def address() -> SiloAddress:
-            return self.address
-
-        locator = ClusterLocator(address=address, directory=directory)
+    def _make_cluster_dispatcher(
+        self,
+        types: dict[str, GrainDefinition],
+        transport: Transport,
+        directory: CachedDirectory,
+    ) -> tuple[ClusterLocator, Dispatcher]:
+        """The dispatcher, locating grains through the directory and membership."""
+        locator = ClusterLocator(address=self._current_address, directory=directory)
         dispatcher = Dispatcher(
             address=self.address,
             clock=self.clock,
-            options=o,
+            options=self.options,
             locator=locator,
             grain_types=types,
             transport=transport,
@@ -290,17 +324,31 @@ class Silo:
         answer_only = getattr(transport, "answer_only", None)
         if answer_only is not None:
             answer_only(locator.knows)
-        # Before the transport: a call may activate a grain as soon as it listens.
-        await self._start_grain_storage(
-            stack, dispatcher, await _default_grain_storage(o, connections)
-        )
+        return locator, dispatcher
+
+    async def _start_transport(
+        self, stack: AsyncExitStack, transport: Transport, dispatcher: Dispatcher
+    ) -> None:
+        """Listen; from here on this silo's address is the one the transport bound."""
         await transport.start(stack, dispatcher)
-        _warn_if_exposed(o)
+        _warn_if_exposed(self.options)
         self.address = transport.address
         self.gateway_port = transport.gateway_port
         dispatcher.address = self.address
+
+    def _make_membership_service(
+        self,
+        stack: AsyncExitStack,
+        transport: Transport,
+        locator: ClusterLocator,
+        types: dict[str, GrainDefinition],
+    ) -> MembershipService:
+        """The membership service, wired to the transport's gossip and the locator;
+        a graceful stop ends with its final write (Dead)."""
+        o = self.options
+        assert self._membership_table is not None
         membership = MembershipService(
-            table,
+            self._membership_table,
             address=self.address,
             name=self.name,
             gateway_port=transport.gateway_port,
@@ -318,10 +366,19 @@ class Silo:
         locator.attach(membership)
         self.membership = membership
         stack.push_async_callback(self._final_membership_write, membership)
-        await dispatcher.catalog.start(stack)
-        await self._start_reminders(stack, dispatcher, types)
+        return membership
+
+    async def _join_cluster(
+        self,
+        stack: AsyncExitStack,
+        membership: MembershipService,
+        directory: CachedDirectory,
+        transport: Transport,
+    ) -> None:
+        """Join (Joining, then Active) and follow the ring: ranges go to the
+        reminder service; a graceful stop first writes ShuttingDown."""
         follower = RingFollower(
-            address=address,
+            address=self._current_address,
             directory=directory,
             transport=transport,
             on_ranges=self._reminders().set_ranges,
@@ -330,7 +387,6 @@ class Silo:
         await membership.start(stack)
         stack.push_async_callback(self._leave_cluster, membership)
         membership.add_listener(follower)
-        await register_declared_reminders(dispatcher.reminders, types.values())
 
     async def _start_grain_storage(
         self,

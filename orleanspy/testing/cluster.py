@@ -22,10 +22,10 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from orleanspy.client import ClusterClient
-from orleanspy.membership.table import SiloStatus
+from orleanspy.membership.model import SiloStatus
 from orleanspy.options import MembershipOptions, MessagingOptions, SiloOptions
 from orleanspy.runtime.silo import Silo, SiloState
 
@@ -69,7 +69,8 @@ async def wait_for(
 
 
 class InProcessCluster:
-    """``size`` cluster silos sharing ``redis_url``, started by ``start()``.
+    """``size`` cluster silos sharing ``redis_url``, started by ``start()`` (``size=0``:
+    none yet, each started by ``add()``).
 
     ``options`` is the template for every silo (its ``redis_url`` is replaced,
     ``name`` set to ``silo-<n>`` and ``gateway_port`` defaults to a free port);
@@ -87,8 +88,8 @@ class InProcessCluster:
         membership: MembershipOptions | None = None,
         messaging: MessagingOptions | None = None,
     ) -> None:
-        if size < 1:
-            raise ValueError("InProcessCluster needs at least one silo")
+        if size < 0:
+            raise ValueError(f"InProcessCluster size must not be negative, got {size}")
         base = options or SiloOptions(gateway_port=0)
         changes: dict[str, object] = {"redis_url": redis_url}
         if base.gateway_port is None:
@@ -138,17 +139,18 @@ class InProcessCluster:
     ) -> None:
         await self.aclose()
 
-    async def _start_one(self) -> Silo:
-        options = dataclasses.replace(self.options, name=f"silo-{len(self.silos)}")
+    async def _start_one(self, **changes: Any) -> Silo:
+        options = dataclasses.replace(self.options, name=f"silo-{len(self.silos)}", **changes)
         silo = Silo(options)
         self.silos.append(silo)
         await silo.start()
         return silo
 
-    async def add(self) -> Silo:
+    async def add(self, **changes: Any) -> Silo:
         """Start one more silo; returns it once every running silo has read
-        the table (so all of them know it)."""
-        silo = await self._start_one()
+        the table (so all of them know it). ``changes`` replace fields of the
+        template ``SiloOptions`` for this silo only (e.g. ``reminders=...``)."""
+        silo = await self._start_one(**changes)
         await self.refresh_all()
         return silo
 

@@ -1,10 +1,10 @@
 """A conformance suite for ``GrainDirectory`` implementations.
 
-``await check_grain_directory(factory)`` runs every check; each check gets a
-fresh directory from ``factory(stack)``, which must return a started, empty
-directory whose resources are released when ``stack`` unwinds. Test suites that
-want one test per check parametrise over ``GRAIN_DIRECTORY_CHECKS`` and call
-``run_check(check, factory)``.
+``await check_grain_directory(factory)`` runs every check; each call of
+``factory()`` returns an async context manager yielding a fresh, started, empty
+directory, as every kit in ``orleanspy.testing`` takes
+(``orleanspy.testing._kit``). Test suites that want one test per check
+parametrise over ``GRAIN_DIRECTORY_CHECKS`` and await ``check(factory)``.
 """
 
 from __future__ import annotations
@@ -12,20 +12,20 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 
-from orleanspy.directory import ActivationAddress, GrainDirectory
+from orleanspy.directory.table import ActivationAddress, GrainDirectory
 from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.testing._kit import ProviderFactory, on_one_provider, run_checks
 
 __all__ = [
     "GRAIN_DIRECTORY_CHECKS",
+    "Check",
     "DirectoryFactory",
     "check_grain_directory",
-    "run_check",
 ]
 
-DirectoryFactory = Callable[[AsyncExitStack], Awaitable[GrainDirectory]]
-Check = Callable[[GrainDirectory], Awaitable[None]]
+DirectoryFactory = ProviderFactory[GrainDirectory]
+Check = Callable[[DirectoryFactory], Awaitable[None]]
 
 _SILO_A = SiloAddress("127.0.0.1", 11111, 1)
 _SILO_B = SiloAddress("127.0.0.1", 11112, 1)
@@ -111,28 +111,24 @@ async def check_unregister_silo_removes_only_that_silo(d: GrainDirectory) -> Non
         assert await d.lookup(g) == a, "another silo's entry was removed"
 
 
-GRAIN_DIRECTORY_CHECKS: tuple[Check, ...] = (
-    check_lookup_of_unknown_grain_is_none,
-    check_register_then_lookup,
-    check_first_writer_wins,
-    check_concurrent_registers_agree_on_one_winner,
-    check_unregister_with_wrong_address_does_nothing,
-    check_unregister_then_lookup_and_reregister,
-    check_keys_of_different_kinds_are_different_grains,
-    check_many_grains,
-    check_unregister_silo_removes_only_that_silo,
+GRAIN_DIRECTORY_CHECKS: tuple[Check, ...] = tuple(
+    on_one_provider(check)
+    for check in (
+        check_lookup_of_unknown_grain_is_none,
+        check_register_then_lookup,
+        check_first_writer_wins,
+        check_concurrent_registers_agree_on_one_winner,
+        check_unregister_with_wrong_address_does_nothing,
+        check_unregister_then_lookup_and_reregister,
+        check_keys_of_different_kinds_are_different_grains,
+        check_many_grains,
+        check_unregister_silo_removes_only_that_silo,
+    )
 )
-
-
-async def run_check(check: Check, factory: DirectoryFactory) -> None:
-    """Run one check against a fresh directory from ``factory``."""
-    async with AsyncExitStack() as stack:
-        directory = await factory(stack)
-        await check(directory)
+"""Every check, each taking the factory and running on one fresh, started directory."""
 
 
 async def check_grain_directory(factory: DirectoryFactory) -> None:
-    """Run every check in ``GRAIN_DIRECTORY_CHECKS``; raises ``AssertionError`` on the
-    first that fails."""
-    for check in GRAIN_DIRECTORY_CHECKS:
-        await run_check(check, factory)
+    """Run every check in ``GRAIN_DIRECTORY_CHECKS``; raises ``AssertionError``
+    naming the first that fails."""
+    await run_checks(GRAIN_DIRECTORY_CHECKS, factory)

@@ -1,36 +1,35 @@
 """``check_membership_table``: the conformance suite for ``MembershipTable`` backends.
 
-A provider author proves a backend with::
+A provider author proves a backend with ``await check_membership_table(factory)``,
+where each call of ``factory()`` returns an async context manager yielding a
+new, started table over an empty store (for a shared server, a fresh cluster id
+per call), as every kit in ``orleanspy.testing`` takes (``orleanspy.testing._kit``).
 
-    await check_membership_table(lambda: MyTable(...))
-
-where each call of the factory returns a new, *unstarted* table over an empty
-store (for a shared server, use a fresh cluster id per call). Every check
-starts its own table on its own ``AsyncExitStack``.
-
-Test suites that want one test case per check iterate ``MEMBERSHIP_TABLE_CHECKS``
-(name -> ``async def check(table)`` on a started, empty table) instead.
+Test suites that want one test case per check parametrise over
+``MEMBERSHIP_TABLE_CHECKS`` and await ``check(factory)``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.table import (
-    MembershipEntry,
-    MembershipSnapshot,
-    MembershipTable,
-    SiloStatus,
-    TableVersion,
-)
+from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus, TableVersion
+from orleanspy.membership.table import MembershipTable
+from orleanspy.testing._kit import ProviderFactory, on_one_provider, run_checks
 
-__all__ = ["MEMBERSHIP_TABLE_CHECKS", "check_membership_table", "make_entry"]
+__all__ = [
+    "MEMBERSHIP_TABLE_CHECKS",
+    "Check",
+    "TableFactory",
+    "check_membership_table",
+    "make_entry",
+]
 
-TableCheck = Callable[[MembershipTable], Awaitable[None]]
+TableFactory = ProviderFactory[MembershipTable]
+Check = Callable[[TableFactory], Awaitable[None]]
 
 _T0 = datetime(2030, 1, 1, 12, 0, 0, 123000, tzinfo=UTC)
 
@@ -319,34 +318,29 @@ async def check_round_trip_all_fields(table: MembershipTable) -> None:
         _expect((await table.read_all()).status(bare.silo) == status, f"{status} round trip")
 
 
-MEMBERSHIP_TABLE_CHECKS: dict[str, TableCheck] = {
-    "empty_table": check_empty_table,
-    "insert_with_current_version": check_insert_with_current_version,
-    "insert_with_stale_version": check_insert_with_stale_version,
-    "duplicate_insert": check_duplicate_insert,
-    "version_must_advance": check_version_must_advance,
-    "update_row": check_update_row,
-    "update_with_stale_row_etag": check_update_with_stale_row_etag,
-    "update_with_stale_version": check_update_with_stale_version,
-    "update_missing_row": check_update_missing_row,
-    "i_am_alive_is_a_dirty_write": check_i_am_alive_is_a_dirty_write,
-    "read_all_is_atomic": check_read_all_is_atomic,
-    "concurrent_cas_one_winner": check_concurrent_cas_one_winner,
-    "delete_dead_before": check_delete_dead_before,
-    "round_trip_all_fields": check_round_trip_all_fields,
-}
-"""Every check by name; each takes a started, empty table."""
+MEMBERSHIP_TABLE_CHECKS: tuple[Check, ...] = tuple(
+    on_one_provider(check)
+    for check in (
+        check_empty_table,
+        check_insert_with_current_version,
+        check_insert_with_stale_version,
+        check_duplicate_insert,
+        check_version_must_advance,
+        check_update_row,
+        check_update_with_stale_row_etag,
+        check_update_with_stale_version,
+        check_update_missing_row,
+        check_i_am_alive_is_a_dirty_write,
+        check_read_all_is_atomic,
+        check_concurrent_cas_one_winner,
+        check_delete_dead_before,
+        check_round_trip_all_fields,
+    )
+)
+"""Every check, each taking the factory and running on one fresh, started table."""
 
 
-async def check_membership_table(factory: Callable[[], MembershipTable]) -> None:
-    """Run every check, each on a fresh table from ``factory`` (unstarted, over an
-    empty store), started on its own stack. Raises ``AssertionError`` naming the
-    first check that fails and what it saw."""
-    for name, check in MEMBERSHIP_TABLE_CHECKS.items():
-        async with AsyncExitStack() as stack:
-            table = factory()
-            await table.start(stack)
-            try:
-                await check(table)
-            except AssertionError as exc:
-                raise AssertionError(f"{name}: {exc}") from exc
+async def check_membership_table(factory: TableFactory) -> None:
+    """Run every check, each on a fresh table from ``factory``. Raises
+    ``AssertionError`` naming the first check that fails and what it saw."""
+    await run_checks(MEMBERSHIP_TABLE_CHECKS, factory)

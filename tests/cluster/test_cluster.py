@@ -28,8 +28,8 @@ from orleanspy.errors import (
     UnknownGrainTypeError,
 )
 from orleanspy.identity import GrainId
+from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
-from orleanspy.membership.table import SiloStatus
 from orleanspy.options import MembershipOptions, MessagingOptions, SiloOptions
 from orleanspy.placement import HashBasedPlacement
 from orleanspy.runtime.silo import SiloState

@@ -37,14 +37,14 @@ from orleanspy.errors import (
     UnknownGrainTypeError,
 )
 from orleanspy.identity import SiloAddress
+from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
-from orleanspy.membership.table import SiloStatus
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import CLIENT_HEADER, GrpcGatewayConnection
 from orleanspy.messaging.message import Message
+from orleanspy.messaging.remote_errors import rebuild_error
 from orleanspy.options import MessagingOptions
 from orleanspy.reminders.management import MANAGEMENT_TYPE
-from orleanspy.runtime.remote_errors import rebuild_error
 from orleanspy.serialization import unpack
 from orleanspy.testing.cluster import wait_for
 

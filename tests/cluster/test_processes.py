@@ -21,8 +21,8 @@ import pytest
 
 from orleanspy import ClusterClient
 from orleanspy.identity import SiloAddress
+from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
-from orleanspy.membership.table import SiloStatus
 from orleanspy.testing.cluster import wait_for
 
 pytestmark = pytest.mark.timeout(60)

@@ -32,6 +32,7 @@ from orleanspy import (
 from orleanspy.identity import GrainId
 from orleanspy.reminders.service import ReminderServiceStats
 from orleanspy.runtime.silo import SiloState
+from orleanspy.testing.cluster import InProcessCluster, wait_for
 
 MS = timedelta(milliseconds=1)
 TYPE = "test_reminders_cluster.Tick"
@@ -115,41 +116,21 @@ Cluster = Callable[..., Awaitable[Silo]]
 async def cluster(redis_url: str) -> AsyncIterator[tuple[list[Silo], Cluster]]:
     """``(silos, add)``: ``await add(reminders=...)`` starts one more silo; every
     silo still running at the end is stopped."""
-    silos: list[Silo] = []
+    template = SiloOptions(
+        membership=MEMBERSHIP,
+        reminders=FAST,
+        grain_types=(ClusterTickGrain,),
+    )
+    async with InProcessCluster(redis_url, size=0, options=template) as silos:
 
-    async def add(reminders: ReminderOptions = FAST) -> Silo:
-        silo = Silo(
-            SiloOptions(
-                redis_url=redis_url,
-                name=f"s{len(silos)}",
-                membership=MEMBERSHIP,
-                reminders=reminders,
-                grain_types=(ClusterTickGrain,),
-            )
-        )
-        await silo.start()
-        silos.append(silo)
-        return silo
+        async def add(reminders: ReminderOptions = FAST) -> Silo:
+            return await silos.add(reminders=reminders)
 
-    try:
-        yield silos, add
-    finally:
-        for silo in reversed(silos):
-            await silo.stop()
+        yield silos.silos, add
 
 
 def _running(silos: list[Silo]) -> list[Silo]:
     return [s for s in silos if s.state is SiloState.RUNNING]
-
-
-async def until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``pred`` until it holds; fail with ``what`` after ``timeout`` seconds."""
-    try:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
 
 
 async def converged(silos: list[Silo], timeout: float = 15.0) -> None:
@@ -218,7 +199,7 @@ async def test_every_reminder_fires_once_per_slot_on_one_owner(
     period = 300
     await register(silos, keys, period)
 
-    await until(
+    await wait_for(
         lambda: len(by := slots_by_reminder()) == 30 and all(len(v) >= 5 for v in by.values()),
         timeout=20,
         what="five ticks of each of 30 reminders",
@@ -245,7 +226,7 @@ async def test_ranges_move_on_join_and_graceful_leave_and_reminders_keep_firing(
     await converged(silos)
     keys = range(30)
     await register(silos, keys, 300)
-    await until(
+    await wait_for(
         lambda: len(by := slots_by_reminder()) == 30 and all(len(v) >= 2 for v in by.values()),
         timeout=15,
         what="ticks of every reminder on two silos",
@@ -254,7 +235,7 @@ async def test_ranges_move_on_join_and_graceful_leave_and_reminders_keep_firing(
     newcomer = await add()
     await converged(silos)
     joined = time.monotonic()
-    await until(
+    await wait_for(
         lambda: (
             len(by := slots_by_reminder(joined)) == 30 and all(len(v) >= 3 for v in by.values())
         ),
@@ -270,7 +251,7 @@ async def test_ranges_move_on_join_and_graceful_leave_and_reminders_keep_firing(
     await converged(silos)
     left = time.monotonic()
     count_at_leave = delivered(leaver)
-    await until(
+    await wait_for(
         lambda: len(by := slots_by_reminder(left)) == 30 and all(len(v) >= 3 for v in by.values()),
         timeout=15,
         what="every reminder ticking after a silo left",
@@ -317,7 +298,7 @@ async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
             .client.get_grain(ClusterTickGrain, k)
             .start("r", 100, 100, int(MissedReminderAction.FIRE_IMMEDIATELY))
         )
-    await until(
+    await wait_for(
         lambda: len(by := slots_by_reminder()) == 5 and all(len(v) >= 2 for v in by.values()),
         timeout=10,
         what="the victim's reminders ticking",
@@ -326,7 +307,7 @@ async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
     await victim.abort()
     crashed = time.monotonic()
     await converged(silos, timeout=20)
-    await until(
+    await wait_for(
         lambda: {d.key for d in DELIVERIES if d.at > crashed and d.missed_ticks >= 1} == set(keys),
         timeout=10,
         what="a catch-up tick for every reminder of the crashed owner",
@@ -375,13 +356,13 @@ async def test_a_row_written_on_another_silo_is_picked_up_from_the_change_feed(
 
     started = time.monotonic()
     await host_silo.client.get_grain(ClusterTickGrain, key).start("feed", 5000, 500, 2)
-    await until(lambda: any(d.key == key for d in DELIVERIES), timeout=5, what="the first tick")
+    await wait_for(lambda: any(d.key == key for d in DELIVERIES), timeout=5, what="the first tick")
     first = next(d for d in DELIVERIES if d.key == key)
     assert first.at - started < 3.0
     assert first.missed_ticks == 0
     # The grain records the tick during the call; the owner counts it when the
     # call returns, a moment later.
-    await until(lambda: delivered(owner) == 1, timeout=5, what="the owner counting the tick")
+    await wait_for(lambda: delivered(owner) == 1, timeout=5, what="the owner counting the tick")
     assert all(delivered(s) == 0 for s in silos if s is not owner)
     # No refill ran: the owner learnt of the row from the change feed alone.
     assert [stats(s).refills for s in silos] == refills

@@ -20,15 +20,10 @@ from orleanspy.errors import SiloDeclaredDeadError, StorageUnavailableError
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.health import probe_targets, votes_needed
 from orleanspy.membership.memory import InMemoryMembershipTable
-from orleanspy.membership.oracle import MembershipService
+from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus, TableVersion
 from orleanspy.membership.redis import RedisMembershipTable
-from orleanspy.membership.table import (
-    MembershipEntry,
-    MembershipSnapshot,
-    MembershipTable,
-    SiloStatus,
-    TableVersion,
-)
+from orleanspy.membership.service import MembershipService
+from orleanspy.membership.table import MembershipTable
 from orleanspy.options import MembershipOptions
 from orleanspy.testing.clock import ManualClock
 from orleanspy.testing.membership_table import make_entry

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import pytest
@@ -12,15 +11,13 @@ from orleanspy._redis import connect
 from orleanspy.errors import StorageUnavailableError
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.memory import InMemoryMembershipTable
+from orleanspy.membership.model import MembershipSnapshot, SiloStatus, TableVersion
 from orleanspy.membership.redis import RedisMembershipTable
-from orleanspy.membership.table import (
-    MembershipSnapshot,
-    MembershipTable,
-    SiloStatus,
-    TableVersion,
-)
+from orleanspy.testing import started
 from orleanspy.testing.membership_table import (
     MEMBERSHIP_TABLE_CHECKS,
+    Check,
+    TableFactory,
     check_membership_table,
     make_entry,
 )
@@ -28,28 +25,25 @@ from orleanspy.testing.redis_server import RedisServer
 
 
 @pytest.fixture(params=["memory", "redis"])
-async def table(request: pytest.FixtureRequest) -> AsyncIterator[MembershipTable]:
-    t: MembershipTable
+def factory(request: pytest.FixtureRequest) -> TableFactory:
     if request.param == "memory":
-        t = InMemoryMembershipTable()
-    else:
-        url = request.getfixturevalue("redis_url")
-        t = RedisMembershipTable(url, cluster_id="c1", service_id="svc")
-    async with AsyncExitStack() as stack:
-        await t.start(stack)
-        yield t
+        return lambda: started(InMemoryMembershipTable())
+    url = request.getfixturevalue("redis_url")
+    return lambda: started(RedisMembershipTable(url, cluster_id=uuid.uuid4().hex, service_id="svc"))
 
 
-@pytest.mark.parametrize("check", sorted(MEMBERSHIP_TABLE_CHECKS))
-async def test_contract(table: MembershipTable, check: str) -> None:
-    await MEMBERSHIP_TABLE_CHECKS[check](table)
+@pytest.mark.parametrize("check", MEMBERSHIP_TABLE_CHECKS, ids=lambda c: c.__name__)
+async def test_contract(factory: TableFactory, check: Check) -> None:
+    await check(factory)
 
 
 async def test_check_membership_table_runs_whole_suite_on_fresh_redis_tables(
     redis_url: str,
 ) -> None:
     await check_membership_table(
-        lambda: RedisMembershipTable(redis_url, cluster_id=uuid.uuid4().hex, service_id="svc")
+        lambda: started(
+            RedisMembershipTable(redis_url, cluster_id=uuid.uuid4().hex, service_id="svc")
+        )
     )
 
 
@@ -60,7 +54,7 @@ async def test_check_membership_table_catches_a_broken_table() -> None:
             return MembershipSnapshot(snap.entries, type(snap.version)(0, snap.version.etag))
 
     with pytest.raises(AssertionError, match="insert_with_current_version"):
-        await check_membership_table(NoVersionBump)
+        await check_membership_table(lambda: started(NoVersionBump()))
 
 
 async def test_redis_layout_is_one_hash_with_version_field(redis_url: str) -> None:

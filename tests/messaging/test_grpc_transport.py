@@ -26,8 +26,8 @@ from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import GrpcGatewayConnection, GrpcTransport
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
+from orleanspy.messaging.remote_errors import rebuild_error
 from orleanspy.options import MessagingOptions, TlsOptions
-from orleanspy.runtime.remote_errors import rebuild_error
 from orleanspy.serialization import unpack
 from orleanspy.testing.cluster import wait_for
 

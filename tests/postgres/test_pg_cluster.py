@@ -22,8 +22,8 @@ import pytest
 
 from orleanspy import ClusterClient
 from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.postgres import PostgresMembershipTable
-from orleanspy.membership.table import SiloStatus
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.ring import ConsistentRing

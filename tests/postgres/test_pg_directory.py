@@ -5,24 +5,23 @@ from __future__ import annotations
 import asyncio
 import uuid
 from contextlib import AsyncExitStack
-from typing import Any
 
 import pytest
 
-from orleanspy.directory import ActivationAddress, GrainDirectory
+from orleanspy.directory.postgres import PostgresGrainDirectory
+from orleanspy.directory.table import ActivationAddress
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.postgres_directory import PostgresGrainDirectory
-from orleanspy.testing.grain_directory import GRAIN_DIRECTORY_CHECKS, run_check
+from orleanspy.testing import started
+from orleanspy.testing.grain_directory import GRAIN_DIRECTORY_CHECKS, Check
 
 
 @pytest.mark.parametrize("check", GRAIN_DIRECTORY_CHECKS, ids=lambda c: c.__name__)
-async def test_contract(postgres_url: str, check: Any) -> None:
-    async def make(stack: AsyncExitStack) -> GrainDirectory:
-        d = PostgresGrainDirectory(postgres_url, cluster_id=uuid.uuid4().hex, service_id="s")
-        await d.start(stack)
-        return d
-
-    await run_check(check, make)
+async def test_contract(postgres_url: str, check: Check) -> None:
+    await check(
+        lambda: started(
+            PostgresGrainDirectory(postgres_url, cluster_id=uuid.uuid4().hex, service_id="s")
+        )
+    )
 
 
 async def test_racing_registers_from_separate_pools_agree(postgres_url: str) -> None:

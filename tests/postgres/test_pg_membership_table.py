@@ -4,38 +4,36 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 
 import pytest
 
 from orleanspy.errors import StorageUnavailableError
+from orleanspy.membership.model import INITIAL_VERSION
 from orleanspy.membership.postgres import PostgresMembershipTable
-from orleanspy.membership.table import INITIAL_VERSION
+from orleanspy.testing import started
 from orleanspy.testing.membership_table import (
     MEMBERSHIP_TABLE_CHECKS,
+    Check,
+    TableFactory,
     check_membership_table,
     make_entry,
 )
 
 
-@pytest.fixture
-async def table(postgres_url: str) -> AsyncIterator[PostgresMembershipTable]:
-    t = PostgresMembershipTable(postgres_url, cluster_id="c1", service_id="svc")
-    async with AsyncExitStack() as stack:
-        await t.start(stack)
-        yield t
+def fresh_tables(postgres_url: str) -> TableFactory:
+    return lambda: started(
+        PostgresMembershipTable(postgres_url, cluster_id=uuid.uuid4().hex, service_id="svc")
+    )
 
 
-@pytest.mark.parametrize("check", sorted(MEMBERSHIP_TABLE_CHECKS))
-async def test_contract(table: PostgresMembershipTable, check: str) -> None:
-    await MEMBERSHIP_TABLE_CHECKS[check](table)
+@pytest.mark.parametrize("check", MEMBERSHIP_TABLE_CHECKS, ids=lambda c: c.__name__)
+async def test_contract(postgres_url: str, check: Check) -> None:
+    await check(fresh_tables(postgres_url))
 
 
 async def test_whole_suite_on_fresh_clusters(postgres_url: str) -> None:
-    await check_membership_table(
-        lambda: PostgresMembershipTable(postgres_url, cluster_id=uuid.uuid4().hex, service_id="svc")
-    )
+    await check_membership_table(fresh_tables(postgres_url))
 
 
 async def test_clusters_and_services_are_separate(postgres_url: str) -> None:

@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from orleanspy.directory.postgres import _SCHEMA as directory_schema
+from orleanspy.directory.postgres import PostgresGrainDirectory
 from orleanspy.errors import StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.membership.postgres import _SCHEMA as membership_schema
 from orleanspy.membership.postgres import PostgresMembershipTable
-from orleanspy.postgres_directory import _SCHEMA as directory_schema
-from orleanspy.postgres_directory import PostgresGrainDirectory
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.postgres import _SCHEMA as reminders_schema
 from orleanspy.reminders.postgres import PostgresReminderTable

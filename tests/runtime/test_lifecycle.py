@@ -9,6 +9,7 @@ import pytest
 
 from orleanspy import Grain, Silo, SiloOptions
 from orleanspy.testing.clock import ManualClock
+from orleanspy.testing.cluster import wait_for
 
 events: list[str] = []
 
@@ -76,13 +77,6 @@ def _options(**kw: object) -> SiloOptions:
     )
 
 
-async def _wait_until(predicate, what: str, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.001)
-    assert predicate(), what
-
-
 async def test_idle_activation_is_collected_after_collection_age() -> None:
     events.clear()
     clock = ManualClock()
@@ -92,7 +86,7 @@ async def test_idle_activation_is_collected_after_collection_age() -> None:
         await clock.advance(timedelta(minutes=14))
         assert silo.activation_count == 1, "collected before collection_age"
         await clock.advance(timedelta(minutes=2))
-        await _wait_until(lambda: silo.activation_count == 0, "not collected")
+        await wait_for(lambda: silo.activation_count == 0, 5.0, what="not collected")
         assert events == ["activate idle", "deactivate idle"]
 
 
@@ -113,7 +107,9 @@ async def test_per_class_collection_age() -> None:
         await silo.client.get_grain(ShortLivedGrain, "s").touch()
         await silo.client.get_grain(LifecycleGrain, "l").touch()
         await clock.advance(timedelta(seconds=20))
-        await _wait_until(lambda: silo.activation_count == 1, "short-lived grain not collected")
+        await wait_for(
+            lambda: silo.activation_count == 1, 5.0, what="short-lived grain not collected"
+        )
 
 
 async def test_deactivate_on_idle_then_reactivates_on_next_call() -> None:
@@ -121,7 +117,7 @@ async def test_deactivate_on_idle_then_reactivates_on_next_call() -> None:
     async with Silo.local() as silo:
         ref = silo.client.get_grain(LifecycleGrain, "d")
         await ref.leave()
-        await _wait_until(lambda: silo.activation_count == 0, "not deactivated")
+        await wait_for(lambda: silo.activation_count == 0, 5.0, what="not deactivated")
         assert await ref.touch() == "ok"
         assert events == ["activate d", "deactivate d", "activate d"]
 
@@ -153,7 +149,7 @@ async def test_timer_ticks_on_period_and_stops_on_deactivation() -> None:
         act = next(a for a in silo.dispatcher.catalog.activations() if a.grain_id.key == "t")
         grain = act.grain
         await ref.leave()
-        await _wait_until(lambda: silo.activation_count == 0, "not deactivated")
+        await wait_for(lambda: silo.activation_count == 0, 5.0, what="not deactivated")
         assert not act._timers
         assert grain.handle.disposed
         ticks = grain.ticks

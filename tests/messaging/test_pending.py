@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from orleanspy import ClosedError, GrainCallTimeoutError
-from orleanspy.runtime.pending import PendingCalls
+from orleanspy.messaging.pending import PendingCalls
 
 
 async def test_unanswered_calls_time_out_in_order_and_answered_ones_do_not() -> None:

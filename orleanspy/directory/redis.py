@@ -27,7 +27,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
-from orleanspy.directory import ActivationAddress
+from orleanspy.directory.table import ActivationAddress
 from orleanspy.errors import ConfigurationError, StorageError
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.serialization import pack, unpack

@@ -32,12 +32,8 @@ from orleanspy.clock import Clock
 from orleanspy.errors import MembershipError, SiloDeclaredDeadError, StorageError
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.health import HealthMonitor, Ping
-from orleanspy.membership.table import (
-    MembershipEntry,
-    MembershipSnapshot,
-    MembershipTable,
-    SiloStatus,
-)
+from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus
+from orleanspy.membership.table import MembershipTable
 from orleanspy.options import MembershipOptions
 
 __all__ = ["Gossip", "MembershipListener", "MembershipService"]

@@ -20,7 +20,7 @@ from contextlib import AsyncExitStack
 from typing import Final
 
 from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
-from orleanspy.directory import ActivationAddress
+from orleanspy.directory.table import ActivationAddress
 from orleanspy.errors import ConfigurationError, StorageError
 from orleanspy.identity import GrainId, SiloAddress
 
