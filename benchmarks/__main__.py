@@ -15,6 +15,8 @@ BENCHMARKS = [
     "bench_cluster_calls",
     "bench_reminder_startup",
     "bench_reminder_ticks",
+    "bench_reminder_memory",
+    "bench_reminder_cluster",
     "bench_reminder_overload",
 ]
 
