@@ -31,6 +31,7 @@ from orleanspy.reference import GrainFactory
 from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
+from orleanspy.runtime.immutable import all_immutable
 from orleanspy.runtime.locator import Locator
 from orleanspy.runtime.pending import PendingCalls
 from orleanspy.runtime.remote_errors import error_payload, result_of
@@ -110,15 +111,23 @@ class Dispatcher:
         *,
         one_way: bool = False,
     ) -> Any:
-        """Send a call from this silo and wait for its result (see ``CallInvoker``)."""
+        """Send a call from this silo and wait for its result (see ``CallInvoker``).
+
+        Immutable arguments (``runtime.immutable``) are not encoded here: a local
+        activation gets them as they are, and ``_send_to`` encodes them only if
+        the call leaves the process. Anything mutable is copied through the codec.
+        """
+        local = all_immutable(args, kwargs)
         msg = Message.request(
             grain_id,
             method,
-            self.codec.encode((args, kwargs)),
+            b"" if local else self.codec.encode((args, kwargs)),
             one_way=one_way,
             expires_at_ms=self.clock.now_ms() + self._response_timeout_ms,
             sender_silo=self.address,
         )
+        if local:
+            msg.local_args = (args, kwargs)
         chain = current_chain.get()
         if chain:
             msg.headers[CHAIN_HEADER] = encode_chain(chain)
@@ -210,6 +219,11 @@ class Dispatcher:
         elif self._transport is None:
             self._reject(msg, MessageRejectedError(f"no transport to reach {silo}"))
         else:
+            local = msg.local_args
+            if local is not None:
+                # Leaving the process: the fast path's arguments get their wire form.
+                msg.body = self.codec.encode(local)
+                msg.local_args = None
             self._transport.send(silo, msg)
 
     def reroute(self, message: Message) -> None:
