@@ -100,6 +100,7 @@ class GrainDefinition:
     reminders: tuple[DeclaredReminder, ...] = ()
     reminder_keys: tuple[GrainKey, ...] = ("",)
     remindable: bool = False
+    reminder_affinity: bool = True
 
     def grain_id(self, key: GrainKey) -> GrainId:
         return GrainId(self.type_name, key)
@@ -180,7 +181,10 @@ class Grain:
     Class keywords: ``type_name`` (default: the class name), ``placement`` (a
     strategy from ``orleanspy.placement``), ``collection_age`` (idle time before
     the activation is collected; default the silo's), ``reminder_keys`` (keys for
-    which ``@register_reminder`` rows are created at start-up).
+    which ``@register_reminder`` rows are created at start-up), ``reminder_affinity``
+    (default ``True``: a grain that a reminder tick activates is placed on the
+    silo that owns the reminder; ``False`` places it with ``placement`` like any
+    other call).
 
     The runtime creates instances; ``__init__`` takes no arguments and runs after
     ``grain_id`` is available.
@@ -196,6 +200,7 @@ class Grain:
         placement: Any = None,
         collection_age: timedelta | None = None,
         reminder_keys: tuple[GrainKey, ...] | None = None,
+        reminder_affinity: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init_subclass__(**kwargs)
@@ -223,6 +228,9 @@ class Grain:
             reminders=parent.reminders if parent else (),
             reminder_keys=tuple(reminder_keys) if reminder_keys is not None else ("",),
             remindable=issubclass(cls, Remindable),
+            reminder_affinity=reminder_affinity
+            if reminder_affinity is not None
+            else (parent.reminder_affinity if parent else True),
         )
         cls.__grain_definition__ = defn
         _register(defn)

@@ -110,8 +110,12 @@ class Dispatcher:
         kwargs: dict[str, Any],
         *,
         one_way: bool = False,
+        reminder_tick: bool = False,
     ) -> Any:
         """Send a call from this silo and wait for its result (see ``CallInvoker``).
+
+        ``reminder_tick``: the call is a tick of a reminder this silo owns; it is
+        routed by ``route_reminder_tick`` (reminder-affine placement).
 
         Immutable arguments (``runtime.immutable``) are not encoded here: a local
         activation gets them as they are, and ``_send_to`` encodes them only if
@@ -131,12 +135,13 @@ class Dispatcher:
         chain = current_chain.get()
         if chain:
             msg.headers[CHAIN_HEADER] = encode_chain(chain)
+        route = self.route_reminder_tick if reminder_tick else self.route
         if one_way:
-            self.route(msg)
+            route(msg)
             return None
         fut = self._pending.add(msg.id, grain_id, method)
         try:
-            self.route(msg)
+            route(msg)
             response = await fut
         finally:
             self._pending.discard(msg.id)
@@ -203,10 +208,35 @@ class Dispatcher:
             ),
         )
 
-    async def _locate_and_send(self, msg: Message, defn: GrainDefinition | None) -> None:
+    def route_reminder_tick(self, msg: Message) -> None:
+        """Route a reminder tick this silo's reminder service delivers.
+
+        Reminder-affine placement: a grain with no activation anywhere is
+        activated here, on the silo that owns the reminder, so its ticks stay
+        local; an activation elsewhere keeps receiving them. A class declared
+        with ``reminder_affinity=False`` is placed by its strategy as usual.
+        """
+        gid = msg.target_grain
+        defn = None if gid is None else self._types.get(gid.type_name)
+        if (
+            gid is None
+            or defn is None
+            or self._local_only
+            or not defn.reminder_affinity
+            or msg.method not in defn.methods
+            or self.catalog.get(gid) is not None
+            or self._locator.cached(gid) is not None
+        ):
+            self.route(msg)
+            return
+        self._spawn(self._locate_and_send(msg, defn, prefer=self.address))
+
+    async def _locate_and_send(
+        self, msg: Message, defn: GrainDefinition | None, prefer: SiloAddress | None = None
+    ) -> None:
         assert msg.target_grain is not None
         try:
-            silo = await self._locator.locate(msg.target_grain, defn)
+            silo = await self._locator.locate(msg.target_grain, defn, prefer)
         except Exception as exc:
             self._reject(msg, exc)
             return

@@ -373,7 +373,9 @@ class Silo:
         dispatcher.set_reminders(registry)
 
         async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
-            await dispatcher.invoke(entry.grain_id, "receive_reminder", (entry.name, status), {})
+            await dispatcher.invoke(
+                entry.grain_id, "receive_reminder", (entry.name, status), {}, reminder_tick=True
+            )
 
         async def publish_missed(event: MissedReminder) -> None:
             await streams.publish(MISSED_REMINDERS_STREAM, event)
