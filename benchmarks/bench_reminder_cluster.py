@@ -15,7 +15,9 @@ Reported per ``K``: total delivered ticks/s over all silos, p50/p99 lateness
 over all ticks, CPU per delivered tick of each silo (its CPU time divided by
 its fair share of the delivered ticks, total / K; ``cpu_us_mean`` is all silos'
 CPU over all ticks), and the redis-server's CPU per tick. The 1-silo row is the baseline of the
-ratios.
+ratios. Reference rows run one silo at ``N/K``, a K-silo cluster's per-silo
+share: a silo's fixed costs (membership probes, table polls) weigh more per tick
+at a lower rate, whatever the cluster does.
 """
 
 from __future__ import annotations
@@ -201,7 +203,17 @@ def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with RedisServer() as server:
         for k in args.silos:
-            rows.append(_one(server, args.reminders, k, args.seconds))
+            row = _one(server, args.reminders, k, args.seconds)
+            row["kind"] = f"{k} silo(s), N={args.reminders}"
+            rows.append(row)
+        if args.reference:
+            # One silo at a K-silo cluster's per-silo share: what a silo's fixed
+            # costs (membership, probes, polls) weigh at that rate on its own.
+            for k in args.silos:
+                if k > 1:
+                    row = _one(server, args.reminders // k, 1, args.seconds)
+                    row["kind"] = f"reference: 1 silo, N/{k}"
+                    rows.append(row)
     base = rows[0] if rows and rows[0]["silos"] == 1 else None
     for row in rows:
         if base is not None:
@@ -219,13 +231,16 @@ if __name__ == "__main__":
     parser.add_argument("--reminders", type=int, default=3000)
     parser.add_argument("--silos", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--no-reference", dest="reference", action="store_false", help="skip the 1-silo N/K rows"
+    )
     args = parser.parse_args()
     rows = main(args)
     print_report(
         "reminder_cluster",
         rows,
         [
-            "silos",
+            "kind",
             "offered_per_s",
             "ticks_per_s",
             "ticks_vs_1",
