@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from datetime import datetime
 
 from orleanspy.clock import Clock
@@ -208,9 +207,7 @@ class Delivery:
             if row is not None and mine:
                 self.drop(row)
         elif row is not None and mine:
-            row.entry = replace(
-                row.entry, etag=etag, next_due=update.next_due, last_fire=update.last_fire
-            )
+            row.entry = row.entry.with_schedule(etag, update.next_due, update.last_fire)
 
     # -- one tick ---------------------------------------------------------------------
 

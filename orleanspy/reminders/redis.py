@@ -713,6 +713,8 @@ class _RedisChanges:
 
     async def _follow_scope(self) -> None:
         """Subscribe to the channels the scope wants now (and only those)."""
+        if self._pubsub is not None and self._scope.version == self._version:
+            return  # the common case, checked before taking the lock
         async with self._lock:
             with translate_errors("reminder change feed"):
                 await self._follow_scope_locked()
