@@ -84,6 +84,12 @@ async def orleanspy_run(n: int, seconds: float) -> dict[str, Any]:
 
 
 async def apscheduler_run(n: int, seconds: float) -> dict[str, Any]:
+    try:
+        import apscheduler  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "bench_reminder_memory needs APScheduler 3.11: pip install 'orleanspy[bench]'"
+        ) from None
     from apscheduler.jobstores.memory import MemoryJobStore
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
     from apscheduler.triggers.interval import IntervalTrigger
