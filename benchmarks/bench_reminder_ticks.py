@@ -53,6 +53,8 @@ PERIOD = timedelta(seconds=1)
 TYPE = "bench_reminder_ticks.Tick"
 #: Ticks whose slot falls in the first seconds are warm-up (activations, loading).
 WARMUP_S = 1.5
+#: The silo's safety-net refill period (``--poll-interval``); look-ahead is twice it.
+POLL_INTERVAL = timedelta(seconds=5)
 #: How long after the span a run keeps going, so its last slots can be delivered.
 LATE_GRACE_S = 0.5
 #: The saturation criterion.
@@ -145,8 +147,8 @@ async def silo_run(
     """``n`` one-second reminders on an embedded silo with a Redis table."""
     RECEIVED.clear()
     reminders = ReminderOptions(
-        look_ahead=timedelta(seconds=10),
-        poll_interval=timedelta(seconds=5),
+        look_ahead=2 * POLL_INTERVAL,
+        poll_interval=POLL_INTERVAL,
         adaptive=False,
         **({} if bucket is None else {"base_bucket_size": bucket}),
     )
@@ -286,7 +288,15 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--default-window", type=int, default=2000)
     parser.add_argument("--no-gc-compare", action="store_true")
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=POLL_INTERVAL.total_seconds(),
+        help="refill period in s; above --seconds no refill runs during the span "
+        "(isolates the tick path from refill stalls)",
+    )
     args = parser.parse_args()
+    POLL_INTERVAL = timedelta(seconds=args.poll_interval)
     rows, saturation = run(main(args))
     print_report(
         "reminder_ticks",
@@ -308,6 +318,7 @@ if __name__ == "__main__":
         ],
         loop=loop_name(),
         period_s=PERIOD.total_seconds(),
+        poll_interval_s=args.poll_interval,
         seconds=args.seconds,
         warmup_s=WARMUP_S,
         saturation=saturation,
