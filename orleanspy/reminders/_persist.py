@@ -11,10 +11,12 @@ newer one is rebased onto the new etag; when it loses its CAS, the newer one
 (same stale etag) is discarded with it. Storage errors keep the updates pending
 and the batch is retried with backoff, for as long as it takes.
 
-A batch lingers ``LINGER_S`` (real time) for more updates unless it is already
-full: under load ticks finish a few at a time, and a round trip per handful of
-rows costs more than the rows themselves. Persistence then lags the tick by at
-most that much more, which only widens the at-least-once window of a crash.
+Under a stream of ticks a partial batch is not written before ``LINGER_S``
+(real time) has passed since the previous write ended: ticks finish a few at a
+time, and a round trip per handful of rows costs more than the rows themselves.
+A full batch, or the first update after a quiet spell, is written at once.
+Persistence then lags the tick by at most that much more, which only widens the
+at-least-once window of a crash.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class Persister:
         self._idle.set()
         self.written = 0
         self.failures = 0
+        self._last_write_end = float("-inf")  # loop time
 
     def __len__(self) -> int:
         """Rows with an update not yet written."""
@@ -107,8 +110,12 @@ class Persister:
                 self._ready.clear()
                 await self._ready.wait()
             if len(self._pending) < self._options.persist_batch:
-                await asyncio.sleep(LINGER_S)
+                loop = asyncio.get_running_loop()
+                wait = self._last_write_end + LINGER_S - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
             ok = await self._write_batch()
+            self._last_write_end = asyncio.get_running_loop().time()
             raise_if_cancelled()
             if ok:
                 backoff.reset()
