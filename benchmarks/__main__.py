@@ -16,6 +16,8 @@ BENCHMARKS = [
     "bench_reminder_startup",
     "bench_reminder_register",
     "bench_reminder_ticks",
+    "bench_reminder_memory",
+    "bench_reminder_cluster",
     "bench_reminder_overload",
     "bench_grain_state",
 ]

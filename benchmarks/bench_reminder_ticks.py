@@ -1,22 +1,35 @@
-"""Reminder ticks per second on one silo, with lateness, beside raw asyncio timers.
+"""Reminder ticks per second on one silo, with lateness and CPU, beside raw asyncio timers.
 
-Run: ``python -m benchmarks.bench_reminder_ticks [--reminders 1000 4000] [--seconds 8]
-[--backend redis|postgres]``.
+Run: ``python -m benchmarks.bench_reminder_ticks [--rates 2000 4000 ...] [--seconds 6]
+[--default-window 2000] [--no-gc-compare] [--backend redis|postgres]``.
 
-``--backend postgres`` runs the silo on a ``PostgresReminderTable`` too (a
-throw-away database on the machine's PostgreSQL), beside the Redis table in the
-same run.
+``--backend postgres`` also runs each ``window 2N`` rate on a
+``PostgresReminderTable`` (a throw-away database on the machine's PostgreSQL),
+beside the Redis table in the same run; those rows do not enter the sweep.
 
-For each load, ``N`` reminders with a 1 s period are written into a Redis
-reminder table (a private redis-server), their first slots spread evenly over
-one period, so the silo is offered ``N`` ticks per second. An embedded silo with
-that table (persistence on: every acknowledged tick is written back, batched)
-delivers them to ``N`` local grains for ``--seconds``. Lateness is the grain's
-receipt time minus the scheduled slot (``TickStatus.current_tick_time``).
+For each offered rate ``N``, ``N`` reminders with a 1 s period are written into
+a Redis reminder table (a private redis-server), their first slots spread evenly
+over one period, so the silo is offered ``N`` ticks per second. An embedded silo
+with that table (persistence on: every acknowledged tick is written back,
+batched) delivers them to ``N`` local grains for ``--seconds``. Lateness is the
+grain's receipt time minus the scheduled slot (``TickStatus.current_tick_time``).
+
+- ``window 2N``: ``base_bucket_size = 2N``, so the window can hold every row;
+  the rates are swept upwards and the *saturation point* is the highest rate at
+  which every tick of the measured span was delivered with p99 lateness <= 50 ms.
+- ``window default``: the default ``base_bucket_size`` at ``--default-window``
+  reminders: what a silo configured out of the box delivers.
+- ``gc.freeze off``: the 2N run at the saturation point again with the silo's
+  start-up ``gc.freeze()`` undone, to show its effect on p99.
+
+CPU per tick is process CPU time (user + system, all threads) over the measured
+span divided by the ticks delivered in it: ``silo_cpu_us`` for this process,
+``redis_cpu_us`` for the private redis-server (read with psutil).
 
 The baseline, in the same run and process: the same schedule fired by raw
-``loop.call_at`` timers (one per reminder, re-armed on the grid), with
-lateness measured the same way: what the event loop alone achieves.
+``loop.call_at`` timers (one per reminder, re-armed on the grid), with lateness
+measured the same way: what the event loop alone achieves. Its saturation point
+is found by the same sweep.
 """
 
 from __future__ import annotations
@@ -31,6 +44,8 @@ from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psutil
+
 from benchmarks._util import loop_name, print_report, run
 from orleanspy import Grain, Remindable, ReminderOptions, Silo, SiloOptions, TickStatus
 from orleanspy.identity import GrainId
@@ -42,8 +57,15 @@ from orleanspy.testing.redis_server import RedisServer
 
 PERIOD = timedelta(seconds=1)
 TYPE = "bench_reminder_ticks.Tick"
-#: Ticks whose slot falls in the first second are warm-up (activations, loading).
-WARMUP_S = 1.0
+#: Ticks whose slot falls in the first seconds are warm-up (activations, loading).
+WARMUP_S = 1.5
+#: The silo's safety-net refill period (``--poll-interval``); look-ahead is twice it.
+POLL_INTERVAL = timedelta(seconds=5)
+#: How long after the span a run keeps going, so its last slots can be delivered.
+LATE_GRACE_S = 0.5
+#: The saturation criterion.
+P99_LIMIT_MS = 50.0
+DEFAULT_RATES = [1000, 2000, 4000, 6000, 8000, 10000, 12000, 15000]
 
 #: (slot, received) in epoch seconds, for ticks of the current run.
 RECEIVED: list[tuple[float, float]] = []
@@ -54,28 +76,69 @@ class BenchTickGrain(Grain, Remindable, type_name=TYPE):
         RECEIVED.append((status.current_tick_time.timestamp(), time.time()))
 
 
-def _percentiles(lateness_ms: Sequence[float]) -> tuple[float, float]:
+def percentiles(lateness_ms: Sequence[float]) -> tuple[float, float]:
+    """(p50, p99) of ``lateness_ms``; NaN when there are fewer than two samples."""
     if len(lateness_ms) < 2:
         return (float("nan"), float("nan"))
     q = statistics.quantiles(lateness_ms, n=100, method="inclusive")
     return q[49], q[98]
 
 
-def _summary(
+def summary(
     kind: str, n: int, samples: list[tuple[float, float]], t0: float, seconds: float
 ) -> dict[str, Any]:
+    """Ticks whose slot lies in the measured span ``[t0 + WARMUP_S, t0 + seconds)``."""
     window = [(slot, got) for slot, got in samples if t0 + WARMUP_S <= slot < t0 + seconds]
     lateness = [(got - slot) * 1000 for slot, got in window]
-    p50, p99 = _percentiles(lateness)
+    p50, p99 = percentiles(lateness)
     span = seconds - WARMUP_S
+    expected = round(n * span / PERIOD.total_seconds())
     return {
         "kind": kind,
         "offered_per_s": n,
         "ticks_per_s": len(window) / span,
+        "delivered_share": len(window) / expected if expected else float("nan"),
         "lateness_p50_ms": p50,
         "lateness_p99_ms": p99,
         "lateness_max_ms": max(lateness, default=float("nan")),
+        "ok": len(window) >= expected and p99 <= P99_LIMIT_MS,
     }
+
+
+class CpuMeter:
+    """CPU seconds (user + system, all threads) of some processes between two marks."""
+
+    def __init__(self, **pids: int | None) -> None:
+        self._procs = {name: psutil.Process(pid) for name, pid in pids.items() if pid}
+        self._start: dict[str, float] = {}
+        self.spent: dict[str, float] = {}
+
+    def _now(self) -> dict[str, float]:
+        out = {}
+        for name, proc in self._procs.items():
+            t = proc.cpu_times()
+            out[name] = t.user + t.system
+        return out
+
+    def mark_start(self) -> None:
+        self._start = self._now()
+
+    def mark_end(self) -> None:
+        end = self._now()
+        self.spent = {name: end[name] - self._start[name] for name in end}
+
+
+async def measure_cpu(meter: CpuMeter, t0: float, seconds: float) -> None:
+    """Mark ``meter`` at the start and end of the measured span (wall clock)."""
+    await asyncio.sleep(max(0.0, t0 + WARMUP_S - time.time()))
+    meter.mark_start()
+    await asyncio.sleep(max(0.0, t0 + seconds - time.time()))
+    meter.mark_end()
+
+
+def per_tick_us(cpu_s: float, row: dict[str, Any], seconds: float) -> float:
+    ticks = row["ticks_per_s"] * (seconds - WARMUP_S)
+    return cpu_s * 1e6 / ticks if ticks else float("nan")
 
 
 def _table(url: str, service_id: str) -> ReminderTable:
@@ -86,49 +149,64 @@ def _table(url: str, service_id: str) -> ReminderTable:
     return RedisReminderTable(url, service_id=service_id)
 
 
-async def silo_run(url: str, n: int, seconds: float, label: str) -> dict[str, Any]:
+async def silo_run(
+    server: RedisServer,
+    n: int,
+    seconds: float,
+    *,
+    bucket: int | None,
+    kind: str,
+    freeze: bool = True,
+    postgres_url: str | None = None,
+) -> dict[str, Any]:
+    """``n`` one-second reminders on an embedded silo with a Redis table (or a
+    PostgreSQL one when ``postgres_url`` is given)."""
     RECEIVED.clear()
-    options = SiloOptions(
-        grain_types=(BenchTickGrain,),
-        collection_age=timedelta(hours=1),
-        reminders=ReminderOptions(
-            look_ahead=timedelta(seconds=10),
-            poll_interval=timedelta(seconds=5),
-            base_bucket_size=max(1024, 2 * n),
-            adaptive=False,
-        ),
+    reminders = ReminderOptions(
+        look_ahead=2 * POLL_INTERVAL,
+        poll_interval=POLL_INTERVAL,
+        adaptive=False,
+        **({} if bucket is None else {"base_bucket_size": bucket}),
     )
-    service_id = f"bench-ticks-{n}"
+    options = SiloOptions(
+        grain_types=(BenchTickGrain,), collection_age=timedelta(hours=1), reminders=reminders
+    )
+    service_id = f"bench-ticks-{n}-{time.monotonic_ns()}"
     async with AsyncExitStack() as stack:
-        table = _table(url, service_id)
+        table = _table(postgres_url or server.url, service_id)
         await table.start(stack)
         # Start two seconds from now, slots spread evenly over one period. A
         # PostgreSQL upsert is a commit of its own (about 1 ms with fsync here), so
         # seeding takes longer there: start later, so that no slot passes unseeded.
-        lead = 2.0 if label == "Redis" else 2.0 + n / 400
-        t0 = time.time() + lead
+        t0 = time.time() + 2.0 + (n / 400 if postgres_url else n / 20000)
         step = PERIOD.total_seconds() / n
-        await asyncio.gather(
-            *(
-                table.upsert(_entry(service_id, i, datetime.fromtimestamp(t0 + i * step, UTC)))
-                for i in range(n)
-            )
-        )
+        entries = [
+            _entry(service_id, i, datetime.fromtimestamp(t0 + i * step, UTC)) for i in range(n)
+        ]
+        for i in range(0, n, 500):
+            await asyncio.gather(*(table.upsert(e) for e in entries[i : i + 500]))
         gc.collect()
         silo = Silo.local(options, reminder_table=table)
         async with silo:
-            await asyncio.sleep(max(0.0, t0 + seconds - time.time()))
+            if not freeze:
+                gc.unfreeze()
+            meter = CpuMeter(silo=psutil.Process().pid, redis=None if postgres_url else server.pid)
+            await measure_cpu(meter, t0, seconds)
+            # The last slots of the span are delivered a moment after it ends.
+            await asyncio.sleep(LATE_GRACE_S)
             service = silo.reminder_service
             assert service is not None
             # Still ticking: persistence is measured as written versus delivered.
             stats = service.stats
             stopping = time.perf_counter()
         stop_s = time.perf_counter() - stopping
-    row = _summary(f"silo + {label} table", n, RECEIVED, t0, seconds)
+    row = summary(kind, n, RECEIVED, t0, seconds)
     row.update(
+        bucket=options.reminders.base_bucket_size,
+        silo_cpu_us=per_tick_us(meter.spent["silo"], row, seconds),
+        redis_cpu_us=per_tick_us(meter.spent.get("redis", float("nan")), row, seconds),
         delivered=stats.delivered,
         persisted=stats.persisted,
-        persist_pending=stats.persist_pending,
         missed=stats.missed,
         stop_s=stop_s,
     )
@@ -164,53 +242,137 @@ async def timers_run(n: int, seconds: float) -> dict[str, Any]:
     for i in range(n):
         slot = t0 + i * step
         loop.call_at(slot + offset, fire, slot)
-    await asyncio.sleep(max(0.0, end - time.time()) + 0.1)
-    return _summary("baseline: loop.call_at", n, samples, t0, seconds)
+    meter = CpuMeter(silo=psutil.Process().pid)
+    await measure_cpu(meter, t0, seconds)
+    await asyncio.sleep(max(0.0, end - time.time()) + LATE_GRACE_S)
+    row = summary("loop.call_at", n, samples, t0, seconds)
+    row["silo_cpu_us"] = per_tick_us(meter.spent["silo"], row, seconds)
+    return row
 
 
-async def main(loads: Sequence[int], seconds: float, backend: str) -> list[dict[str, Any]]:
+async def main(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     rows: list[dict[str, Any]] = []
+    saturation = {"window 2N": 0, "loop.call_at": 0}
     with RedisServer() as server:
-        database = PostgresDatabase() if backend == "postgres" else None
+        database = PostgresDatabase() if args.backend == "postgres" else None
         if database is not None:
             # Its own loop: create() must not run inside this one.
             await asyncio.to_thread(database.create)
         try:
-            for n in loads:
-                rows.append(await timers_run(n, seconds))
-                rows.append(await silo_run(server.url, n, seconds, "Redis"))
-                if database is not None:
-                    rows.append(await silo_run(database.url, n, seconds, "PostgreSQL"))
+            await _sweep(args, server, database, rows, saturation)
         finally:
             if database is not None:
                 await asyncio.to_thread(database.drop)
-    return rows
+    return rows, saturation
+
+
+async def _sweep(
+    args: argparse.Namespace,
+    server: RedisServer,
+    database: PostgresDatabase | None,
+    rows: list[dict[str, Any]],
+    saturation: dict[str, int],
+) -> None:
+    failed = {"window 2N": 0, "loop.call_at": 0}
+    for n in sorted(args.rates):
+        if failed["window 2N"] < 2:
+            row = await silo_run(server, n, args.seconds, bucket=2 * n, kind="window 2N")
+            rows.append(row)
+            _tally(row, "window 2N", n, saturation, failed)
+            if database is not None:
+                rows.append(
+                    await silo_run(
+                        server,
+                        n,
+                        args.seconds,
+                        bucket=2 * n,
+                        kind="window 2N (PostgreSQL)",
+                        postgres_url=database.url,
+                    )
+                )
+        if failed["loop.call_at"] < 2:
+            row = await timers_run(n, args.seconds)
+            rows.append(row)
+            _tally(row, "loop.call_at", n, saturation, failed)
+        if min(failed.values()) >= 2:
+            break
+    if args.default_window:
+        rows.append(
+            await silo_run(
+                server, args.default_window, args.seconds, bucket=None, kind="window default"
+            )
+        )
+    if not args.no_gc_compare and saturation["window 2N"]:
+        n = saturation["window 2N"]
+        for freeze in (True, False):
+            rows.append(
+                await silo_run(
+                    server,
+                    n,
+                    args.seconds,
+                    bucket=2 * n,
+                    kind=f"gc.freeze {'on' if freeze else 'off'}",
+                    freeze=freeze,
+                )
+            )
+
+
+def _tally(
+    row: dict[str, Any], kind: str, n: int, saturation: dict[str, int], failed: dict[str, int]
+) -> None:
+    # A rate that passes after one that failed still counts (the machine is noisy),
+    # but two failures in a row end the sweep.
+    if row["ok"]:
+        saturation[kind] = max(saturation[kind], n)
+        failed[kind] = 0
+    else:
+        failed[kind] += 1
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reminders", type=int, nargs="+", default=[1000, 4000])
-    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rates", type=int, nargs="+", default=DEFAULT_RATES)
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--default-window", type=int, default=2000)
+    parser.add_argument("--no-gc-compare", action="store_true")
     parser.add_argument("--backend", choices=("redis", "postgres"), default="redis")
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=POLL_INTERVAL.total_seconds(),
+        help="refill period in s; above --seconds no refill runs during the span "
+        "(isolates the tick path from refill stalls)",
+    )
     args = parser.parse_args()
-    result = run(main(args.reminders, args.seconds, args.backend))
+    POLL_INTERVAL = timedelta(seconds=args.poll_interval)
+    rows, saturation = run(main(args))
     print_report(
         "reminder_ticks",
-        result,
+        rows,
         [
             "kind",
             "offered_per_s",
+            "bucket",
             "ticks_per_s",
+            "delivered_share",
             "lateness_p50_ms",
             "lateness_p99_ms",
             "lateness_max_ms",
+            "silo_cpu_us",
+            "redis_cpu_us",
+            "ok",
             "missed",
-            "delivered",
-            "persisted",
             "stop_s",
         ],
         loop=loop_name(),
         period_s=PERIOD.total_seconds(),
+        poll_interval_s=args.poll_interval,
         seconds=args.seconds,
         warmup_s=WARMUP_S,
+        saturation=saturation,
+    )
+    print(
+        f"\nsaturation (every tick delivered, p99 <= {P99_LIMIT_MS:.0f} ms): "
+        f"silo + Redis table {saturation['window 2N']:,}/s, "
+        f"loop.call_at {saturation['loop.call_at']:,}/s (highest rate tried: {max(args.rates):,}/s)"
     )

@@ -105,6 +105,7 @@ class GrainDefinition:
     reminder_keys: tuple[GrainKey, ...] = ("",)
     remindable: bool = False
     states: tuple[StateDeclaration[Any], ...] = ()
+    reminder_affinity: bool = True
 
     def grain_id(self, key: GrainKey) -> GrainId:
         return GrainId(self.type_name, key)
@@ -204,7 +205,10 @@ class Grain:
     Class keywords: ``type_name`` (default: the class name), ``placement`` (a
     strategy from ``orleanspy.placement``), ``collection_age`` (idle time before
     the activation is collected; default the silo's), ``reminder_keys`` (keys for
-    which ``@register_reminder`` rows are created at start-up).
+    which ``@register_reminder`` rows are created at start-up), ``reminder_affinity``
+    (default ``True``: a grain that a reminder tick activates is placed on the
+    silo that owns the reminder; ``False`` places it with ``placement`` like any
+    other call).
 
     The runtime creates instances; ``__init__`` takes no arguments and runs after
     ``grain_id`` is available and every ``persistent_state`` attribute is loaded.
@@ -220,6 +224,7 @@ class Grain:
         placement: Any = None,
         collection_age: timedelta | None = None,
         reminder_keys: tuple[GrainKey, ...] | None = None,
+        reminder_affinity: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init_subclass__(**kwargs)
@@ -248,6 +253,9 @@ class Grain:
             reminder_keys=tuple(reminder_keys) if reminder_keys is not None else ("",),
             remindable=issubclass(cls, Remindable),
             states=_collect_states(cls),
+            reminder_affinity=reminder_affinity
+            if reminder_affinity is not None
+            else (parent.reminder_affinity if parent else True),
         )
         cls.__grain_definition__ = defn
         _register(defn)

@@ -127,6 +127,11 @@ def registered_type(name: str) -> type[Any] | None:
     return _registry.get(name)
 
 
+def is_registered(cls: type[Any]) -> bool:
+    """Whether ``cls`` was registered with ``register_type`` (so it can travel)."""
+    return cls in _names
+
+
 def _packb(value: Any) -> bytes:
     data: bytes = msgpack.packb(value, default=_default, use_bin_type=True, datetime=False)
     return data

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from orleanspy.identity import GrainId, SiloAddress
 
@@ -60,6 +61,10 @@ class Message:
     forward_count: int = 0
     status: ResponseStatus = ResponseStatus.OK
     headers: dict[str, str] = field(default_factory=dict)
+    #: In-process only, never sent: a request's ``(args, kwargs)`` when every
+    #: argument is immutable and ``body`` has not been encoded (the local call
+    #: fast path). Whoever sends the message off the process encodes it first.
+    local_args: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, repr=False)
 
     @classmethod
     def request(

@@ -51,7 +51,7 @@ from orleanspy.reminders.model import (
     row_key,
 )
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.table import ChangeFeed, ReminderTable
+from orleanspy.reminders.table import ChangeFeed, ReminderTable, subscribe
 from orleanspy.ring import RingRange
 
 __all__ = ["Loader"]
@@ -237,7 +237,7 @@ class Loader:
                     log.warning("reminder change feed lost name=%s error=%r", self._name, exc)
                     await feed.aclose()
                     await self._clock.sleep(backoff.next())
-                    feed = self._table.changes()
+                    feed = subscribe(self._table, self._ownership.feed_scope)
                     # Changes may have been missed while the feed was down.
                     self._refill_wanted = True
                     self._wake.set()

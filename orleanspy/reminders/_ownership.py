@@ -5,16 +5,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orleanspy.identity import GrainId
+from orleanspy.reminders.table import FeedScope
 from orleanspy.ring import RingRange
 
 __all__ = ["Ownership"]
 
 
 class Ownership:
-    """The ranges a silo owns. Nothing is owned until the first ``update``."""
+    """The ranges a silo owns. Nothing is owned until the first ``update``.
+
+    ``feed_scope`` follows the owned ranges: change feeds subscribed with it
+    (``table.subscribe``) need only carry changes of owned rows, and never this
+    silo's own writes (its service learns of those locally).
+    """
 
     def __init__(self) -> None:
         self._ranges: tuple[RingRange, ...] = ()
+        self.feed_scope = FeedScope((), skip_own_writes=True)
 
     @property
     def ranges(self) -> tuple[RingRange, ...]:
@@ -36,6 +43,7 @@ class Ownership:
         """
         old = self._ranges
         self._ranges = tuple(dict.fromkeys(ranges))
+        self.feed_scope.set_ranges(self._ranges)
         return [r for r in self._ranges if not any(_inside(r, o) for o in old)]
 
 

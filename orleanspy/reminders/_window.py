@@ -37,7 +37,6 @@ import heapq
 import itertools
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 from datetime import datetime
 
 from orleanspy.clock import to_ms
@@ -306,9 +305,7 @@ class DueWindow:
             if row is not None and mine:
                 self.drop(row)
         elif row is not None and mine:
-            row.entry = replace(
-                row.entry, etag=etag, next_due=update.next_due, last_fire=update.last_fire
-            )
+            row.entry = row.entry.with_schedule(etag, update.next_due, update.last_fire)
 
     def replace_entry(self, row: Row, entry: ReminderEntry) -> None:
         """A write kept ``row``'s schedule but changed its stored copy (a new

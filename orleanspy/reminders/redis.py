@@ -7,10 +7,14 @@ hash tag ``{<service_id>:rem:<s>}``, so each shard can live on its own node)::
     P rem:T:due     ZSET  "hash8hex|grain|name", score = lane * 2**44 + next_due ms
     P rem:T:grain   ZSET  "grain|name", all scores 0 (prefix scans by grain)
     P rem:T:etag    STRING  per-shard write counter (etags)
+    P rem:T:changes sharded pub/sub channel (SPUBLISH) of the shard's changes
     P rem:meta      HASH  "shards" -> the shard count the table was created with
-    P rem:changes   pub/sub channel, payload msgpack
-                    [grain, name, next_due_ms | nil] or, from upserts,
-                    [grain, name, next_due_ms, priority]
+
+A change message is ``<writer: 8 hex><hash: 8 hex><msgpack [grain, name,
+next_due_ms | nil]>`` or, from upserts, ``... [grain, name, next_due_ms,
+priority]``. The fixed-width head lets a reader drop its own writes and rows
+outside its ranges before decoding anything. ``writer`` is the ``writer_id`` of
+the table instance that wrote the row.
 
 A row lives in shard ``hash >> (32 - log2(shards))`` (the top bits), so a ring
 range maps onto a run of consecutive shards. Writes are Lua scripts over one
@@ -29,6 +33,15 @@ to ``before``, so the cost grows with the rows returned and the priorities
 present, never with rows not yet due. Every script that writes the due index
 computes the score with ``lane_score`` (Python) or the same formula in Lua,
 from the row's stored priority.
+
+``update_schedule_many`` applies a whole batch in one script call whose rows
+travel packed in one argument; it scores each row from its stored priority too.
+
+Change feeds use Redis 7 sharded pub/sub, one channel per shard (it lives on
+the shard's node in Redis Cluster). A scoped feed (``scoped_changes``)
+subscribes only to the shards overlapping its scope's ranges, re-subscribes
+when they change, and skips its own table's writes and rows outside the ranges
+by the message head, without decoding them.
 """
 
 from __future__ import annotations
@@ -37,10 +50,12 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from typing import Any, Final
+
+import msgpack
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy._retry import Backoff
@@ -48,6 +63,7 @@ from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate, row_key
+from orleanspy.reminders.table import FeedScope
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, unpack
 
@@ -104,14 +120,15 @@ rec['e'] = etag
 redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+redis.call('SPUBLISH', ARGV[6], ARGV[7])
 return etag
 """
 
 # Many upserts into one shard in one call. KEYS: rows, due, grain, etag counter.
 # ARGV: etag suffix, channel, then one msgpack array of rows, each
-# [key, due member, score, record map]; the change payload is built here from
-# the record (grain, name, due, priority). Returns the etags in order.
+# [key, due member, score, record map], then the writer id; the change message
+# is built here: writer id, the row's hash (the due member's 8-hex prefix), then
+# msgpack [grain, name, due, priority] from the record. Returns the etags in order.
 _UPSERT_MANY: Final = """
 local rows = cmsgpack.unpack(ARGV[3])
 local out = {}
@@ -123,7 +140,8 @@ for i = 1, #rows do
   redis.call('HSET', KEYS[1], row[1], cmsgpack.pack(rec))
   redis.call('ZADD', KEYS[2], string.format('%.0f', row[3]), row[2])
   redis.call('ZADD', KEYS[3], 0, row[1])
-  redis.call('PUBLISH', ARGV[2], cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+  local head = ARGV[4] .. string.sub(row[2], 1, 8)
+  redis.call('SPUBLISH', ARGV[2], head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
   out[i] = etag
 end
 return out
@@ -146,8 +164,42 @@ rec['e'] = etag
 redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
 local score = (127 - rec['r']) * 17592186044416 + rec['d']
 redis.call('ZADD', KEYS[2], string.format('%.0f', score), ARGV[2])
-redis.call('PUBLISH', ARGV[7], ARGV[8])
+redis.call('SPUBLISH', ARGV[7], ARGV[8])
 return etag
+"""
+
+# KEYS: rows, due and etag counter of each shard of the batch (three per shard).
+# ARGV[1]: etag suffix. ARGV[2]: msgpack list of the shards' change channels.
+# ARGV[3]: msgpack flat list, seven items per update: the shard's position in
+# KEYS (1-based, in threes), key, due member, expected etag, next_due ms,
+# last_fire ms (-1: none), change payload. Returns per update the new etag, or
+# false on a lost race. The rows travel in one argument so the client encodes
+# one string per batch, not seven per row. As in _UPDATE_SCHEDULE, the due
+# score is the lane of the row's stored priority plus next_due (``lane_score``).
+_UPDATE_MANY: Final = """
+local channels = cmsgpack.unpack(ARGV[2])
+local u = cmsgpack.unpack(ARGV[3])
+local out = {}
+for i = 1, #u, 7 do
+  local g = (u[i] - 1) * 3
+  local raw = redis.call('HGET', KEYS[g + 1], u[i + 1])
+  local result = false
+  if raw then
+    local rec = cmsgpack.unpack(raw)
+    if rec['e'] == u[i + 3] then
+      result = redis.call('INCR', KEYS[g + 3]) .. ARGV[1]
+      rec['d'] = u[i + 4]
+      if u[i + 5] < 0 then rec['l'] = nil else rec['l'] = u[i + 5] end
+      rec['e'] = result
+      redis.call('HSET', KEYS[g + 1], u[i + 1], cmsgpack.pack(rec))
+      local score = (127 - rec['r']) * 17592186044416 + u[i + 4]
+      redis.call('ZADD', KEYS[g + 2], string.format('%.0f', score), u[i + 2])
+      redis.call('SPUBLISH', channels[u[i]], u[i + 6])
+    end
+  end
+  out[#out + 1] = result
+end
+return out
 """
 
 # KEYS: rows, due, grain. ARGV: key, due member, expected etag, channel, payload.
@@ -159,7 +211,7 @@ if rec['e'] ~= ARGV[3] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+redis.call('SPUBLISH', ARGV[4], ARGV[5])
 return 1
 """
 
@@ -230,16 +282,35 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
 
 
+#: Bytes of a change message's head: writer id, then the row's hash, 8 hex digits each.
+_HEAD: Final = 16
+
+
 def _change_payload(
-    grain_id: GrainId, name: str, next_due_ms: int | None, priority: int | None = None
+    writer: bytes,
+    h: int,
+    grain_id: GrainId,
+    name: str,
+    next_due_ms: int | None,
+    *,
+    priority: int | None = None,
 ) -> bytes:
-    if priority is None:
-        return pack([grain_id.canonical, name, next_due_ms])
-    return pack([grain_id.canonical, name, next_due_ms, priority])
+    fields: list[Any] = [grain_id.canonical, name, next_due_ms]
+    if priority is not None:
+        fields.append(priority)
+    return b"%s%08x%s" % (writer, h, pack(fields))
+
+
+def _lua_pack(value: Any) -> bytes:
+    """msgpack for a script's ``cmsgpack.unpack``: bytes as the old raw type (it
+    has no bin types), so they arrive in Lua as strings."""
+    packed: bytes = msgpack.packb(value, use_bin_type=False)
+    return packed
 
 
 def _decode_change(data: bytes) -> ReminderChange:
-    fields = unpack(data)
+    """A change message (head included) as a ``ReminderChange``."""
+    fields = unpack(data[_HEAD:])
     if not isinstance(fields, list) or len(fields) not in (3, 4):
         raise ValueError("a change is [grain, name, next_due_ms] or with a priority")
     canonical, name, due_ms = fields[:3]
@@ -273,11 +344,14 @@ class RedisReminderTable:
         self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
         self._prefix = key_prefix(service_id)
         self._meta = f"{self._prefix}rem:meta"
-        self._channel = f"{self._prefix}rem:changes"
+        #: Tags every change this instance writes (8 hex digits), so a scoped feed
+        #: of the same instance skips them undecoded. One instance serves one silo.
+        self.writer_id = secrets.token_hex(4)
+        self._writer = self.writer_id.encode()
         # Etags are "<shard counter><suffix>". The counter makes them unique while
         # the store lives; the random suffix keeps an etag held from before a
         # wiped store from matching a row written after it.
-        self._etag_suffix = f".{secrets.token_hex(4)}"
+        self._etag_suffix = f".{self.writer_id}"
         self._subscriptions: set[_RedisChanges] = set()
         self._scripts: dict[str, Any] = {}
 
@@ -313,6 +387,7 @@ class RedisReminderTable:
             ("upsert", _UPSERT),
             ("upsert_many", _UPSERT_MANY),
             ("update", _UPDATE_SCHEDULE),
+            ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
         ):
@@ -332,6 +407,9 @@ class RedisReminderTable:
 
     def _key(self, shard: int, kind: str) -> str:
         return f"{self._prefix}rem:{{{self.service_id}:rem:{shard}}}:{kind}"
+
+    def _channel(self, shard: int) -> str:
+        return self._key(shard, "changes")
 
     @staticmethod
     def _member(h: int, key: str) -> str:
@@ -373,7 +451,9 @@ class RedisReminderTable:
             for s, indexes in by_shard.items():
                 keys = [self._key(s, k) for k in ("rows", "due", "grain", "etag")]
                 rows = pack([packed[i] for i in indexes])
-                pipe.evalsha(script.sha, 4, *keys, self._etag_suffix, self._channel, rows)
+                pipe.evalsha(
+                    script.sha, 4, *keys, self._etag_suffix, self._channel(s), rows, self._writer
+                )
             replies = (await pipe.execute())[1:]
         etags: list[str] = [""] * len(entries)
         for indexes, reply in zip(by_shard.values(), replies, strict=True):
@@ -411,8 +491,10 @@ class RedisReminderTable:
             lane_score(int(entry.priority), due_ms),
             pack(record),
             self._etag_suffix,
-            self._channel,
-            _change_payload(entry.grain_id, entry.name, due_ms, int(entry.priority)),
+            self._channel(s),
+            _change_payload(
+                self._writer, h, entry.grain_id, entry.name, due_ms, priority=int(entry.priority)
+            ),
             condition,
         ]
         return keys, args
@@ -438,8 +520,8 @@ class RedisReminderTable:
             due_ms,
             "" if last_fire is None else to_ms(last_fire),
             self._etag_suffix,
-            self._channel,
-            _change_payload(grain_id, name, due_ms),
+            self._channel(s),
+            _change_payload(self._writer, h, grain_id, name, due_ms),
         ]
         return keys, args
 
@@ -458,26 +540,50 @@ class RedisReminderTable:
         return None if result is None else str(result.decode())
 
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
-        """``update_schedule`` for each update, in order, in one pipelined round trip.
+        """``update_schedule`` for each update, in order, in one script call.
 
-        Each result is the new etag or ``None`` (lost race). The batch is not a
-        transaction: on ``StorageUnavailableError`` some updates may have applied.
-        Retrying is safe; an update that did apply then reports a lost race (its
-        row already holds the new schedule, which a ``read`` shows).
+        Each result is the new etag or ``None`` (lost race). The rows' fields
+        travel packed in one argument; the script is sent by its digest and
+        loaded again only when Redis answers NOSCRIPT (e.g. after a restart).
+        The script runs atomically, but on ``StorageUnavailableError`` the
+        caller cannot know whether it ran. Retrying is safe; an update that did
+        apply then reports a lost race (its row already holds the new schedule,
+        which a ``read`` shows).
         """
         if not updates:
             return []
-        script = self._script("update")
+        keys: list[str] = []
+        channels: list[str] = []
+        position: dict[int, int] = {}
+        flat: list[Any] = []
+        writer = self._writer
+        for u in updates:
+            grain_id, name = u.grain_id, u.name
+            h = grain_id.uniform_hash()
+            s = h >> self._shift
+            g = position.get(s)
+            if g is None:
+                g = position[s] = len(channels) + 1
+                keys += (self._key(s, "rows"), self._key(s, "due"), self._key(s, "etag"))
+                channels.append(self._channel(s))
+            key = f"{grain_id.canonical}|{name}"
+            due_ms = to_ms(u.next_due)
+            lane_score(0, due_ms)  # range check; the script scores with the stored priority
+            flat += (
+                g,
+                key,
+                f"{h:08x}|{key}",
+                u.etag,
+                due_ms,
+                -1 if u.last_fire is None else to_ms(u.last_fire),
+                _change_payload(writer, h, grain_id, name, due_ms),
+            )
         with translate_errors("reminder update_schedule_many"):
-            pipe = self._c.pipeline(transaction=False)
-            # Loading first on the same connection makes NOSCRIPT impossible (e.g.
-            # after a server restart) without a second round trip.
-            pipe.script_load(_UPDATE_SCHEDULE)
-            for u in updates:
-                keys, args = self._update_call(u.grain_id, u.name, u.etag, u.next_due, u.last_fire)
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            results = await pipe.execute()
-        return [None if r is None else str(r.decode()) for r in results[1:]]
+            results = await self._script("update_many")(
+                keys=keys,
+                args=[self._etag_suffix, _lua_pack(channels), _lua_pack(flat)],
+            )
+        return [None if r is None else r.decode() for r in results]
 
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
@@ -491,8 +597,8 @@ class RedisReminderTable:
                     key,
                     self._member(h, key),
                     etag,
-                    self._channel,
-                    _change_payload(grain_id, name, None),
+                    self._channel(s),
+                    _change_payload(self._writer, h, grain_id, name, None),
                 ],
             )
         return bool(done)
@@ -687,15 +793,33 @@ class RedisReminderTable:
     # -- change feed ----------------------------------------------------------------
 
     def changes(self) -> _RedisChanges:
-        """A new subscription to the change channel.
+        """A new subscription to the change channels of every shard, all writers.
 
         It subscribes on the first ``anext`` (changes published before that are
         not seen), reconnects with backoff when Redis goes away (logging, never
         raising), and ends on ``aclose`` or when the table is closed.
         """
-        sub = _RedisChanges(self._c, self._channel, self._subscriptions)
+        return self.scoped_changes(FeedScope())
+
+    def scoped_changes(self, scope: FeedScope) -> _RedisChanges:
+        """Like ``changes()``, but subscribed only to the shards overlapping
+        ``scope.ranges`` (re-subscribing within ``_FEED_POLL_S`` of a
+        ``set_ranges``); changes of rows outside the ranges and, with
+        ``scope.skip_own_writes``, those written through this instance are
+        dropped by their message head without being decoded."""
+        sub = _RedisChanges(self, scope)
         self._subscriptions.add(sub)
         return sub
+
+    def _shards_of(self, ranges: Iterable[RingRange] | None) -> set[int]:
+        if ranges is None:
+            return set(range(self.shards))
+        return {
+            s
+            for r in ranges
+            for a, b in _intervals(r)
+            for s in range(a >> self._shift, (b >> self._shift) + 1)
+        }
 
     async def _close_subscriptions(self) -> None:
         for sub in list(self._subscriptions):
@@ -703,29 +827,61 @@ class RedisReminderTable:
 
 
 class _RedisChanges:
-    """One pub/sub subscription to the change channel, resubscribing as needed."""
+    """One sharded pub/sub subscription to the change channels a scope wants,
+    resubscribing as needed."""
 
-    def __init__(self, client: Redis, channel: str, registry: set[_RedisChanges]) -> None:
-        self._client = client
-        self._channel = channel
-        self._registry = registry
+    def __init__(self, table: RedisReminderTable, scope: FeedScope) -> None:
+        self._table = table
+        self._client = table._c
+        self._scope = scope
+        self._skip = table._writer if scope.skip_own_writes else None
+        self._registry = table._subscriptions
         self._pubsub: Any = None
+        self._channels: set[str] = set()
+        self._version = -1
         self._closed = asyncio.Event()
+        self._scope_changed = asyncio.Event()
+        self._lock = asyncio.Lock()
         self._busy = False
         self._backoff = Backoff(_BACKOFF_MIN, _BACKOFF_MAX)
+        self._following: asyncio.Task[None] | None = None
+        scope.add_listener(self._on_scope_change)
+
+    def _on_scope_change(self) -> None:
+        """Re-subscribe at once, beside a reader blocked on the socket (redis-py
+        lets one task send subscriptions while another reads)."""
+        self._scope_changed.set()
+        if self._pubsub is not None and self._following is None and not self._closed.is_set():
+            self._following = asyncio.get_running_loop().create_task(self._follow_now())
+
+    async def _follow_now(self) -> None:
+        try:
+            await self._follow_scope()
+        except Exception as exc:
+            # E.g. the reader dropped the connection meanwhile: it reconnects and
+            # follows the scope then.
+            _log.debug("reminder change feed could not re-subscribe yet error=%s", exc)
+        finally:
+            self._following = None
 
     def __aiter__(self) -> _RedisChanges:
         return self
 
     async def __anext__(self) -> ReminderChange:
         self._busy = True
+        skip, scope = self._skip, self._scope
         try:
             while not self._closed.is_set():
-                message = await self._receive()
-                if message is None or message.get("type") != "message":
+                data = await self._receive()
+                if data is None:
+                    continue
+                # The head is fixed-width ASCII: filter before decoding anything.
+                if skip is not None and data[:8] == skip:
                     continue
                 try:
-                    return _decode_change(message["data"])
+                    if scope.ranges is not None and not scope.wants_hash(int(data[8:_HEAD], 16)):
+                        continue
+                    return _decode_change(data)
                 except (SerializationError, ValueError, TypeError) as exc:
                     _log.warning("reminder change ignored: malformed payload error=%s", exc)
         finally:
@@ -733,18 +889,60 @@ class _RedisChanges:
         await self._drop()
         raise StopAsyncIteration
 
-    async def _receive(self) -> dict[str, Any] | None:
-        """The next pub/sub message, or ``None`` after a timeout or a failure
-        (which has been logged, backed off from, and will be reconnected)."""
+    async def _follow_scope(self) -> None:
+        """Subscribe to the channels the scope wants now (and only those)."""
+        if self._pubsub is not None and self._scope.version == self._version:
+            return  # the common case, checked before taking the lock
+        async with self._lock:
+            with translate_errors("reminder change feed"):
+                await self._follow_scope_locked()
+
+    async def _follow_scope_locked(self) -> None:
+        self._scope_changed.clear()
+        version = self._scope.version
+        if self._pubsub is not None and version == self._version:
+            return
+        wanted = {self._table._channel(s) for s in self._table._shards_of(self._scope.ranges)}
+        if self._pubsub is None:
+            self._pubsub = self._client.pubsub()
+            self._channels = set()
+        pubsub = self._pubsub
+        gone, new = self._channels - wanted, wanted - self._channels
+        if gone:
+            await pubsub.sunsubscribe(*sorted(gone))
+        if new:
+            await pubsub.ssubscribe(*sorted(new))
+        self._channels = wanted
+        self._version = version
+
+    async def _receive(self) -> bytes | None:
+        """The next change message's payload, or ``None`` after a timeout, a
+        message of another kind, or a failure (which has been logged, backed off
+        from, and will be reconnected)."""
         try:
             with translate_errors("reminder change feed"):
-                if self._pubsub is None:
-                    pubsub = self._client.pubsub()
-                    self._pubsub = pubsub
-                    await pubsub.subscribe(self._channel)
-                message: dict[str, Any] | None = await self._pubsub.get_message(
-                    ignore_subscribe_messages=True, timeout=_FEED_POLL_S
-                )
+                await self._follow_scope()
+                if not self._channels:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._scope_changed.wait(), _FEED_POLL_S)
+                    return None
+                pubsub = self._pubsub
+                response = await pubsub.parse_response(block=False, timeout=_FEED_POLL_S)
+                if response is None:
+                    return None
+                # A change is ["smessage", channel, payload]: taken straight from the
+                # reply, skipping redis-py's per-message dict and bookkeeping.
+                if isinstance(response, list) and len(response) == 3:
+                    kind = response[0]
+                    if kind in (b"smessage", "smessage"):
+                        self._backoff.reset()
+                        data = response[2]
+                        if isinstance(data, bytes):
+                            return data
+                        return None
+                # Subscription confirmations and the like keep redis-py's state right.
+                await pubsub.handle_message(response, ignore_subscribe_messages=True)
+                return None
         except StorageError as exc:
             if self._closed.is_set():
                 return None
@@ -756,12 +954,11 @@ class _RedisChanges:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closed.wait(), delay)
             return None
-        if message is not None:
-            self._backoff.reset()
-        return message
 
     async def _drop(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
+        self._channels = set()
+        self._version = -1
         if pubsub is not None:
             with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
                 await pubsub.aclose()
@@ -770,6 +967,13 @@ class _RedisChanges:
         """End the subscription. A reader blocked in another task stops within
         about half a second; otherwise the connection is released at once."""
         self._closed.set()
+        self._scope_changed.set()
+        self._scope.remove_listener(self._on_scope_change)
         self._registry.discard(self)
+        following, self._following = self._following, None
+        if following is not None:
+            following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await following
         if not self._busy:
             await self._drop()

@@ -50,7 +50,7 @@ from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._ticker import Ticker
 from orleanspy.reminders._window import DueWindow
 from orleanspy.reminders.model import ReminderChange
-from orleanspy.reminders.table import ReminderTable
+from orleanspy.reminders.table import ReminderTable, subscribe
 from orleanspy.ring import RingRange
 
 __all__ = ["TRANSIENT_ERRORS", "LoadSignals", "ReminderService", "ReminderServiceStats"]
@@ -150,7 +150,7 @@ class ReminderService:
         flush of pending persistence bounded by ``FINAL_FLUSH_SECONDS`` and
         shielded from cancellation."""
         # Subscribe before the first refill so that no change falls in between.
-        feed = self._table.changes()
+        feed = subscribe(self._table, self._ownership.feed_scope)
         stack.push_async_callback(self._final_flush)
         tasks = [
             asyncio.create_task(coro, name=f"reminders-{part}-{self._name}")

@@ -23,11 +23,19 @@ order: no row left out comes before a row returned. Ties in
 ``(priority, next_due)`` come back in a stable but unspecified order. This is
 what lets the service hold the highest-priority rows first when the due
 backlog is larger than its window, without reading the whole backlog.
+
+Scoped change feeds (optional). A table may also offer
+``scoped_changes(scope: FeedScope) -> ChangeFeed`` (``ScopedChangesTable``):
+a feed that may leave out what the reader said it does not want, so that it is
+not even received or decoded. The service subscribes through ``subscribe``,
+which uses ``scoped_changes`` when the table has it and ``changes()`` otherwise,
+so a table without it keeps working unchanged. Readers still filter what they
+receive: a scope is a hint a table may honour, never a guarantee of filtering.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -41,7 +49,10 @@ __all__ = [
     "BulkReminderTable",
     "ChangeFeed",
     "ConditionalReminderTable",
+    "FeedScope",
     "ReminderTable",
+    "ScopedChangesTable",
+    "subscribe",
 ]
 
 
@@ -187,3 +198,72 @@ class BulkReminderTable(ReminderTable, Protocol):
         Not a transaction: after a ``StorageUnavailableError`` some may have been
         written (upserting them again is harmless)."""
         ...
+
+
+class FeedScope:
+    """What a change-feed reader wants to receive; shared, mutable, read by its feeds.
+
+    ``ranges``: the ring ranges whose rows' changes the reader wants, or ``None``
+    for the whole ring. ``set_ranges`` replaces them (a ring change); a feed
+    that honours the scope re-subscribes at once (one round trip to the store),
+    may deliver changes outside the new ranges until then, and may miss changes
+    of newly added rows made before then (the service reads newly owned ranges
+    anyway, and its poll is the safety net, as for a feed that was down).
+    ``skip_own_writes``: leave out the changes written through the same table
+    instance the feed came from (the reader learns of those locally). Only
+    correct when that table instance serves this reader alone.
+    ``version`` grows with every ``set_ranges``; feeds that must act on a
+    change register a callback with ``add_listener`` (called synchronously
+    inside ``set_ranges``).
+    """
+
+    __slots__ = ("_listeners", "_ranges", "skip_own_writes", "version")
+
+    def __init__(
+        self, ranges: Iterable[RingRange] | None = None, *, skip_own_writes: bool = False
+    ) -> None:
+        self._ranges = None if ranges is None else tuple(ranges)
+        self.skip_own_writes = skip_own_writes
+        self.version = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def ranges(self) -> tuple[RingRange, ...] | None:
+        return self._ranges
+
+    def set_ranges(self, ranges: Iterable[RingRange] | None) -> None:
+        self._ranges = None if ranges is None else tuple(ranges)
+        self.version += 1
+        for listener in list(self._listeners):
+            listener()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def wants_hash(self, h: int) -> bool:
+        """Whether a row of ring hash ``h`` is inside the scope's ranges."""
+        ranges = self._ranges
+        return ranges is None or any(h in r for r in ranges)
+
+
+@runtime_checkable
+class ScopedChangesTable(Protocol):
+    """A table whose change feed can leave out what a reader does not want (optional)."""
+
+    def scoped_changes(self, scope: FeedScope) -> ChangeFeed:
+        """Like ``changes()``, but the feed may omit changes of rows outside
+        ``scope.ranges`` and, with ``scope.skip_own_writes``, changes written
+        through this table instance; it must deliver every other change that
+        ``changes()`` would. It follows later ``scope.set_ranges`` calls."""
+        ...
+
+
+def subscribe(table: ReminderTable, scope: FeedScope) -> ChangeFeed:
+    """``table.scoped_changes(scope)`` when the table offers it, else ``table.changes()``."""
+    if isinstance(table, ScopedChangesTable):
+        return table.scoped_changes(scope)
+    return table.changes()

@@ -276,7 +276,8 @@ class Activation:
         codec = host.codec
         current_chain.set((*decode_chain(message.headers.get(CHAIN_HEADER)), self.canonical))
         try:
-            args, kwargs = codec.decode(message.body)
+            local = message.local_args
+            args, kwargs = local if local is not None else codec.decode(message.body)
             result = await getattr(self.grain, message.method)(*args, **kwargs)
             if message.kind is MessageKind.REQUEST:
                 body = codec.encode(result)

@@ -102,7 +102,12 @@ class ClusterLocator:
             return None
         return hit.silo
 
-    async def locate(self, grain_id: GrainId, definition: GrainDefinition | None) -> SiloAddress:
+    async def locate(
+        self,
+        grain_id: GrainId,
+        definition: GrainDefinition | None,
+        prefer: SiloAddress | None = None,
+    ) -> SiloAddress:
         found = await self._directory.lookup(grain_id)
         if found is not None:
             if self._alive(found.silo):
@@ -118,6 +123,8 @@ class ClusterLocator:
                     f"no active silo hosts grain type {grain_id.type_name!r}"
                 )
             silos = (self._address(),)  # not joined yet: this silo is all there is
+        if prefer is not None and prefer in silos:
+            return prefer
         chosen: SiloAddress = strategy.choose(grain_id, self._address(), silos)
         return chosen
 

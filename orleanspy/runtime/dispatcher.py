@@ -46,6 +46,7 @@ from orleanspy.reminders.management import MANAGEMENT_TYPE
 from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
+from orleanspy.runtime.immutable import all_immutable
 from orleanspy.runtime.locator import Locator
 from orleanspy.serialization import Codec, DecodeLimits
 
@@ -144,25 +145,38 @@ class Dispatcher:
         kwargs: dict[str, Any],
         *,
         one_way: bool = False,
+        reminder_tick: bool = False,
     ) -> Any:
-        """Send a call from this silo and wait for its result (see ``CallInvoker``)."""
+        """Send a call from this silo and wait for its result (see ``CallInvoker``).
+
+        ``reminder_tick``: the call is a tick of a reminder this silo owns; it is
+        routed by ``route_reminder_tick`` (reminder-affine placement).
+
+        Immutable arguments (``runtime.immutable``) are not encoded here: a local
+        activation gets them as they are, and ``_send_to`` encodes them only if
+        the call leaves the process. Anything mutable is copied through the codec.
+        """
+        local = all_immutable(args, kwargs)
         msg = Message.request(
             grain_id,
             method,
-            self.codec.encode((args, kwargs)),
+            b"" if local else self.codec.encode((args, kwargs)),
             one_way=one_way,
             expires_at_ms=self.clock.now_ms() + self._response_timeout_ms,
             sender_silo=self.address,
         )
+        if local:
+            msg.local_args = (args, kwargs)
         chain = current_chain.get()
         if chain:
             msg.headers[CHAIN_HEADER] = encode_chain(chain)
+        route = self.route_reminder_tick if reminder_tick else self.route
         if one_way:
-            self.route(msg)
+            route(msg)
             return None
         fut = self._pending.add(msg.id, grain_id, method)
         try:
-            self.route(msg)
+            route(msg)
             response = await fut
         finally:
             self._pending.discard(msg.id)
@@ -229,10 +243,35 @@ class Dispatcher:
             ),
         )
 
-    async def _locate_and_send(self, msg: Message, defn: GrainDefinition | None) -> None:
+    def route_reminder_tick(self, msg: Message) -> None:
+        """Route a reminder tick this silo's reminder service delivers.
+
+        Reminder-affine placement: a grain with no activation anywhere is
+        activated here, on the silo that owns the reminder, so its ticks stay
+        local; an activation elsewhere keeps receiving them. A class declared
+        with ``reminder_affinity=False`` is placed by its strategy as usual.
+        """
+        gid = msg.target_grain
+        defn = None if gid is None else self._types.get(gid.type_name)
+        if (
+            gid is None
+            or defn is None
+            or self._local_only
+            or not defn.reminder_affinity
+            or msg.method not in defn.methods
+            or self.catalog.get(gid) is not None
+            or self._locator.cached(gid) is not None
+        ):
+            self.route(msg)
+            return
+        self._spawn(self._locate_and_send(msg, defn, prefer=self.address))
+
+    async def _locate_and_send(
+        self, msg: Message, defn: GrainDefinition | None, prefer: SiloAddress | None = None
+    ) -> None:
         assert msg.target_grain is not None
         try:
-            silo = await self._locator.locate(msg.target_grain, defn)
+            silo = await self._locator.locate(msg.target_grain, defn, prefer)
         except Exception as exc:
             self._reject(msg, exc)
             return
@@ -245,6 +284,11 @@ class Dispatcher:
         elif self._transport is None:
             self._reject(msg, MessageRejectedError(f"no transport to reach {silo}"))
         else:
+            local = msg.local_args
+            if local is not None:
+                # Leaving the process: the fast path's arguments get their wire form.
+                msg.body = self.codec.encode(local)
+                msg.local_args = None
             if msg.kind is MessageKind.REQUEST and _is_here(msg.sender_silo, self.address):
                 self._remember(msg)
             self._transport.send(silo, msg)

@@ -30,10 +30,17 @@ class Locator(Protocol):
         """The silo of a known activation, without I/O, if the cache has it."""
         ...
 
-    async def locate(self, grain_id: GrainId, definition: GrainDefinition | None) -> SiloAddress:
+    async def locate(
+        self,
+        grain_id: GrainId,
+        definition: GrainDefinition | None,
+        prefer: SiloAddress | None = None,
+    ) -> SiloAddress:
         """The silo that has (or should create) the grain's activation, among
         those that host its type; ``definition`` (its placement) may be unknown
-        here when this silo does not host the type."""
+        here when this silo does not host the type. ``prefer``: a grain with no
+        live activation is placed there, instead of by its strategy, when that
+        silo hosts the type (reminder-affine placement)."""
         ...
 
     async def register(
@@ -79,7 +86,12 @@ class LocalLocator:
     def cached(self, grain_id: GrainId) -> SiloAddress | None:
         return self._address
 
-    async def locate(self, grain_id: GrainId, definition: GrainDefinition | None) -> SiloAddress:
+    async def locate(
+        self,
+        grain_id: GrainId,
+        definition: GrainDefinition | None,
+        prefer: SiloAddress | None = None,
+    ) -> SiloAddress:
         return self._address
 
     async def register(

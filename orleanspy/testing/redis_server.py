@@ -54,6 +54,11 @@ class RedisServer:
         return f"redis://{self.host}:{self.port}/0"
 
     @property
+    def pid(self) -> int | None:
+        """The server process id while it runs (e.g. to read its CPU time)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

@@ -500,6 +500,50 @@ async def check_update_schedule_many(factory: TableFactory) -> None:
         assert row is not None and row.etag == etags[2] and row.next_due == _T0
 
 
+async def check_update_schedule_many_keeps_lanes_and_fields(factory: TableFactory) -> None:
+    """A batched CAS keeps every field it does not set (priority, action,
+    ``declared``, ...) and files each row in the due order by its stored
+    priority: after the batch, ``read_due`` with a small limit still returns the
+    highest priority first even when it is due last (skipped when the table is
+    not a ``BatchingReminderTable``)."""
+    async with factory() as table:
+        if not isinstance(table, BatchingReminderTable):
+            return
+        rows = [
+            _entry(
+                table,
+                GrainId("ContractLanes", i),
+                priority=priority,
+                action=MissedReminderAction.NOTIFY,
+                declared=i == 1,
+            )
+            for i, priority in enumerate((-100, 0, 100))
+        ]
+        etags = [await table.upsert(row) for row in rows]
+        # The lowest priority falls due first, the highest last.
+        dues = [_T0 + timedelta(minutes=m) for m in (1, 2, 3)]
+        fired = _T0 + timedelta(seconds=7)
+        results = await table.update_schedule_many(
+            [
+                ScheduleUpdate(row.grain_id, row.name, etag, due, fired)
+                for row, etag, due in zip(rows, etags, dues, strict=True)
+            ]
+        )
+        assert all(r is not None for r in results), f"valid CASes lost: {results}"
+        for row, etag, due in zip(rows, results, dues, strict=True):
+            assert etag is not None
+            got = await table.read(row.grain_id, row.name)
+            want = _stored(replace(row, next_due=due, last_fire=fired), etag)
+            assert got == want, f"after a batched CAS:\n got {got}\nwant {want}"
+        later = _T0 + timedelta(hours=1)
+        first = await table.read_due(RingRange.full(), later, 1)
+        assert [int(r.priority) for r in first] == [100], (
+            f"a batched CAS lost the row's priority lane: read_due(limit=1) gave {first}"
+        )
+        every = await table.read_due(RingRange.full(), later, 10)
+        assert [int(r.priority) for r in every] == [100, 0, -100], "not in the due order"
+
+
 async def check_read_range_random_bounds(factory: TableFactory) -> None:
     """``read_range`` over 1,000 rows equals a brute-force filter for random
     ranges, wrap-around, the edges of the hash space and ``(0, 0)``."""
@@ -662,6 +706,11 @@ async def check_changes_feed(factory: TableFactory) -> None:
                 update = ScheduleUpdate(gid, "b", etag, moved, None)
                 assert (await table.update_schedule_many([update]))[0] is not None
                 assert await _next_change(first) == ReminderChange(gid, "b", moved)
+            if isinstance(table, BulkReminderTable):
+                await table.upsert_many([_entry(table, gid, "m", due=due, priority=42)])
+                change = await _next_change(first)
+                assert change == ReminderChange(gid, "m", due), "upsert_many change"
+                assert change.priority == 42, "an upsert_many change must carry the priority"
         finally:
             await first.aclose()
         # A reader blocked in another task is released by aclose. Changes already
@@ -690,6 +739,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upsert_many,
     check_update_schedule_cas,
     check_update_schedule_many,
+    check_update_schedule_many_keeps_lanes_and_fields,
     check_read_range_random_bounds,
     check_read_due_against_brute_force,
     check_due_index_follows_rewrites,

@@ -16,9 +16,14 @@ from orleanspy._redis import connect
 from orleanspy.errors import StorageError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.model import ReminderChange, ReminderEntry
+from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
+from orleanspy.reminders.table import (
+    BatchingReminderTable,
+    FeedScope,
+    ReminderTable,
+    subscribe,
+)
 from orleanspy.ring import RingRange
 from orleanspy.testing.redis_server import RedisServer
 from orleanspy.testing.reminder_table import (
@@ -270,3 +275,135 @@ async def test_redis_changes_end_when_the_table_closes(redis_url: str) -> None:
     async with asyncio.timeout(10):
         with pytest.raises(StopAsyncIteration):
             await reader
+
+
+async def _evalsha_calls(client: Any) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_redis_update_schedule_many_is_one_script_call_and_survives_noscript(
+    own_redis: RedisServer,
+) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(own_redis.url, service_id="svc", shards=64)
+        await table.start(stack)
+        grains = [GrainId("G", i) for i in range(300)]
+        etags = await asyncio.gather(*(table.upsert(entry(g)) for g in grains))
+        assert len({table.shard_of(g.uniform_hash()) for g in grains}) > 10
+        later = T0 + timedelta(minutes=1)
+        updates = [
+            ScheduleUpdate(g, "r", etag, later, T0) for g, etag in zip(grains, etags, strict=True)
+        ]
+        # One stale etag in the middle loses its race without affecting the others.
+        updates[150] = ScheduleUpdate(grains[150], "r", "stale", later, T0)
+        client = connect(own_redis.url)
+        stack.push_async_callback(client.aclose)
+        # A flushed script cache (as after a restart) costs one reload, not an error.
+        await client.script_flush()
+        before = await _evalsha_calls(client)
+        results = await table.update_schedule_many(updates)
+        after = await _evalsha_calls(client)
+        assert after - before <= 2, "a batch must be one script call (plus one NOSCRIPT retry)"
+        assert results[150] is None
+        assert all(r is not None for i, r in enumerate(results) if i != 150)
+        for i in (0, 149, 151, 299):
+            row = await table.read(grains[i], "r")
+            assert row is not None
+            assert (row.next_due, row.last_fire, row.etag) == (later, T0, results[i])
+        unchanged = await table.read(grains[150], "r")
+        assert unchanged is not None and unchanged.next_due == T0
+        # Loaded now: the next batch is exactly one call.
+        again = [
+            ScheduleUpdate(g, "r", etag, T0, None)
+            for g, etag in zip(grains[:10], results[:10], strict=True)
+            if etag is not None
+        ]
+        before = await _evalsha_calls(client)
+        assert all(r is not None for r in await table.update_schedule_many(again))
+        assert await _evalsha_calls(client) - before == 1
+        row = await table.read(grains[0], "r")
+        assert row is not None and row.last_fire is None
+
+
+async def _next_or_none(feed: Any, timeout: float) -> ReminderChange | None:
+    try:
+        return await asyncio.wait_for(anext(feed), timeout)
+    except TimeoutError:
+        return None
+
+
+async def test_redis_scoped_feed_skips_own_writes_and_unowned_rows(redis_url: str) -> None:
+    service = f"scoped-{uuid.uuid4().hex[:8]}"
+    async with AsyncExitStack() as stack:
+        mine = RedisReminderTable(redis_url, service_id=service, shards=16)
+        other = RedisReminderTable(redis_url, service_id=service, shards=16)
+        await mine.start(stack)
+        await other.start(stack)
+        grains = [GrainId("G", i) for i in range(64)]
+        half = RingRange(0, (1 << 31) - 1)  # hashes in (0, 2**31 - 1]: shards 0..7
+        inside = [g for g in grains if g.uniform_hash() in half]
+        outside = [g for g in grains if g.uniform_hash() not in half]
+        assert inside and outside
+        scope = FeedScope([half], skip_own_writes=True)
+        feed = subscribe(mine, scope)
+        stack.push_async_callback(feed.aclose)
+        pending = asyncio.ensure_future(anext(feed))
+        # Subscribed lazily: write another's row inside until the feed sees it.
+        await _write_until_seen(other, inside[0], pending)
+        # Now: own writes, and others' writes outside the range, are not delivered;
+        # the marker written last by the other writer inside the range is.
+        for g in inside[1:]:
+            await mine.upsert(entry(g))
+        for g in outside:
+            await other.upsert(entry(g))
+        await other.upsert(entry(inside[0], name="marker"))
+        change = await _next_or_none(feed, 10)
+        assert change is not None
+        assert (change.grain_id, change.name) == (inside[0], "marker")
+        # Only the shards overlapping the range are subscribed.
+        client = connect(redis_url)
+        stack.push_async_callback(client.aclose)
+        channels = await client.execute_command("PUBSUB", "SHARDCHANNELS", f"*{service}*")
+        assert {mine.shard_of(g.uniform_hash()) for g in inside} <= {
+            int(c.decode().split(":rem:")[-1].split("}")[0]) for c in channels
+        }
+        assert len(channels) == 8  # half of 16 shards
+        # A range change re-subscribes: the other half now arrives, the first half not.
+        scope.set_ranges([RingRange((1 << 31) - 1, 0)])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 20
+        seen: ReminderChange | None = None
+        while seen is None:
+            assert loop.time() < deadline, "the feed did not follow the new ranges"
+            await other.upsert(entry(inside[1], name="old-half"))
+            await other.upsert(entry(outside[0], name="new-half"))
+            seen = await _next_or_none(feed, 0.2)
+            while seen is not None and seen.name == "old-half":
+                # Published before the feed re-subscribed: allowed, then it stops.
+                seen = await _next_or_none(feed, 0.2)
+        assert (seen.grain_id, seen.name) == (outside[0], "new-half")
+        for _ in range(3):
+            await other.upsert(entry(inside[1], name="old-half"))
+        await other.upsert(entry(outside[0], name="last"))
+        while (change := await _next_or_none(feed, 10)) is not None and change.name != "last":
+            assert change.name != "old-half", "a change of an unowned row arrived"
+        assert change is not None and change.name == "last"
+
+
+async def test_redis_unscoped_feed_sees_every_writer_and_shard(redis_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id=f"all-{uuid.uuid4().hex[:8]}", shards=16)
+        await table.start(stack)
+        feed = table.changes()
+        stack.push_async_callback(feed.aclose)
+        pending = asyncio.ensure_future(anext(feed))
+        await _write_until_seen(table, GrainId("G", "first"), pending)
+        grains = [GrainId("G", i) for i in range(40)]
+        for g in grains:
+            await table.upsert(entry(g))
+        got: set[GrainId] = set()
+        while not set(grains) <= got:
+            change = await _next_or_none(feed, 10)
+            assert change is not None, f"missing {set(grains) - got}"
+            got.add(change.grain_id)

@@ -171,3 +171,37 @@ def test_backoff_doubles_up_to_the_maximum_with_jitter() -> None:
     assert [round(b.next(), 3) for _ in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
     low = Backoff(timedelta(milliseconds=100), timedelta(seconds=1), rng=lambda: 0.0)
     assert low.next() == pytest.approx(0.05)
+
+
+def test_with_schedule_equals_replace_of_the_three_fields() -> None:
+    from dataclasses import replace
+
+    t0 = datetime(2030, 1, 1, tzinfo=UTC)
+    entry = ReminderEntry(
+        service_id="s",
+        grain_id=GrainId("G", 1),
+        name="r",
+        start_at=t0,
+        next_due=t0,
+        period=timedelta(seconds=5),
+        priority=7,
+        action=MissedReminderAction.NOTIFY,
+        etag="1.a",
+    )
+    later = t0 + timedelta(seconds=5)
+    assert entry.with_schedule("2.a", later, t0) == replace(
+        entry, etag="2.a", next_due=later, last_fire=t0
+    )
+
+
+def test_ownership_keeps_the_feed_scope_on_the_owned_ranges() -> None:
+    ownership = Ownership()
+    scope = ownership.feed_scope
+    assert scope.skip_own_writes
+    assert scope.ranges == () and not scope.wants_hash(5)
+    seen: list[int] = []
+    scope.add_listener(lambda: seen.append(scope.version))
+    ownership.update([RingRange(0, 10)])
+    assert scope.ranges == (RingRange(0, 10),)
+    assert scope.wants_hash(5) and not scope.wants_hash(11)
+    assert seen == [1]

@@ -1,0 +1,258 @@
+"""Reminder ticks per second with 1, 2 and 3 silo processes on one Redis.
+
+Run: ``python -m benchmarks.bench_reminder_cluster [--reminders 3000] [--silos 1 2 3]
+[--seconds 10]``.
+
+``--reminders`` one-second reminders (first slots spread evenly over a period)
+are written into the Redis reminder table of a fresh service; then ``K`` silo
+processes of one cluster start on the same private redis-server with the
+default placement of their grain class, ring ownership splitting the rows
+between them, persistence on, window ``2N``. Each silo records the ticks its
+grains receive (a grain may live on a silo other than the reminder's owner;
+then the tick crosses gRPC) and its own CPU time over the measured span.
+
+Reported per ``K``: total delivered ticks/s over all silos, p50/p99 lateness
+over all ticks, CPU per delivered tick of each silo (its CPU time divided by
+its fair share of the delivered ticks, total / K; ``cpu_us_mean`` is all silos'
+CPU over all ticks), and the redis-server's CPU per tick. The 1-silo row is the baseline of the
+ratios. Reference rows run one silo at ``N/K``, a K-silo cluster's per-silo
+share: a silo's fixed costs (membership probes, table polls) weigh more per tick
+at a lower rate, whatever the cluster does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psutil
+
+from benchmarks._util import loop_name, print_report, ratio, run
+from benchmarks.bench_reminder_ticks import (
+    RECEIVED,
+    TYPE,
+    BenchTickGrain,
+    CpuMeter,
+    percentiles,
+)
+from orleanspy import ReminderOptions, Silo, SiloOptions
+from orleanspy.identity import GrainId
+from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.redis import RedisReminderTable
+from orleanspy.testing.redis_server import RedisServer
+
+PERIOD = timedelta(seconds=1)
+#: Seconds between writing the rows and the first slot: the silos start meanwhile.
+LEAD_S = 6.0
+#: Slots in the first seconds are warm-up (ring settling, activations).
+WARMUP_S = 3.0
+
+
+def _options(url: str, service_id: str, name: str, n: int) -> SiloOptions:
+    return SiloOptions(
+        cluster_id=service_id,
+        service_id=service_id,
+        redis_url=url,
+        name=name,
+        grain_types=(BenchTickGrain,),
+        collection_age=timedelta(hours=1),
+        reminders=ReminderOptions(
+            look_ahead=timedelta(seconds=10),
+            poll_interval=timedelta(seconds=5),
+            base_bucket_size=2 * n,
+            adaptive=False,
+        ),
+    )
+
+
+# ------------------------------------------------------------------ a silo (child)
+
+
+async def _serve(
+    url: str, service_id: str, name: str, n: int, k: int, t0: float, seconds: float
+) -> None:
+    async with Silo(_options(url, service_id, name, n)) as silo:
+        assert silo.membership is not None
+        async with asyncio.timeout(60):
+            while len((await silo.membership.refresh()).active_silos()) < k:
+                await asyncio.sleep(0.05)
+        print(f"READY {time.time()}", flush=True)
+        meter = CpuMeter(silo=psutil.Process().pid)
+        await asyncio.sleep(max(0.0, t0 + WARMUP_S - time.time()))
+        meter.mark_start()
+        await asyncio.sleep(max(0.0, t0 + seconds - time.time()))
+        meter.mark_end()
+        lateness = [
+            (got - slot) * 1000 for slot, got in RECEIVED if t0 + WARMUP_S <= slot < t0 + seconds
+        ]
+        service = silo.reminder_service
+        fired = service.stats.delivered if service is not None else 0
+        print(
+            "RESULT "
+            + json.dumps({"cpu_s": meter.spent["silo"], "lateness": lateness, "fired": fired}),
+            flush=True,
+        )
+
+
+# ------------------------------------------------------------------ the driver
+
+
+def _entry(service_id: str, i: int, start: datetime) -> ReminderEntry:
+    return ReminderEntry(
+        service_id=service_id,
+        grain_id=GrainId(TYPE, i),
+        name="r",
+        start_at=start,
+        next_due=start,
+        period=PERIOD,
+    )
+
+
+async def _write_rows(url: str, service_id: str, n: int, t0: float) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(url, service_id=service_id)
+        await table.start(stack)
+        step = PERIOD.total_seconds() / n
+        entries = [
+            _entry(service_id, i, datetime.fromtimestamp(t0 + i * step, UTC)) for i in range(n)
+        ]
+        for i in range(0, n, 500):
+            await asyncio.gather(*(table.upsert(e) for e in entries[i : i + 500]))
+
+
+def _one(server: RedisServer, n: int, k: int, seconds: float) -> dict[str, Any]:
+    service_id = f"bench-cluster-{k}-{time.monotonic_ns()}"
+    t0 = time.time() + LEAD_S + n / 20000
+    run(_write_rows(server.url, service_id, n, t0))
+    assert server.pid is not None
+    redis = CpuMeter(redis=server.pid)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.bench_reminder_cluster",
+                "--serve",
+                server.url,
+                service_id,
+                f"silo-{i}",
+                str(n),
+                str(k),
+                repr(t0),
+                repr(seconds),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(k)
+    ]
+    results: list[dict[str, Any]] = []
+    ready_at: list[float] = []
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("READY "):
+                    ready_at.append(float(line.split()[1]))
+                    break
+        time.sleep(max(0.0, t0 + WARMUP_S - time.time()))
+        redis.mark_start()
+        time.sleep(max(0.0, t0 + seconds - time.time()))
+        redis.mark_end()
+        for proc in procs:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                if line.startswith("RESULT "):
+                    results.append(json.loads(line[len("RESULT ") :]))
+                    break
+    finally:
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    span = seconds - WARMUP_S
+    lateness = [x for r in results for x in r["lateness"]]
+    p50, p99 = percentiles(lateness)
+    ticks = len(lateness)
+    share = ticks / k if k else 0
+    return {
+        "silos": k,
+        "offered_per_s": n,
+        "ticks_per_s": ticks / span,
+        "lateness_p50_ms": p50,
+        "lateness_p99_ms": p99,
+        "cpu_us_per_tick_per_silo": [
+            round(r["cpu_s"] * 1e6 / share, 1) if share else None for r in results
+        ],
+        "cpu_us_mean": (sum(r["cpu_s"] for r in results) * 1e6 / ticks if ticks else float("nan")),
+        "redis_cpu_us": redis.spent["redis"] * 1e6 / ticks if ticks else float("nan"),
+        "ready_late_s": max(0.0, max(ready_at, default=t0) - (t0 + WARMUP_S)),
+    }
+
+
+def main(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with RedisServer() as server:
+        for k in args.silos:
+            row = _one(server, args.reminders, k, args.seconds)
+            row["kind"] = f"{k} silo(s), N={args.reminders}"
+            rows.append(row)
+        if args.reference:
+            # One silo at a K-silo cluster's per-silo share: what a silo's fixed
+            # costs (membership, probes, polls) weigh at that rate on its own.
+            for k in args.silos:
+                if k > 1:
+                    row = _one(server, args.reminders // k, 1, args.seconds)
+                    row["kind"] = f"reference: 1 silo, N/{k}"
+                    rows.append(row)
+    base = rows[0] if rows and rows[0]["silos"] == 1 else None
+    for row in rows:
+        if base is not None:
+            row["cpu_vs_1"] = ratio(row["cpu_us_mean"], base["cpu_us_mean"])
+            row["ticks_vs_1"] = ratio(row["ticks_per_s"], base["ticks_per_s"])
+    return rows
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        url, service_id, name, n, k, t0, seconds = sys.argv[2:9]
+        run(_serve(url, service_id, name, int(n), int(k), float(t0), float(seconds)))
+        sys.exit(0)
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reminders", type=int, default=3000)
+    parser.add_argument("--silos", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--no-reference", dest="reference", action="store_false", help="skip the 1-silo N/K rows"
+    )
+    args = parser.parse_args()
+    rows = main(args)
+    print_report(
+        "reminder_cluster",
+        rows,
+        [
+            "kind",
+            "offered_per_s",
+            "ticks_per_s",
+            "ticks_vs_1",
+            "lateness_p50_ms",
+            "lateness_p99_ms",
+            "cpu_us_mean",
+            "cpu_vs_1",
+            "cpu_us_per_tick_per_silo",
+            "redis_cpu_us",
+            "ready_late_s",
+        ],
+        loop=loop_name(),
+        seconds=args.seconds,
+        warmup_s=WARMUP_S,
+    )

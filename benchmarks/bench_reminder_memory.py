@@ -1,0 +1,159 @@
+"""CPU per fire of the in-memory reminder table beside APScheduler 3.11's MemoryJobStore.
+
+Run: ``python -m benchmarks.bench_reminder_memory [--jobs 2000 5000] [--seconds 6]``
+(needs the ``bench`` extra: ``pip install 'orleanspy[bench]'``, for APScheduler).
+
+Both fire the same ``N`` interval jobs of 1 s, first slots spread evenly over a
+period, in this process on the same event loop:
+
+- ``orleanspy``: an embedded silo with the in-memory reminder table (persistence
+  on, into memory), window ``2N``, each tick delivered to a local grain;
+- ``apscheduler``: ``AsyncIOScheduler`` with a ``MemoryJobStore``, ``N``
+  ``IntervalTrigger(seconds=1)`` jobs running a coroutine.
+
+CPU per fire is this process's CPU time (user + system) over the measured span
+divided by the fires in it; lateness is receipt minus scheduled slot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psutil
+
+from benchmarks._util import loop_name, print_report, ratio, run
+from benchmarks.bench_reminder_ticks import (
+    RECEIVED,
+    TYPE,
+    WARMUP_S,
+    BenchTickGrain,
+    CpuMeter,
+    measure_cpu,
+    per_tick_us,
+    summary,
+)
+from orleanspy import ReminderOptions, Silo, SiloOptions
+from orleanspy.identity import GrainId
+from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.model import ReminderEntry
+
+PERIOD = timedelta(seconds=1)
+
+
+async def orleanspy_run(n: int, seconds: float) -> dict[str, Any]:
+    RECEIVED.clear()
+    service_id = "bench-memory"
+    table = InMemoryReminderTable(service_id)
+    options = SiloOptions(
+        grain_types=(BenchTickGrain,),
+        collection_age=timedelta(hours=1),
+        reminders=ReminderOptions(
+            look_ahead=timedelta(seconds=10),
+            poll_interval=timedelta(seconds=5),
+            base_bucket_size=2 * n,
+            adaptive=False,
+        ),
+    )
+    t0 = time.time() + 2.0
+    step = PERIOD.total_seconds() / n
+    async with Silo.local(options, reminder_table=table) as silo:
+        for i in range(n):
+            start = datetime.fromtimestamp(t0 + i * step, UTC)
+            await table.upsert(
+                ReminderEntry(
+                    service_id=service_id,
+                    grain_id=GrainId(TYPE, i),
+                    name="r",
+                    start_at=start,
+                    next_due=start,
+                    period=PERIOD,
+                )
+            )
+        assert silo.reminder_service is not None
+        await silo.reminder_service.refill_now()
+        gc.collect()
+        meter = CpuMeter(me=psutil.Process().pid)
+        await measure_cpu(meter, t0, seconds)
+    row = summary("orleanspy in-memory table", n, RECEIVED, t0, seconds)
+    row["cpu_us_per_fire"] = per_tick_us(meter.spent["me"], row, seconds)
+    return row
+
+
+async def apscheduler_run(n: int, seconds: float) -> dict[str, Any]:
+    try:
+        import apscheduler  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            "bench_reminder_memory needs APScheduler 3.11: pip install 'orleanspy[bench]'"
+        ) from None
+    from apscheduler.jobstores.memory import MemoryJobStore
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    samples: list[tuple[float, float]] = []
+
+    async def job(slot0: float) -> None:
+        now = time.time()
+        # The slot this fire belongs to: the grid point at or before now.
+        samples.append((slot0 + int(now - slot0) * PERIOD.total_seconds(), now))
+
+    scheduler = AsyncIOScheduler(jobstores={"default": MemoryJobStore()}, timezone=UTC)
+    t0 = time.time() + 2.0
+    step = PERIOD.total_seconds() / n
+    for i in range(n):
+        slot0 = t0 + i * step
+        scheduler.add_job(
+            job,
+            IntervalTrigger(seconds=1, start_date=datetime.fromtimestamp(slot0, UTC), timezone=UTC),
+            args=(slot0,),
+            misfire_grace_time=None,
+            coalesce=False,
+            max_instances=2,
+        )
+    scheduler.start()
+    try:
+        gc.collect()
+        meter = CpuMeter(me=psutil.Process().pid)
+        await measure_cpu(meter, t0, seconds)
+    finally:
+        scheduler.shutdown(wait=False)
+    row = summary("APScheduler MemoryJobStore", n, samples, t0, seconds)
+    row["cpu_us_per_fire"] = per_tick_us(meter.spent["me"], row, seconds)
+    return row
+
+
+async def main(jobs: list[int], seconds: float) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for n in jobs:
+        base = await apscheduler_run(n, seconds)
+        ours = await orleanspy_run(n, seconds)
+        ours["cpu_vs_apscheduler"] = ratio(ours["cpu_us_per_fire"], base["cpu_us_per_fire"])
+        rows += [base, ours]
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--jobs", type=int, nargs="+", default=[2000, 5000])
+    parser.add_argument("--seconds", type=float, default=6.0)
+    args = parser.parse_args()
+    print_report(
+        "reminder_memory",
+        run(main(args.jobs, args.seconds)),
+        [
+            "kind",
+            "offered_per_s",
+            "ticks_per_s",
+            "lateness_p50_ms",
+            "lateness_p99_ms",
+            "cpu_us_per_fire",
+            "cpu_vs_apscheduler",
+        ],
+        loop=loop_name(),
+        seconds=args.seconds,
+        warmup_s=WARMUP_S,
+    )
