@@ -201,6 +201,12 @@ class SiloOptions:
     With ``redis_url`` set it joins the cluster ``cluster_id`` over gRPC on
     ``silo_port`` (``0`` picks a free port) and accepts clients on
     ``gateway_port`` (``None``: no gateway).
+
+    ``metrics_port``: serve ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP
+    on ``host`` (``0`` picks a free port; ``None``, the default: no endpoint and
+    no metrics recorded). ``storage_start_timeout``: how long ``start`` keeps
+    retrying an unreachable Redis before it fails (a compose start-up brings
+    Redis up alongside the silos).
     """
 
     cluster_id: str = "dev"
@@ -220,6 +226,8 @@ class SiloOptions:
     reminders: ReminderOptions = field(default_factory=ReminderOptions)
     grain_types: tuple[Any, ...] | None = None
     use_uvloop: bool = True
+    metrics_port: int | None = None
+    storage_start_timeout: timedelta = timedelta(seconds=30)
 
     def __post_init__(self) -> None:
         for name in ("cluster_id", "service_id"):
@@ -234,14 +242,24 @@ class SiloOptions:
             "collection_check_interval",
             "activation_timeout",
             "deactivation_timeout",
+            "storage_start_timeout",
         )
-        for name in ("silo_port", "gateway_port"):
+        for name in ("silo_port", "gateway_port", "metrics_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"SiloOptions.{name} must be in 0..65535, got {port}")
-        if self.redis_url is not None and not self.redis_url.startswith(
-            ("redis://", "rediss://", "unix://")
-        ):
-            raise ConfigurationError(
-                "SiloOptions.redis_url must start with redis://, rediss:// or unix://"
-            )
+        if self.redis_url is not None:
+            check_redis_url(self.redis_url, "SiloOptions.redis_url")
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_redis_url(url: str, what: str) -> None:
+    """Raise ``ConfigurationError`` naming ``what`` and the schemes that work
+    unless ``url`` starts with one of ``REDIS_SCHEMES``."""
+    if not url.startswith(REDIS_SCHEMES):
+        raise ConfigurationError(
+            f"{what} {url!r} has no Redis scheme; use redis://HOST:PORT/DB, "
+            "rediss://HOST:PORT/DB (TLS) or unix:///PATH/redis.sock"
+        )

@@ -484,6 +484,13 @@ class GrpcTransport:
             return
         client.outbox.push(message)
 
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting to be written, per peer silo and for all gateway
+        clients together (``"clients"``): read by the metrics exposition."""
+        depths = {str(target): len(link.outbox.queue) for target, link in self._links.items()}
+        depths["clients"] = sum(len(client.outbox.queue) for client in self._clients.values())
+        return depths
+
     def on_gossip(self, listener: Callable[[int], None] | None) -> None:
         """Call ``listener(table_version)`` for every ping that carries one."""
         self._gossip_listener = listener

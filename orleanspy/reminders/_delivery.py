@@ -24,6 +24,7 @@ from orleanspy.errors import (
     SiloUnavailableError,
     StorageUnavailableError,
 )
+from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._lanes import Dispatcher
 from orleanspy.reminders._loader import Loader
@@ -92,6 +93,7 @@ class Delivery:
     _dispatcher: Dispatcher
     _persister: Persister
     _loader: Loader
+    metrics: ReminderMetrics = ReminderMetrics()  # set by the service
 
     def __init__(
         self,
@@ -143,6 +145,7 @@ class Delivery:
         last_fire = row.last_fire
         if plan.missed:
             self.missed += 1
+            self.metrics.missed(row.entry.action.name)
         if plan.deliver:
             delivered_at = await self._call(row, plan)
             if delivered_at is None:
@@ -242,6 +245,7 @@ class Delivery:
             except Exception as exc:
                 # The grain's own receive_reminder failed: not retried (DESIGN.md 2).
                 self.grain_errors += 1
+                self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), True)
                 log.warning(
                     "reminder tick failed in grain name=%s key=%s slot=%s error=%r",
                     self._name,
@@ -251,6 +255,7 @@ class Delivery:
                 )
                 return delivered_at
             self.delivered += 1
+            self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), False)
             return delivered_at
 
     def _advance(self, row: Row, next_due: datetime, last_fire: datetime | None) -> None:

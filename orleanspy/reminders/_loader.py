@@ -34,6 +34,7 @@ from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
 from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
+from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, window_size
 from orleanspy.reminders._ownership import Ownership
@@ -73,6 +74,8 @@ class Loader:
     writer), ``notify`` for a NOTIFY row skipped by the repair pass, and
     ``wake_ticker()`` when the heap may have a new head.
     """
+
+    metrics: ReminderMetrics = ReminderMetrics()  # set by the service
 
     def __init__(
         self,
@@ -232,11 +235,13 @@ class Loader:
             while True:
                 try:
                     async for change in feed:
+                        self.metrics.feed_event()
                         self.notify_change(change)
                         backoff.reset()
                     return  # the feed ended: the table was closed
                 except Exception as exc:
                     log.warning("reminder change feed lost name=%s error=%r", self._name, exc)
+                    self.metrics.feed_reconnect()
                     await feed.aclose()
                     await self._clock.sleep(backoff.next())
                     feed = self._table.changes()
@@ -279,6 +284,7 @@ class Loader:
         loaded, evicted = window.merge(fresh)
         self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)
         self.refills += 1
+        self.metrics.refilled(loaded)
         self.evicted += len(evicted)
         if loaded or evicted:
             self._wake_ticker()
@@ -309,6 +315,7 @@ class Loader:
     async def _read(self, reads: list[Awaitable[list[ReminderEntry]]]) -> list[list[ReminderEntry]]:
         self._reading = True
         self._touched.clear()
+        self.metrics.table_reads(len(reads))
         try:
             results = await asyncio.gather(*reads, return_exceptions=True)
         finally:
@@ -339,6 +346,7 @@ class Loader:
     async def _read_hints(self) -> None:
         while self._hints:
             key, (grain_id, name) = next(iter(self._hints.items()))
+            self.metrics.table_reads(1)
             entry = await self._table.read(grain_id, name)
             # Drop the hint only after the read succeeded; a newer hint for the
             # same key that arrived meanwhile is served by this read too.

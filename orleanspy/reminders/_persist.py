@@ -22,6 +22,7 @@ from datetime import datetime
 
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
+from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._ticker import Backoff
 from orleanspy.reminders.model import ScheduleUpdate, row_key
@@ -44,6 +45,8 @@ class Persister:
     moved by another writer). It is not called for updates that are still
     pending when the persister stops.
     """
+
+    metrics: ReminderMetrics = ReminderMetrics()  # set by the service
 
     def __init__(
         self,
@@ -123,6 +126,7 @@ class Persister:
         batch = [self._pending.pop(k) for k in keys]
         self._writing.update(zip(keys, batch, strict=True))
         results: Sequence[str | BaseException | None]
+        self.metrics.persisted(len(batch))
         try:
             results = await self._write(batch)
         except asyncio.CancelledError:

@@ -32,6 +32,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from orleanspy.clock import Clock
+from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, default_load, window_size
 from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery, PublishMissed
@@ -94,6 +95,7 @@ class ReminderService:
     failure: logged, counted, and the tick counts as delivered (not retried).
     ``publish_missed`` receives a ``MissedReminder`` for NOTIFY rows. ``load``
     gives the signals for the adaptive bucket size (``options.adaptive``).
+    ``metrics`` records ticks, reads and writes (default: nothing).
     """
 
     def __init__(
@@ -106,6 +108,7 @@ class ReminderService:
         publish_missed: PublishMissed | None = None,
         load: Callable[[], LoadSignals] | None = None,
         name: str = "",
+        metrics: ReminderMetrics | None = None,
     ) -> None:
         self._table = table
         self._name = name
@@ -139,6 +142,8 @@ class ReminderService:
             persister=self._persister,
             loader=self._loader,
         )
+        if metrics is not None:
+            delivery.metrics = self._loader.metrics = self._persister.metrics = metrics
         self._running = False
 
     # -- public surface ---------------------------------------------------------------

@@ -26,6 +26,7 @@ from orleanspy.grain import GrainDefinition, lookup_definition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.transport import Transport
+from orleanspy.metrics import GrainMetrics
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.runtime.activation import Activation
@@ -80,6 +81,7 @@ class Dispatcher:
             check_interval=options.collection_check_interval,
         )
         self._reminders: Any = None
+        self.grain_metrics = GrainMetrics()  # the silo sets a recording one
 
     # -- wiring -------------------------------------------------------------------------
 
