@@ -14,12 +14,14 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from orleanspy.identity import GrainId, GrainKey, SiloAddress
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
 from orleanspy.options import MessagingOptions
 
-__all__ = ["FrameCodec", "InvalidEnvelope", "Outbox", "WireStats", "unencodable"]
+__all__ = ["FrameCodec", "InvalidEnvelope", "Outbox", "WireStats", "parse", "unencodable"]
 
 # A rough per-envelope overhead for frame budgeting; exactness does not matter.
 _ENVELOPE_OVERHEAD = 160
@@ -41,7 +43,16 @@ class WireStats:
 
 
 class InvalidEnvelope(Exception):
-    """An envelope that parsed but cannot become a ``Message``."""
+    """Bytes that do not parse, or an envelope that parsed but cannot become a ``Message``."""
+
+
+def parse(kind: Any, data: bytes) -> Any:
+    """``kind.FromString(data)`` for a generated message class; raises
+    ``InvalidEnvelope`` on garbage (protobuf's own error stays in this module)."""
+    try:
+        return kind.FromString(data)
+    except DecodeError as exc:
+        raise InvalidEnvelope(f"malformed {kind.__name__} ({len(data)} bytes)") from exc
 
 
 # --------------------------------------------------------------------- codec
@@ -132,8 +143,8 @@ class FrameCodec:
 
     @staticmethod
     def decode(frame: bytes) -> Sequence[Any]:
-        """The envelopes of one frame; raises ``DecodeError`` on garbage."""
-        envelopes: Sequence[Any] = pb.Batch.FromString(frame).messages
+        """The envelopes of one frame; raises ``InvalidEnvelope`` on garbage."""
+        envelopes: Sequence[Any] = parse(pb.Batch, frame).messages
         return envelopes
 
     def message(self, env: Any, max_body: int) -> Message:

@@ -38,19 +38,13 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import os
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
-# gRPC core logs connection teardown ("Got goaway") at INFO on stderr; only
-# errors belong there. An explicit setting in the environment still wins.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
 import grpc
 import grpc.aio
-from google.protobuf.message import DecodeError
 
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import (
@@ -66,6 +60,7 @@ from orleanspy.messaging.frames import (
     InvalidEnvelope,
     Outbox,
     WireStats,
+    parse,
     unencodable,
 )
 from orleanspy.messaging.message import Message
@@ -546,8 +541,8 @@ class GrpcTransport:
         if not _authorized(self._options, context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster secret required")
         try:
-            ping = pb.PingRequest.FromString(request)
-        except DecodeError:
+            ping = parse(pb.PingRequest, request)
+        except InvalidEnvelope:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed PingRequest")
         if ping.table_version and self._gossip_listener is not None:
             try:
@@ -610,7 +605,7 @@ class GrpcTransport:
         """
         try:
             envelopes = FrameCodec.decode(frame)
-        except DecodeError:
+        except InvalidEnvelope:
             log.warning("malformed frame bytes=%d client=%s", len(frame), client_id)
             return False
         sink = self._sink
@@ -811,7 +806,7 @@ class GrpcGatewayConnection:
                         log.exception("on_message raised id=%d", message.id)
         except asyncio.CancelledError:
             raise
-        except DecodeError:
+        except InvalidEnvelope:
             self._finish(SiloUnavailableError(f"{what}: malformed frame from gateway"))
         except Exception as exc:
             self._finish(_error_of(exc, what))

@@ -359,6 +359,16 @@ class Silo:
         await membership.start(stack)
         stack.push_async_callback(self._leave_cluster, membership)
         membership.add_listener(follower)
+        if client is not None:
+            from orleanspy.cluster_status import StatusPublisher
+
+            await StatusPublisher(
+                client,
+                service_id=o.service_id,
+                cluster_id=o.cluster_id,
+                silo=address,
+                read=self._status_record,
+            ).start(stack)
         await register_declared_reminders(dispatcher.reminders, types.values())
 
     async def _final_membership_write(self, membership: MembershipService) -> None:
@@ -427,6 +437,14 @@ class Silo:
         registry.add_listener(service.notify_change)
         self.reminder_service = service
         self.streams = streams
+
+    def _status_record(self) -> dict[str, object]:
+        """What ``orleanspy cluster status`` shows of this silo beyond its membership row."""
+        service = self.reminder_service
+        return {
+            "activations": self.activation_count,
+            "reminders_held": 0 if service is None else service.stats.resident,
+        }
 
     # -- operations endpoint ------------------------------------------------------------
 
