@@ -174,7 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub(ops, "delete", "remove a row")
     _row_args(p)
 
-    sub(commands, "demo", "run the embedded demo (one process, in memory)")
+    demo = sub(commands, "demo", "run the embedded demo (one process, in memory)")
+    demo.add_argument("--seconds", type=float, default=5.0,
+                      help="how long the demo runs (default: 5)")  # fmt: skip
     return parser
 
 
@@ -447,7 +449,7 @@ async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
     if args.command == "demo":
         from orleanspy.demo import main as demo
 
-        await demo()
+        await demo(args.seconds)
         return 0
     return await _reminders(args)
 
