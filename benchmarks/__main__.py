@@ -16,6 +16,7 @@ BENCHMARKS = [
     "bench_reminder_startup",
     "bench_reminder_ticks",
     "bench_reminder_overload",
+    "bench_metrics_overhead",
 ]
 
 
