@@ -30,21 +30,22 @@ HERE = Path(__file__).resolve().parent
 
 
 def _env(**extra: str) -> dict[str, str]:
-    # Only the project on the path: --import must find cli_grains from the cwd.
+    # Only the project on the path, and `python -P` keeps the cwd off it as a
+    # console script does: --import must find cli_grains from the cwd itself.
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORLEANSPY_")}
     return dict(env, PYTHONPATH=str(ROOT), **extra)
 
 
 def _cli(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "orleanspy.cli", *args],
+        [sys.executable, "-P", "-m", "orleanspy.cli", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE, env=_env(),
     )  # fmt: skip
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "orleanspy.cli", *args],
+        [sys.executable, "-P", "-m", "orleanspy.cli", *args],
         capture_output=True, text=True, timeout=120, cwd=HERE, env=_env(**env), check=False,
     )  # fmt: skip
 
