@@ -250,6 +250,16 @@ class SiloCollector:
             ("messages_received", "Messages read."),
         ):
             yield _counter(f"orleanspy_messaging_{name}_total", doc, getattr(stats, name))
+        peers = getattr(transport, "peer_stats", None)
+        if isinstance(peers, dict):
+            for name, doc in (
+                ("frames_sent", "Frames written to one peer silo."),
+                ("messages_sent", "Messages written to one peer silo."),
+            ):
+                yield _labelled(
+                    "counter", f"orleanspy_messaging_peer_{name}_total", doc, "peer",
+                    {str(peer): getattr(s, name) for peer, s in peers.items()},
+                )  # fmt: skip
         depth = getattr(transport, "queue_depths", None)
         if callable(depth):
             yield _labelled(

@@ -249,11 +249,18 @@ class Outbox:
         "_wakeup",
         "idle",
         "in_flight",
+        "peer",
         "queue",
         "stats",
     )
 
-    def __init__(self, codec: FrameCodec, options: MessagingOptions, stats: WireStats) -> None:
+    def __init__(
+        self,
+        codec: FrameCodec,
+        options: MessagingOptions,
+        stats: WireStats,
+        peer: WireStats | None = None,
+    ) -> None:
         self.queue: deque[Message] = deque()
         self.in_flight: list[Message] = []
         self._wakeup = asyncio.Event()
@@ -264,6 +271,8 @@ class Outbox:
         self._max_batch = options.max_batch
         self._budget = options.max_message_size
         self.stats = stats
+        # Counts of this destination alone (metrics per peer), beside the totals.
+        self.peer = peer
 
     def push(self, message: Message) -> None:
         queue = self.queue
@@ -298,6 +307,7 @@ class Outbox:
     ) -> None:
         queue = self.queue
         stats = self.stats
+        peer = self.peer
         while not broken():
             if not queue:
                 self.idle.set()
@@ -317,6 +327,9 @@ class Outbox:
             await write(frame)
             stats.frames_sent += 1
             stats.messages_sent += len(batch)
+            if peer is not None:
+                peer.frames_sent += 1
+                peer.messages_sent += len(batch)
             self.in_flight = []
 
 

@@ -234,7 +234,8 @@ class _PeerLink:
     def __init__(self, transport: GrpcTransport, target: SiloAddress) -> None:
         self.target = target
         self._transport = transport
-        self.outbox = Outbox(transport._codec, transport._options, transport.stats)
+        peer = transport.peer_stats.setdefault(target, WireStats())
+        self.outbox = Outbox(transport._codec, transport._options, transport.stats, peer)
         self._broken: Exception | None = None
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(
@@ -357,6 +358,8 @@ class GrpcTransport:
         self._stopped = False
         self._gossip_listener: Callable[[int], None] | None = None
         self.stats = WireStats()
+        #: Frames and messages written per peer silo (dropped on ``disconnect``).
+        self.peer_stats: dict[SiloAddress, WireStats] = {}
 
     # -- Transport properties
 
@@ -495,6 +498,7 @@ class GrpcTransport:
         link = self._links.get(target)
         if link is not None:
             link.fail(SiloUnavailableError(f"silo {target}: disconnected"))
+        self.peer_stats.pop(target, None)
         channel = self._channels.pop(target, None)
         if channel is not None:
             task = asyncio.get_running_loop().create_task(channel.close(None))

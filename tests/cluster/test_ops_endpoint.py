@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orleanspy import ClusterClient
+from orleanspy import ClusterClient, Grain, Silo, SiloOptions
 from orleanspy.testing import RedisServer, wait_for
+from orleanspy.testing.cluster import FAST_MEMBERSHIP
 from orleanspy.testing.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -181,3 +182,40 @@ async def test_silo_gives_up_on_unreachable_redis_after_the_storage_timeout() ->
     assert f"could not reach Redis at {url} within 1 s" in proc.stderr
     assert "--storage-timeout" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+class PeerEchoGrain(Grain):
+    async def ping(self) -> int:
+        return 1
+
+
+async def test_two_silos_count_messages_per_peer_and_membership(redis_url: str) -> None:
+    def options(name: str) -> SiloOptions:
+        return SiloOptions(
+            redis_url=redis_url,
+            name=name,
+            metrics_port=0,
+            membership=FAST_MEMBERSHIP,
+            grain_types=(PeerEchoGrain,),
+        )
+
+    async with Silo(options("a")) as a, Silo(options("b")) as b:
+        assert a.membership is not None
+        await wait_for(lambda: _both_active(a), timeout=30)
+        for i in range(40):  # random placement puts some on each silo
+            await a.client.get_grain(PeerEchoGrain, f"k{i}").ping()
+        await wait_for(lambda: b.activation_count > 0, timeout=30)
+        assert a.metrics_port is not None
+        status, body = await get(a.metrics_port, "/metrics")
+    assert status == 200
+    series = samples(body.decode())
+    to_b = value(series, "orleanspy_messaging_peer_messages_sent_total", peer=str(b.address))
+    assert to_b >= b.activation_count  # at least one call per grain b activated
+    assert value(series, "orleanspy_messaging_peer_frames_sent_total", peer=str(b.address)) >= 1
+    assert to_b <= value(series, "orleanspy_messaging_messages_sent_total")
+    assert value(series, "orleanspy_membership_silos", status="ACTIVE") == 2
+    assert value(series, "orleanspy_membership_probes_sent_total") >= 0
+
+
+def _both_active(silo) -> bool:
+    return len(silo.membership.active_silos()) == 2
