@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from orleanspy.errors import AuthenticationError, ReminderError, SiloUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import MessagingOptions, ReminderOptions
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, TickStatus
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.spec import new_entry
 
@@ -62,6 +62,7 @@ def entry_json(entry: ReminderEntry) -> dict[str, Any]:
         "tz": entry.tz,
         "priority": int(entry.priority),
         "action": entry.action.name,
+        "paused": entry.paused,
     }
 
 
@@ -80,6 +81,9 @@ class ReminderAccess(Protocol):
     ) -> ReminderEntry: ...
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry: ...
     async def delete(self, grain: GrainId, name: str) -> bool: ...
+    async def pause(self, grain: GrainId, name: str) -> ReminderEntry: ...
+    async def resume(self, grain: GrainId, name: str) -> ReminderEntry: ...
+    async def trigger(self, grain: GrainId, name: str) -> TickStatus: ...
 
 
 class _ViaGateway:
@@ -118,6 +122,15 @@ class _ViaGateway:
 
     async def delete(self, grain: GrainId, name: str) -> bool:
         return bool(await self._m.delete(grain, name))
+
+    async def pause(self, grain: GrainId, name: str) -> ReminderEntry:
+        return await self._m.pause(grain, name)  # type: ignore[no-any-return]
+
+    async def resume(self, grain: GrainId, name: str) -> ReminderEntry:
+        return await self._m.resume(grain, name)  # type: ignore[no-any-return]
+
+    async def trigger(self, grain: GrainId, name: str) -> TickStatus:
+        return await self._m.trigger(grain, name)  # type: ignore[no-any-return]
 
 
 class _Direct:
@@ -182,6 +195,21 @@ class _Direct:
         if row is None or row.etag is None:
             return False
         return bool(await self._t.remove(grain, name, row.etag))
+
+    async def pause(self, grain: GrainId, name: str) -> ReminderEntry:
+        row = await self.get(grain, name)
+        return row if row.paused else await self._store(replace(row, paused=True))
+
+    async def resume(self, grain: GrainId, name: str) -> ReminderEntry:
+        row = await self.get(grain, name)
+        return await self._store(replace(row, paused=False)) if row.paused else row
+
+    async def trigger(self, grain: GrainId, name: str) -> TickStatus:
+        await self.get(grain, name)
+        raise ReminderError(
+            f"cannot trigger {grain} {name!r}: a tick is delivered by a silo, and no gateway "
+            "of the cluster answered"
+        )
 
 
 @asynccontextmanager

@@ -173,6 +173,12 @@ def _parser() -> argparse.ArgumentParser:
     _row_args(p)
     p = sub(ops, "delete", "remove a row")
     _row_args(p)
+    p = sub(ops, "pause", "keep a row but deliver nothing until resume")
+    _row_args(p)
+    p = sub(ops, "resume", "deliver a paused row again (missed slots follow its action)")
+    _row_args(p)
+    p = sub(ops, "trigger", "deliver one tick now, off the schedule (needs a running silo)")
+    _row_args(p)
 
     demo = sub(commands, "demo", "run the embedded demo (one process, in memory)")
     demo.add_argument("--seconds", type=float, default=5.0,
@@ -331,7 +337,7 @@ def _schedule(row: ReminderEntry) -> str:
 
 def _rows_table(rows: Sequence[ReminderEntry]) -> str:
     return _table(
-        ("NEXT DUE", "GRAIN", "NAME", "SCHEDULE", "PRIORITY", "ACTION"),
+        ("NEXT DUE", "GRAIN", "NAME", "SCHEDULE", "PRIORITY", "ACTION", "STATE"),
         [
             (
                 f"{r.next_due:%Y-%m-%d %H:%M:%S}Z",
@@ -340,6 +346,7 @@ def _rows_table(rows: Sequence[ReminderEntry]) -> str:
                 _schedule(r),
                 int(r.priority),
                 r.action.name.lower(),
+                "paused" if r.paused else "active",
             )
             for r in rows
         ],
@@ -423,11 +430,20 @@ async def _reminders(args: argparse.Namespace) -> int:
                 return 1
             print(f"deleted {grain} {args.name}")
             return 0
+        if what == "trigger":
+            status = await access.trigger(grain, args.name)
+            at = status.delivered_at.isoformat()
+            _print_json({"triggered": True, "delivered_at": at}) if args.json else print(
+                f"triggered {grain} {args.name} at {at}"
+            )
+            return 0
         ops: dict[str, Callable[[], Any]] = {
             "get": lambda: access.get(grain, args.name),
             "set-priority": lambda: access.set_priority(grain, args.name, args.priority),
             "set-action": lambda: access.set_action(grain, args.name, args.action),
             "repair": lambda: access.repair(grain, args.name),
+            "pause": lambda: access.pause(grain, args.name),
+            "resume": lambda: access.resume(grain, args.name),
         }
         row = await ops[what]()
         if args.json:

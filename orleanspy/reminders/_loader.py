@@ -357,7 +357,7 @@ class Loader:
     def _admit(self, key: str, entry: ReminderEntry | None) -> None:
         """Bring the window in line with the row as just read."""
         row = self._window.get(key)
-        if entry is None:
+        if entry is None or entry.paused:  # a paused row is not delivered: not held
             if row is not None:
                 self._drop(row)
             return

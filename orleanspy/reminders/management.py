@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from orleanspy.errors import ReminderError
 from orleanspy.grain import Grain, reentrant
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, TickStatus
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.spec import new_entry
 
@@ -77,6 +77,41 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
         row = await self._row(grain_id, name)
         nxt = schedule_for(row).next_after(self.now())
         return await self._registry.store(replace(row, next_due=nxt))
+
+    async def pause(self, grain_id: GrainId, name: str) -> ReminderEntry:
+        """Keep the row but deliver nothing until ``resume`` (held across restarts:
+        the flag is stored). A tick already running finishes."""
+        row = await self._row(grain_id, name)
+        if row.paused:
+            return row
+        return await self._registry.store(replace(row, paused=True))
+
+    async def resume(self, grain_id: GrainId, name: str) -> ReminderEntry:
+        """Deliver again from the slot the row stopped at: slots that passed while
+        paused are missed ticks, and the row's ``MissedReminderAction`` applies."""
+        row = await self._row(grain_id, name)
+        if not row.paused:
+            return row
+        return await self._registry.store(replace(row, paused=False))
+
+    async def trigger(self, grain_id: GrainId, name: str) -> TickStatus:
+        """Deliver one tick now, off the schedule (paused or not); the schedule
+        does not move. Returns the status delivered (``triggered=True``); an
+        exception of the grain's ``receive_reminder`` reaches the caller."""
+        row = await self._row(grain_id, name)
+        now = self.now()
+        status = TickStatus(
+            first_tick_time=row.start_at,
+            period=row.period,
+            cron=row.cron,
+            current_tick_time=now,
+            delivered_at=now,
+            priority=int(row.priority),
+            triggered=True,
+        )
+        grain = self._activation.runtime.get_grain(grain_id.type_name, grain_id.key)
+        await grain.receive_reminder(name, status)
+        return status
 
     async def delete(self, grain_id: GrainId, name: str) -> bool:
         """Remove a row; ``False`` if it did not exist."""

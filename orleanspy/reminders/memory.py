@@ -82,7 +82,7 @@ class InMemoryReminderTable:
         etag = str(seq)
         row = _normalise(entry, etag)
         self._put(row, seq)
-        self._publish(row.grain_id, row.name, row.next_due)
+        self._publish(row.grain_id, row.name, None if row.paused else row.next_due)
         return etag
 
     async def update_schedule(
@@ -154,7 +154,8 @@ class InMemoryReminderTable:
             self._stale += 1
         self._rows[key] = (row, seq)
         h = row.hash
-        heappush(self._due[h >> _SHIFT], (to_ms(row.next_due), h, key, seq))
+        if not row.paused:  # paused rows stay out of the due index
+            heappush(self._due[h >> _SHIFT], (to_ms(row.next_due), h, key, seq))
         self._by_grain.setdefault(key[0], {})[row.name] = row
         self._maybe_rebuild()
 
@@ -172,6 +173,8 @@ class InMemoryReminderTable:
             return
         shards: list[list[_DueItem]] = [[] for _ in range(1 << _SHARD_BITS)]
         for key, (row, seq) in self._rows.items():
+            if row.paused:
+                continue
             h = row.hash
             shards[h >> _SHIFT].append((to_ms(row.next_due), h, key, seq))
         for heap in shards:
@@ -194,7 +197,7 @@ class InMemoryReminderTable:
         new_etag = str(seq)
         moved = _normalise(replace(found[0], next_due=next_due, last_fire=last_fire), new_etag)
         self._put(moved, seq)
-        self._publish(grain_id, name, moved.next_due)
+        self._publish(grain_id, name, None if moved.paused else moved.next_due)
         return new_etag
 
     def _walk_due(self, r: RingRange | None, before_ms: int, limit: int) -> list[ReminderEntry]:

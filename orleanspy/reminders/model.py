@@ -57,6 +57,8 @@ class ReminderEntry:
     Exactly one of ``period`` (interval on the grid ``start_at + k * period``) and
     ``cron`` (with zone ``tz``, default UTC) is set. ``next_due`` is always set
     and is what the due index orders by. ``etag`` is ``None`` until stored.
+    ``paused``: the row is kept but out of the due index, so nothing is delivered
+    until it is resumed; ``next_due`` keeps the slot it stopped at.
     """
 
     service_id: str
@@ -71,6 +73,7 @@ class ReminderEntry:
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
     etag: str | None = None
+    paused: bool = False
 
     def __post_init__(self) -> None:
         # Ints arrive where enums left (msgpack carries IntEnums as ints).
@@ -91,8 +94,9 @@ class ReminderEntry:
         return replace(self, etag=etag)
 
     def to_record(self) -> dict[str, Any]:
-        """Storage form: plain msgpack types, times as integer ms since the epoch."""
-        return {
+        """Storage form: plain msgpack types, times as integer ms since the epoch.
+        ``"u"`` (paused) is present only on paused rows."""
+        rec: dict[str, Any] = {
             "s": self.service_id,
             "g": self.grain_id.canonical,
             "n": self.name,
@@ -106,6 +110,9 @@ class ReminderEntry:
             "x": int(self.action),
             "e": self.etag,
         }
+        if self.paused:
+            rec["u"] = True
+        return rec
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> ReminderEntry:
@@ -123,6 +130,7 @@ class ReminderEntry:
             priority=rec["r"],
             action=MissedReminderAction(rec["x"]),
             etag=rec["e"],
+            paused=bool(rec.get("u", False)),
         )
 
 
@@ -153,6 +161,8 @@ class TickStatus:
     ``current_tick_time`` is the scheduled slot (Orleans gives the delivery start
     time there; we give it as ``delivered_at``). ``missed_ticks`` counts the slots
     that passed undelivered and are coalesced into this tick (FIRE_IMMEDIATELY).
+    ``triggered``: an extra tick asked for by an operator (``trigger``), off the
+    schedule; ``current_tick_time`` is then the time it was asked for.
     """
 
     first_tick_time: datetime
@@ -162,6 +172,7 @@ class TickStatus:
     delivered_at: datetime
     missed_ticks: int = 0
     priority: int = ReminderPriority.NORMAL
+    triggered: bool = False
 
 
 @dataclass(frozen=True, slots=True)

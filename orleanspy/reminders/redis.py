@@ -3,8 +3,9 @@
 Layout (``P`` = ``orleanspy:<service_id>:``, ``T`` = the shard's Redis Cluster
 hash tag ``{<service_id>:rem:<s>}``, so each shard can live on its own node)::
 
-    P rem:T:rows    HASH  "grain|name" -> msgpack record (all fields + etag)
-    P rem:T:due     ZSET  "hash8hex|grain|name", score = next_due in ms
+    P rem:T:rows    HASH  "grain|name" -> msgpack record (all fields + etag;
+                          "u" = true on paused rows only)
+    P rem:T:due     ZSET  "hash8hex|grain|name", score = next_due in ms (not paused rows)
     P rem:T:grain   ZSET  "grain|name", all scores 0 (prefix scans by grain)
     P rem:T:etag    STRING  per-shard write counter (etags)
     P rem:meta      HASH  "shards" -> the shard count the table was created with
@@ -65,7 +66,11 @@ local etag = redis.call('INCR', KEYS[4]) .. ARGV[5]
 local rec = cmsgpack.unpack(ARGV[4])
 rec['e'] = etag
 redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+if rec['u'] then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+else
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+end
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('PUBLISH', ARGV[6], ARGV[7])
 return etag
@@ -73,7 +78,8 @@ return etag
 
 # KEYS: rows, due, etag counter.
 # ARGV: key, due member, expected etag, next_due ms, last_fire ms or '', etag
-# suffix, channel, change payload. Returns the new etag, or nil on a lost race.
+# suffix, channel, change payload, change payload of a paused row (no next_due).
+# Returns the new etag, or nil on a lost race. A paused row stays out of the index.
 _UPDATE_SCHEDULE: Final = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return false end
@@ -84,8 +90,12 @@ rec['d'] = tonumber(ARGV[4])
 if ARGV[5] == '' then rec['l'] = nil else rec['l'] = tonumber(ARGV[5]) end
 rec['e'] = etag
 redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
-redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
-redis.call('PUBLISH', ARGV[7], ARGV[8])
+if rec['u'] then
+  redis.call('PUBLISH', ARGV[7], ARGV[9])
+else
+  redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2])
+  redis.call('PUBLISH', ARGV[7], ARGV[8])
+end
 return etag
 """
 
@@ -273,7 +283,7 @@ class RedisReminderTable:
                     pack(record),
                     self._etag_suffix,
                     self._channel,
-                    _change_payload(entry.grain_id, entry.name, due_ms),
+                    _change_payload(entry.grain_id, entry.name, None if entry.paused else due_ms),
                 ],
             )
         return str(etag.decode())
@@ -300,6 +310,7 @@ class RedisReminderTable:
             self._etag_suffix,
             self._channel,
             _change_payload(grain_id, name, due_ms),
+            _change_payload(grain_id, name, None),
         ]
         return keys, args
 

@@ -54,7 +54,9 @@ class ReminderRegistry:
         self._listeners.append(listener)
 
     def _changed(self, grain_id: GrainId, name: str, entry: ReminderEntry | None) -> None:
-        change = ReminderChange(grain_id, name, entry.next_due if entry else None)
+        # A paused row left the schedule: told as a removal, as the tables do.
+        due = entry.next_due if entry is not None and not entry.paused else None
+        change = ReminderChange(grain_id, name, due)
         for listener in self._listeners:
             listener(change)
 

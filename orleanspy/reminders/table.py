@@ -11,6 +11,21 @@ Lost races are values, not exceptions: a CAS against a stale etag returns
 
 Timestamps go in and come out as timezone-aware UTC datetimes, stored with
 millisecond precision.
+
+Paused rows (``ReminderEntry.paused``). A table stores the flag with the row
+and returns it from ``read``, ``read_grain`` and ``read_range``; ``count``
+counts paused rows. A paused row is *not in the due index*: ``read_due`` and
+``upcoming`` never return it, whatever its ``next_due``. ``upsert`` of a row
+with ``paused=True`` takes it out of the index, and ``upsert`` with
+``paused=False`` puts it back at its ``next_due``. ``update_schedule`` (and
+``update_schedule_many``) keep the stored flag: on a paused row it changes
+``next_due``/``last_fire`` and the etag but leaves the row out of the index.
+Every change of a paused row is published with ``next_due=None``, as for a
+removal: to the change feed's readers the row left the schedule. Storage of the
+flag is up to the backend (Redis: the record field ``"u"``, present only when
+true; SQL: a boolean column, with paused rows excluded from the due index, e.g.
+a partial index ``WHERE NOT paused``). Rows written before the flag existed
+read as not paused.
 """
 
 from __future__ import annotations

@@ -585,6 +585,50 @@ async def check_changes_feed(factory: TableFactory) -> None:
             raise AssertionError("aclose() did not end the change stream") from None
 
 
+async def check_paused_rows_leave_the_due_index(factory: TableFactory) -> None:
+    """A paused row is stored, read back paused and counted, but neither
+    ``read_due`` nor ``upcoming`` returns it; a schedule CAS keeps it paused;
+    upserting it unpaused puts it back; its changes are published with
+    ``next_due=None``."""
+    async with factory() as table:
+        feed = table.changes()
+        try:
+            await _prime(table, feed)
+            gid, other = GrainId("Paused", "p"), GrainId("Paused", "q")
+            await table.upsert(_entry(table, other))
+            assert (await _next_change(feed)).next_due == _T0
+            etag = await table.upsert(_entry(table, gid, paused=True))
+            change = await _next_change(feed)
+            assert (change.grain_id, change.next_due) == (gid, None), (
+                f"a paused row's upsert published {change}, expected next_due None"
+            )
+            row = await table.read(gid, "r")
+            assert row is not None and row.paused, "read lost the paused flag"
+            assert [e.paused for e in await table.read_grain(gid)] == [True]
+            assert await table.count() == 3  # the probe, q and p
+            later = _T0 + timedelta(days=1)
+            for got in (
+                await table.read_due(RingRange.full(), later, 100),
+                await table.upcoming(later, 100),
+            ):
+                assert gid not in [e.grain_id for e in got], "a paused row is in the due index"
+                assert other in [e.grain_id for e in got]
+            moved = await table.update_schedule(gid, "r", etag, _T0 + timedelta(minutes=1), _T0)
+            assert moved is not None, "CAS on a paused row with its etag lost"
+            assert (await _next_change(feed)).next_due is None
+            row = await table.read(gid, "r")
+            assert row is not None and row.paused, "update_schedule unpaused the row"
+            assert gid not in [e.grain_id for e in await table.upcoming(later, 100)]
+            await table.upsert(replace(row, paused=False))
+            assert (await _next_change(feed)).next_due == _T0 + timedelta(minutes=1)
+            back = await table.read_due(RingRange.full(), later, 100)
+            assert gid in [e.grain_id for e in back], "a resumed row is not in the due index"
+            resumed = await table.read(gid, "r")
+            assert resumed is not None and not resumed.paused
+        finally:
+            await feed.aclose()
+
+
 REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upsert_returns_distinct_etags,
     check_read_and_read_grain,
@@ -598,6 +642,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upcoming,
     check_count,
     check_changes_feed,
+    check_paused_rows_leave_the_due_index,
 )
 """Every check, each taking the factory; for one pytest case per check."""
 

@@ -150,6 +150,19 @@ async def _change_and_delete(url: tuple[str, str], via: str) -> None:
     assert f"via {via}" in prio.stderr
     action = await acli(*url, "reminders", "set-action", *row, "notify", "--json")
     assert ok_json(action)["action"] == "NOTIFY"
+    paused = await acli(*url, "reminders", "pause", *row, "--json")
+    assert ok_json(paused)["paused"] is True
+    listed = await acli(*url, "reminders", "list", "--grain", row[0])
+    assert listed.returncode == 0 and listed.stdout.split()[-1] == "paused"
+    resumed = await acli(*url, "reminders", "resume", *row, "--json")
+    assert ok_json(resumed)["paused"] is False
+    triggered = await acli(*url, "reminders", "trigger", *row)
+    if via == "gateway":
+        assert triggered.returncode == 0, triggered.stderr
+        assert triggered.stdout.startswith("triggered CliEchoGrain/k hourly at ")
+    else:
+        assert triggered.returncode == 1
+        assert "no gateway of the cluster answered" in triggered.stderr
     repaired = await acli(*url, "reminders", "repair", *row, "--json")
     due = datetime.fromisoformat(ok_json(repaired)["next_due"])
     assert datetime.now(UTC) < due <= datetime.now(UTC) + timedelta(hours=1)
@@ -165,7 +178,7 @@ async def _change_and_delete(url: tuple[str, str], via: str) -> None:
     assert again.returncode == 1
     empty = await acli(*url, "reminders", "list")
     assert empty.returncode == 0 and empty.stdout.split() == [
-        "NEXT", "DUE", "GRAIN", "NAME", "SCHEDULE", "PRIORITY", "ACTION"
+        "NEXT", "DUE", "GRAIN", "NAME", "SCHEDULE", "PRIORITY", "ACTION", "STATE"
     ]  # fmt: skip
 
 
