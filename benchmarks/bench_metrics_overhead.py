@@ -11,8 +11,9 @@ Both measurements run at saturation, so any cost on the hot path shows:
   all due at once with a 1 s period, so the silo has more due ticks than it
   can deliver; the rate is what it delivers in ``--seconds`` after a warm-up.
 
-Rounds alternate without/with metrics (after one discarded warm-up pair) so
-drift on a shared machine falls on both; medians are reported. Two rates per
+Rounds alternate without/with metrics, in turn order (off-on, then on-off, after
+one discarded warm-up pair) with a garbage collection before each run, so drift
+on a shared machine and order effects fall on both; medians are reported. Two rates per
 measure: per second of wall time, and per second of this process's CPU time.
 The CPU-time rate is the one to judge the cost by on a shared machine, since
 other processes' load changes the wall rate but not the CPU each operation
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import statistics
 import time
@@ -150,11 +152,13 @@ async def main(rounds: int, seconds: float, reminders: int) -> list[dict[str, An
     wall: dict[tuple[str, bool], list[float]] = {}
     cpu: dict[tuple[str, bool], list[float]] = {}
     recorded: dict[str, float] = {}
-    for r, metrics in itertools.product(range(rounds + 1), (False, True)):
+    for r, flip in itertools.product(range(rounds + 1), (False, True)):
+        metrics = flip != (r % 2 == 1)
         for what, measure in (
             ("grain calls", lambda m=metrics: calls_per_s(m, seconds)),
             ("reminder ticks", lambda m=metrics: ticks_per_s(m, reminders, seconds)),
         ):
+            gc.collect()
             rate, cpu_rate, seen = await measure()
             if r == 0:
                 continue  # warm-up pair: imports, first allocations
