@@ -81,7 +81,7 @@ _GLOBALS = (
             {"metavar": "LEVEL"}),
     _Global("--log-format", "ORLEANSPY_LOG_FORMAT", "text",
             "text, or json for one JSON object per record", {"metavar": "FORMAT"}),
-    _Global("--json", None, False, "print JSON instead of a table (read commands)",
+    _Global("--json", None, False, "print JSON instead of a table (read commands; no env)",
             {"action": "store_true"}),
 )  # fmt: skip
 
@@ -132,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
     silo.add_argument(
         "--import", dest="imports", action="append", metavar="MODULE",
         help="module defining grain classes, found from the current directory too "
-        "(repeatable; env ORLEANSPY_IMPORT, comma-separated)",
+        "(repeatable; default: none; env ORLEANSPY_IMPORT, comma-separated)",
     )  # fmt: skip
     silo.add_argument("--name", **_env_help("the silo's name in logs and cluster status",
                                             "silo-<id>", "ORLEANSPY_SILO_NAME"))  # fmt: skip
@@ -155,13 +155,20 @@ def _parser() -> argparse.ArgumentParser:
     rem = sub(commands, "reminders", "inspect and change reminder rows")
     ops = rem.add_subparsers(dest="what", metavar="WHAT", required=True)
     p = sub(ops, "list", "rows in due order, or every row of one grain")
-    p.add_argument("--grain", metavar="GRAIN", help="only this grain's rows (TYPE/KEY)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many rows (default: 100)")
+    p.add_argument(
+        "--grain",
+        metavar="GRAIN",
+        help="only this grain's rows, TYPE/KEY (default: every row; no env)",
+    )
+    p.add_argument("--limit", type=int, metavar="N",
+                   **_env_help("at most this many rows", 100, "ORLEANSPY_LIMIT"))  # fmt: skip
     p = sub(ops, "get", "one row in full")
     _row_args(p)
     p = sub(ops, "upcoming", "rows due within --minutes")
-    p.add_argument("--minutes", type=float, default=10.0, help="horizon (default: 10)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many rows (default: 100)")
+    p.add_argument("--minutes", type=float, metavar="M",
+                   **_env_help("horizon", 10.0, "ORLEANSPY_MINUTES"))  # fmt: skip
+    p.add_argument("--limit", type=int, metavar="N",
+                   **_env_help("at most this many rows", 100, "ORLEANSPY_LIMIT"))  # fmt: skip
     sub(ops, "count", "how many rows the table holds")
     p = sub(ops, "set-priority", "change a row's priority (-128..127)")
     _row_args(p)
@@ -181,8 +188,8 @@ def _parser() -> argparse.ArgumentParser:
     _row_args(p)
 
     demo = sub(commands, "demo", "run the embedded demo (one process, in memory)")
-    demo.add_argument("--seconds", type=float, default=5.0,
-                      help="how long the demo runs (default: 5)")  # fmt: skip
+    demo.add_argument("--seconds", type=float, metavar="S", **_env_help(
+        "how long the demo runs", 5.0, "ORLEANSPY_DEMO_SECONDS"))  # fmt: skip
     return parser
 
 

@@ -279,7 +279,8 @@ async def test_version_and_help_show_defaults_and_environment_variables() -> Non
     flat = " ".join(silo.stdout.split())
     for text in ("default: 30.0; env ORLEANSPY_STORAGE_TIMEOUT",
                  "default: none; env ORLEANSPY_METRICS_PORT",
-                 "default: 127.0.0.1; env ORLEANSPY_HOST", "env ORLEANSPY_REDIS_URL"):  # fmt: skip
+                 "default: 127.0.0.1; env ORLEANSPY_HOST", "env ORLEANSPY_REDIS_URL",
+                 "default: none; env ORLEANSPY_IMPORT"):  # fmt: skip
         assert text in flat, text
     # The environment stands in for a flag, and is checked like one.
     assert env_flag.returncode == 2 and "unknown log level 'LOUD'" in env_flag.stderr
