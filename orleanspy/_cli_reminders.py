@@ -19,11 +19,11 @@ from typing import Any, Protocol
 from orleanspy.errors import AuthenticationError, ReminderError, SiloUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import MessagingOptions, ReminderOptions
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, TickStatus
+from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry, TickStatus
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.spec import new_entry
 
-__all__ = ["ReminderAccess", "entry_json", "open_reminders", "parse_grain_id"]
+__all__ = ["ReminderAccess", "entry_json", "fire_json", "open_reminders", "parse_grain_id"]
 
 #: How far ahead ``reminders list`` looks: every row, in due order.
 _FOREVER = timedelta(days=365 * 200)
@@ -66,6 +66,18 @@ def entry_json(entry: ReminderEntry) -> dict[str, Any]:
     }
 
 
+def fire_json(rec: FireRecord) -> dict[str, Any]:
+    """A fire record for ``--json``."""
+    return {
+        "slot": rec.slot.astimezone(UTC).isoformat(),
+        "at": rec.at.astimezone(UTC).isoformat(),
+        "lateness_seconds": round(rec.lateness.total_seconds(), 3),
+        "outcome": rec.outcome.value,
+        "silo": rec.silo,
+        "triggered": rec.triggered,
+    }
+
+
 class ReminderAccess(Protocol):
     """The reminder operations of the CLI; ``via`` names the path taken."""
 
@@ -84,6 +96,7 @@ class ReminderAccess(Protocol):
     async def pause(self, grain: GrainId, name: str) -> ReminderEntry: ...
     async def resume(self, grain: GrainId, name: str) -> ReminderEntry: ...
     async def trigger(self, grain: GrainId, name: str) -> TickStatus: ...
+    async def history(self, grain: GrainId, name: str) -> list[FireRecord]: ...
 
 
 class _ViaGateway:
@@ -131,6 +144,9 @@ class _ViaGateway:
 
     async def trigger(self, grain: GrainId, name: str) -> TickStatus:
         return await self._m.trigger(grain, name)  # type: ignore[no-any-return]
+
+    async def history(self, grain: GrainId, name: str) -> list[FireRecord]:
+        return list(await self._m.history(grain, name))
 
 
 class _Direct:
@@ -204,6 +220,9 @@ class _Direct:
         row = await self.get(grain, name)
         return await self._store(replace(row, paused=False)) if row.paused else row
 
+    async def history(self, grain: GrainId, name: str) -> list[FireRecord]:
+        return list(await self._t.read_history(grain, name))
+
     async def trigger(self, grain: GrainId, name: str) -> TickStatus:
         await self.get(grain, name)
         raise ReminderError(
@@ -269,3 +288,6 @@ class _Empty(_Direct):
 
     async def delete(self, grain: GrainId, name: str) -> bool:
         return False
+
+    async def history(self, grain: GrainId, name: str) -> list[FireRecord]:
+        return []

@@ -42,7 +42,7 @@ from orleanspy import __version__
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
 from orleanspy.options import MessagingOptions, SiloOptions, check_redis_url
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
 from orleanspy.run import run
 
 __all__ = ["main"]
@@ -368,6 +368,22 @@ def _row_detail(row: ReminderEntry) -> str:
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in doc.items())
 
 
+def _history_table(history: Sequence[FireRecord]) -> str:
+    return _table(
+        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO"),
+        [
+            (
+                f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
+                f"{r.at:%H:%M:%S.%f}"[:-3],
+                f"{r.lateness.total_seconds() * 1000:.0f} ms",
+                r.outcome.value + (" (triggered)" if r.triggered else ""),
+                r.silo,
+            )
+            for r in history
+        ],
+    )
+
+
 # -- cluster status -------------------------------------------------------------------
 
 
@@ -404,7 +420,7 @@ async def _cluster_status(args: argparse.Namespace) -> int:
 
 
 async def _reminders(args: argparse.Namespace) -> int:
-    from orleanspy._cli_reminders import entry_json, open_reminders, parse_grain_id
+    from orleanspy._cli_reminders import entry_json, fire_json, open_reminders, parse_grain_id
 
     url = redis_url(args)
     grain = None
@@ -453,10 +469,17 @@ async def _reminders(args: argparse.Namespace) -> int:
             "resume": lambda: access.resume(grain, args.name),
         }
         row = await ops[what]()
+        history = await access.history(grain, args.name) if what == "get" else None
         if args.json:
-            _print_json(entry_json(row))
+            doc = entry_json(row)
+            if history is not None:
+                doc["history"] = [fire_json(r) for r in history]
+            _print_json(doc)
         else:
             print(_row_detail(row))
+            if history:
+                print()
+                print(_history_table(history))
         return 0
 
 

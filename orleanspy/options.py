@@ -146,6 +146,7 @@ class ReminderOptions:
     ``missed_tick_grace``: a tick reached later than this after its slot is missed
     (``None`` means ``poll_interval``). ``look_ahead`` must be at least twice
     ``poll_interval`` so a poll always sees rows before they fall due.
+    ``history_size``: fire records kept per row in the table (``0``: none).
     """
 
     look_ahead: timedelta = timedelta(minutes=5)
@@ -162,6 +163,7 @@ class ReminderOptions:
     retry_initial: timedelta = timedelta(milliseconds=100)
     retry_max: timedelta = timedelta(seconds=10)
     adaptive: bool = True
+    history_size: int = 20
 
     def __post_init__(self) -> None:
         _durations(
@@ -177,6 +179,10 @@ class ReminderOptions:
             _durations(self, "missed_tick_grace")
         for name in ("base_bucket_size", "permits", "max_name_length", "persist_batch"):
             _positive(self, name)
+        if not 0 <= self.history_size <= 10_000:
+            raise ConfigurationError(
+                f"ReminderOptions.history_size must be in 0..10000, got {self.history_size}"
+            )
         if self.shards < 1 or self.shards > 65536 or self.shards & (self.shards - 1):
             raise ConfigurationError("ReminderOptions.shards must be a power of two in 1..65536")
         if self.look_ahead < 2 * self.poll_interval:

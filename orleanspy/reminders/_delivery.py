@@ -26,12 +26,14 @@ from orleanspy.errors import (
 )
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders._history import NoHistory, skip_outcome
 from orleanspy.reminders._lanes import Dispatcher
 from orleanspy.reminders._loader import Loader
 from orleanspy.reminders._persist import Persister, update_key
 from orleanspy.reminders._ticker import Backoff, Ticker, TickPlan, plan_tick
 from orleanspy.reminders._window import DueWindow, Row, RowState
 from orleanspy.reminders.model import (
+    FireOutcome,
     MissedReminder,
     MissedReminderAction,
     ReminderEntry,
@@ -94,6 +96,7 @@ class Delivery:
     _persister: Persister
     _loader: Loader
     metrics: ReminderMetrics = ReminderMetrics()  # set by the service
+    history: NoHistory = NoHistory()  # set by the service
 
     def __init__(
         self,
@@ -158,6 +161,7 @@ class Delivery:
             self.skipped += 1
             if row.entry.action is MissedReminderAction.NOTIFY:
                 await self.notify(row.entry, plan.slot, now, plan.missed_ticks, next_due)
+            self.history.fired(row.entry, plan.slot, now, skip_outcome(row.entry))
         self._advance(row, next_due, last_fire)
 
     async def notify(
@@ -246,6 +250,7 @@ class Delivery:
                 # The grain's own receive_reminder failed: not retried (DESIGN.md 2).
                 self.grain_errors += 1
                 self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), True)
+                self.history.fired(entry, plan.slot, delivered_at, FireOutcome.GRAIN_ERROR)
                 log.warning(
                     "reminder tick failed in grain name=%s key=%s slot=%s error=%r",
                     self._name,
@@ -256,6 +261,7 @@ class Delivery:
                 return delivered_at
             self.delivered += 1
             self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), False)
+            self.history.fired(entry, plan.slot, delivered_at, FireOutcome.OK)
             return delivered_at
 
     def _advance(self, row: Row, next_due: datetime, last_fire: datetime | None) -> None:

@@ -37,6 +37,7 @@ from orleanspy.identity import GrainId
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, window_size
+from orleanspy.reminders._history import NoHistory, skip_outcome
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._ticker import MISSED_COUNT_CAP, Backoff, sleep_or_wake
@@ -76,6 +77,7 @@ class Loader:
     """
 
     metrics: ReminderMetrics = ReminderMetrics()  # set by the service
+    history: NoHistory = NoHistory()  # set by the service
 
     def __init__(
         self,
@@ -412,3 +414,4 @@ class Loader:
             )
             if entry.action is MissedReminderAction.NOTIFY:
                 await self._notify(entry, entry.next_due, now, missed, resume)
+            self.history.fired(entry, entry.next_due, now, skip_outcome(entry))

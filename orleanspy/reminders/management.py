@@ -14,7 +14,13 @@ from typing import TYPE_CHECKING
 from orleanspy.errors import ReminderError
 from orleanspy.grain import Grain, reentrant
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, TickStatus
+from orleanspy.reminders.model import (
+    FireOutcome,
+    FireRecord,
+    MissedReminderAction,
+    ReminderEntry,
+    TickStatus,
+)
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.spec import new_entry
 
@@ -110,8 +116,22 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             triggered=True,
         )
         grain = self._activation.runtime.get_grain(grain_id.type_name, grain_id.key)
-        await grain.receive_reminder(name, status)
+        outcome = FireOutcome.GRAIN_ERROR
+        try:
+            await grain.receive_reminder(name, status)
+            outcome = FireOutcome.OK
+        finally:
+            keep = self._registry.options.history_size
+            if keep:
+                silo = str(self._activation.runtime.address)
+                record = FireRecord(grain_id, name, now, now, outcome, silo, triggered=True)
+                await self._registry.table.append_history([record], keep)
         return status
+
+    async def history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        """The row's last deliveries, newest first (``ReminderOptions.history_size``
+        of them): slot, when, outcome, silo, whether triggered."""
+        return await self._registry.table.read_history(grain_id, name)
 
     async def delete(self, grain_id: GrainId, name: str) -> bool:
         """Remove a row; ``False`` if it did not exist."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -26,7 +27,7 @@ from typing import Final
 
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = ["InMemoryReminderTable"]
@@ -69,6 +70,7 @@ class InMemoryReminderTable:
         self._by_grain: dict[str, dict[str, ReminderEntry]] = {}
         self._etags = itertools.count(1)
         self._subscribers: set[_MemoryChanges] = set()
+        self._history: dict[_Key, deque[FireRecord]] = {}
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Nothing to connect; on close, every open ``changes()`` stream ends."""
@@ -107,8 +109,24 @@ class InMemoryReminderTable:
         if found is None or found[0].etag != etag:
             return False
         self._drop(key, found[0])
+        self._history.pop(key, None)
         self._publish(grain_id, name, None)
         return True
+
+    async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
+        """Newest ``keep`` per row; records of missing rows are dropped."""
+        for rec in records:
+            key = (rec.grain_id.canonical, rec.name)
+            if key not in self._rows:
+                continue
+            kept = self._history.get(key)
+            if kept is None or kept.maxlen != keep:
+                kept = self._history[key] = deque(kept or (), maxlen=keep)
+            # Stored as storage would give it back: millisecond times.
+            kept.appendleft(FireRecord.from_record(rec.grain_id, rec.name, rec.to_record()))
+
+    async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        return list(self._history.get((grain_id.canonical, name), ()))
 
     # -- reads --------------------------------------------------------------------
 

@@ -12,6 +12,8 @@ from orleanspy.identity import GrainId
 from orleanspy.serialization import register_type
 
 __all__ = [
+    "FireOutcome",
+    "FireRecord",
     "MissedReminder",
     "MissedReminderAction",
     "ReminderChange",
@@ -134,6 +136,66 @@ class ReminderEntry:
         )
 
 
+class FireOutcome(enum.StrEnum):
+    """What became of one slot of a reminder (an entry of its fire history)."""
+
+    OK = "ok"  #: delivered; receive_reminder returned
+    GRAIN_ERROR = "grain_error"  #: delivered; receive_reminder raised (not retried)
+    MISSED_SKIPPED = "missed_skipped"  #: reached past the grace and skipped (SKIP)
+    NOTIFIED = "notified"  #: skipped, and a MissedReminder published (NOTIFY)
+
+
+@dataclass(frozen=True, slots=True)
+class FireRecord:
+    """One entry of a reminder's fire history.
+
+    ``slot``: the scheduled slot (for a triggered tick, when it was asked for);
+    ``at``: when the silo delivered or skipped it; ``silo``: that silo's name (its
+    address for a triggered tick, which the management grain delivers).
+    """
+
+    grain_id: GrainId
+    name: str
+    slot: datetime
+    at: datetime
+    outcome: FireOutcome
+    silo: str
+    triggered: bool = False
+
+    def __post_init__(self) -> None:
+        # Strings arrive where the enum left (msgpack carries StrEnums as str).
+        if type(self.outcome) is not FireOutcome:
+            object.__setattr__(self, "outcome", FireOutcome(self.outcome))
+
+    @property
+    def lateness(self) -> timedelta:
+        return self.at - self.slot
+
+    def to_record(self) -> dict[str, Any]:
+        """Storage form (the row is known from where it is stored)."""
+        rec: dict[str, Any] = {
+            "t": to_ms(self.slot),
+            "a": to_ms(self.at),
+            "o": self.outcome.value,
+            "s": self.silo,
+        }
+        if self.triggered:
+            rec["x"] = True
+        return rec
+
+    @classmethod
+    def from_record(cls, grain_id: GrainId, name: str, rec: dict[str, Any]) -> FireRecord:
+        return cls(
+            grain_id=grain_id,
+            name=name,
+            slot=from_ms(rec["t"]),
+            at=from_ms(rec["a"]),
+            outcome=FireOutcome(rec["o"]),
+            silo=str(rec["s"]),
+            triggered=bool(rec.get("x", False)),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ReminderChange:
     """A write to the reminder table: ``next_due`` is ``None`` when the row was removed."""
@@ -191,3 +253,4 @@ class MissedReminder:
 register_type(ReminderEntry, name="orleanspy.ReminderEntry")
 register_type(TickStatus, name="orleanspy.TickStatus")
 register_type(MissedReminder, name="orleanspy.MissedReminder")
+register_type(FireRecord, name="orleanspy.FireRecord")

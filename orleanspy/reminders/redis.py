@@ -8,6 +8,7 @@ hash tag ``{<service_id>:rem:<s>}``, so each shard can live on its own node)::
     P rem:T:due     ZSET  "hash8hex|grain|name", score = next_due in ms (not paused rows)
     P rem:T:grain   ZSET  "grain|name", all scores 0 (prefix scans by grain)
     P rem:T:etag    STRING  per-shard write counter (etags)
+    P rem:T:hist:K  LIST  fire history of row K ("grain|name"), msgpack records, newest first
     P rem:meta      HASH  "shards" -> the shard count the table was created with
     P rem:changes   pub/sub channel, payload msgpack [grain, name, next_due_ms | nil]
 
@@ -28,13 +29,19 @@ import secrets
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate, row_key
+from orleanspy.reminders.model import (
+    FireRecord,
+    ReminderChange,
+    ReminderEntry,
+    ScheduleUpdate,
+    row_key,
+)
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, unpack
 
@@ -99,7 +106,15 @@ end
 return etag
 """
 
-# KEYS: rows, due, grain. ARGV: key, due member, expected etag, channel, payload.
+# KEYS: rows, history. ARGV: key, keep, then msgpack records, oldest first.
+_APPEND_HISTORY: Final = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+for i = 3, #ARGV do redis.call('LPUSH', KEYS[2], ARGV[i]) end
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+return 1
+"""
+
+# KEYS: rows, due, grain, history. ARGV: key, due member, expected etag, channel, payload.
 _REMOVE: Final = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 0 end
@@ -108,6 +123,7 @@ if rec['e'] ~= ARGV[3] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('DEL', KEYS[4])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 """
@@ -237,6 +253,7 @@ class RedisReminderTable:
             ("update", _UPDATE_SCHEDULE),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
+            ("history", _APPEND_HISTORY),
         ):
             self._scripts[name] = client.register_script(text)
 
@@ -350,6 +367,36 @@ class RedisReminderTable:
             results = await pipe.execute()
         return [None if r is None else str(r.decode()) for r in results[1:]]
 
+    async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
+        """One script per row, pipelined in one round trip; newest ``keep`` kept."""
+        by_row: dict[str, list[FireRecord]] = {}
+        for rec in records:
+            by_row.setdefault(row_key(rec.grain_id, rec.name), []).append(rec)
+        if not by_row:
+            return
+        script = self._script("history")
+        with translate_errors("reminder append_history"):
+            pipe = self._c.pipeline(transaction=False)
+            pipe.script_load(_APPEND_HISTORY)
+            for key, recs in by_row.items():
+                s = self.shard_of(recs[0].grain_id.uniform_hash())
+                keys = [self._key(s, "rows"), self._key(s, f"hist:{key}")]
+                packed = [pack(r.to_record()) for r in recs]
+                pipe.evalsha(script.sha, 2, *keys, key, keep, *packed)
+            await pipe.execute()
+
+    async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        key = row_key(grain_id, name)
+        s = self.shard_of(grain_id.uniform_hash())
+        with translate_errors("reminder read_history"):
+            raws = await self._c.lrange(self._key(s, f"hist:{key}"), 0, -1)
+        try:
+            return [
+                FireRecord.from_record(grain_id, name, unpack(cast(bytes, raw))) for raw in raws
+            ]
+        except (SerializationError, KeyError, TypeError, ValueError) as exc:
+            raise StorageError(f"malformed reminder history in redis: {exc}") from exc
+
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
         h = grain_id.uniform_hash()
@@ -357,7 +404,12 @@ class RedisReminderTable:
         key = row_key(grain_id, name)
         with translate_errors("reminder remove"):
             done = await self._script("remove")(
-                keys=[self._key(s, "rows"), self._key(s, "due"), self._key(s, "grain")],
+                keys=[
+                    self._key(s, "rows"),
+                    self._key(s, "due"),
+                    self._key(s, "grain"),
+                    self._key(s, f"hist:{key}"),
+                ],
                 args=[
                     key,
                     self._member(h, key),

@@ -36,6 +36,7 @@ from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, default_load, window_size
 from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery, PublishMissed
+from orleanspy.reminders._history import History
 from orleanspy.reminders._lanes import Dispatcher
 from orleanspy.reminders._loader import Loader
 from orleanspy.reminders._ownership import Ownership
@@ -144,6 +145,10 @@ class ReminderService:
         )
         if metrics is not None:
             delivery.metrics = self._loader.metrics = self._persister.metrics = metrics
+        self._history: History | None = None
+        if options.history_size:
+            self._history = History(table, keep=options.history_size, silo=name)
+            delivery.history = self._loader.history = self._history
         self._running = False
 
     # -- public surface ---------------------------------------------------------------
@@ -164,6 +169,7 @@ class ReminderService:
                 ("persister", self._persister.run()),
                 ("loader", self._loader.run()),
                 ("feed", self._loader.follow(feed)),
+                *([("history", self._history.run())] if self._history else []),
             )
         ]
         stack.push_async_callback(_cancel, tasks)
@@ -254,6 +260,8 @@ class ReminderService:
         async def bounded() -> int:
             try:
                 async with asyncio.timeout(FINAL_FLUSH_SECONDS):
+                    if self._history is not None:
+                        await self._history.flush()
                     return await self._persister.flush()
             except TimeoutError:
                 return len(self._persister)

@@ -26,6 +26,17 @@ flag is up to the backend (Redis: the record field ``"u"``, present only when
 true; SQL: a boolean column, with paused rows excluded from the due index, e.g.
 a partial index ``WHERE NOT paused``). Rows written before the flag existed
 read as not paused.
+
+Fire history. A table keeps, per row, the newest fire records
+(``FireRecord``: slot, when, outcome, silo, triggered) appended with
+``append_history``, at most ``keep`` of them (the caller's bound, the same on
+every call in practice: ``ReminderOptions.history_size``). History belongs to
+the row: ``upsert`` keeps it, ``remove`` deletes it, records for a row that does
+not exist are dropped. Appends are not compare-and-swap, not published on the
+change feed, and may be lost with a failed call (history is best effort).
+Storage is up to the backend (Redis: a list per row beside the shard's keys,
+newest first, trimmed on append; SQL: a child table keyed by the row with the
+records' time, trimmed to the newest ``keep`` per row on append).
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
 
 __all__ = ["BatchingReminderTable", "ChangeFeed", "ReminderTable"]
@@ -121,6 +132,15 @@ class ReminderTable(Protocol):
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
         """Rows across the whole ring with ``next_due <= before``, earliest first,
         at most ``limit`` (uses the due index)."""
+        ...
+
+    async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
+        """Append ``records`` (oldest first) to their rows' histories, keeping
+        the newest ``keep`` (>= 1) per row; records of missing rows are dropped."""
+        ...
+
+    async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        """The row's fire history, newest first (empty if none or no row)."""
         ...
 
     def changes(self) -> ChangeFeed:

@@ -42,6 +42,8 @@ from typing import Final
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import (
+    FireOutcome,
+    FireRecord,
     MissedReminderAction,
     ReminderChange,
     ReminderEntry,
@@ -629,6 +631,51 @@ async def check_paused_rows_leave_the_due_index(factory: TableFactory) -> None:
             await feed.aclose()
 
 
+async def check_fire_history(factory: TableFactory) -> None:
+    """``append_history`` keeps the newest ``keep`` records per row, newest first,
+    field by field; ``upsert`` keeps the history, ``remove`` deletes it, and
+    records of a missing row are dropped."""
+    async with factory() as table:
+        gid, other = GrainId("History", "h"), GrainId("History", "o")
+        await table.upsert(_entry(table, gid))
+        await table.upsert(_entry(table, other))
+
+        def record(i: int, g: GrainId = gid, **fields: object) -> FireRecord:
+            base = FireRecord(
+                grain_id=g, name="r", slot=_T0 + timedelta(minutes=i),
+                at=_T0 + timedelta(minutes=i, milliseconds=250), outcome=FireOutcome.OK,
+                silo="silo-a",
+            )  # fmt: skip
+            return replace(base, **fields)  # type: ignore[arg-type]
+
+        assert await table.read_history(gid, "r") == []
+        await table.append_history([record(0), record(1, outcome=FireOutcome.GRAIN_ERROR)], 3)
+        await table.append_history([record(2, other), record(2, GrainId("History", "missing"))], 3)
+        got = await table.read_history(gid, "r")
+        assert got == [record(1, outcome=FireOutcome.GRAIN_ERROR), record(0)], got
+        assert got[0].lateness == timedelta(milliseconds=250)
+        assert await table.read_history(GrainId("History", "missing"), "r") == []
+        assert [r.slot for r in await table.read_history(other, "r")] == [
+            _T0 + timedelta(minutes=2)
+        ]
+        odd = [
+            record(2, outcome=FireOutcome.MISSED_SKIPPED, silo="silo-b"),
+            record(3, outcome=FireOutcome.NOTIFIED),
+            record(4, triggered=True),
+        ]
+        await table.append_history(odd, 3)
+        got = await table.read_history(gid, "r")
+        assert got == odd[::-1], f"history not trimmed to the newest 3: {got}"
+        await table.upsert(_entry(table, gid, due=_T0 + timedelta(days=1)))
+        assert len(await table.read_history(gid, "r")) == 3, "upsert dropped the history"
+        row = await table.read(gid, "r")
+        assert row is not None and row.etag is not None
+        assert await table.remove(gid, "r", row.etag) is True
+        assert await table.read_history(gid, "r") == [], "remove kept the history"
+        await table.upsert(_entry(table, gid))
+        assert await table.read_history(gid, "r") == [], "a new row inherited a history"
+
+
 REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upsert_returns_distinct_etags,
     check_read_and_read_grain,
@@ -643,6 +690,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_count,
     check_changes_feed,
     check_paused_rows_leave_the_due_index,
+    check_fire_history,
 )
 """Every check, each taking the factory; for one pytest case per check."""
 

@@ -160,6 +160,10 @@ async def _change_and_delete(url: tuple[str, str], via: str) -> None:
     if via == "gateway":
         assert triggered.returncode == 0, triggered.stderr
         assert triggered.stdout.startswith("triggered CliEchoGrain/k hourly at ")
+        fired = ok_json(await acli(*url, "reminders", "get", *row, "--json"))["history"]
+        assert fired[0]["triggered"] is True and fired[0]["outcome"] == "ok"
+        human = await acli(*url, "reminders", "get", *row)
+        assert "LAST FIRED SLOT" in human.stdout and "ok (triggered)" in human.stdout
     else:
         assert triggered.returncode == 1
         assert "no gateway of the cluster answered" in triggered.stderr

@@ -127,6 +127,11 @@ async def test_every_operations_command_line_runs(redis_url: str, tmp_path: Path
     assert "silo-a  active" in real_status[2]
     get_block = next(b for b in shown if b[0].startswith("grain_id"))
     real_get = outputs["reminders get"].splitlines()
-    assert [r.split()[0] for r in real_get] == [r.split()[0] for r in get_block]
-    assert "priority        100" in real_get
+    fields = real_get.index("")  # the row, a blank line, then its fire history
+    assert [r.split()[0] for r in real_get[:fields]] == [
+        r.split()[0] for r in get_block[: get_block.index("")]
+    ]
+    assert "name            ping" in real_get
+    assert real_get[fields + 1].split() == get_block[get_block.index("") + 1].split()
+    assert "ok (triggered)" in real_get[fields + 2]
     assert "silo stopped cleanly" in outputs["demo"]
