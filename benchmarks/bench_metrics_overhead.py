@@ -18,6 +18,12 @@ measure: per second of wall time, and per second of this process's CPU time.
 The CPU-time rate is the one to judge the cost by on a shared machine, since
 other processes' load changes the wall rate but not the CPU each operation
 needs. Each "with" silo is scraped at the end to show its series are populated.
+
+The end-to-end difference is within the noise of a shared 2-core machine
+(several per cent either way between runs), so the run also measures the
+recording itself: the recorder calls one grain call or one tick makes, timed
+against the no-op recorders over a million repetitions, as a share of the CPU
+one operation takes (``recording_share_percent``). That figure is stable.
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ from orleanspy import (
     reentrant,
 )
 from orleanspy.identity import GrainId
+from orleanspy.metrics import (
+    GrainMetrics,
+    RecordingGrainMetrics,
+    RecordingReminderMetrics,
+    ReminderMetrics,
+)
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import ReminderEntry
 
@@ -148,6 +160,33 @@ async def ticks_per_s(metrics: bool, n: int, seconds: float) -> tuple[float, flo
     return rate, cpu_rate, recorded
 
 
+def recording_us() -> dict[str, float]:
+    """Microseconds the recorders add per grain call and per tick (recording
+    minus no-op), measured here rather than inferred from rates."""
+    n = 1_000_000
+    calls, no_calls = RecordingGrainMetrics(), GrainMetrics()
+    ticks, no_ticks = RecordingReminderMetrics(), ReminderMetrics()
+
+    def per_call(m: GrainMetrics) -> float:
+        call = m.call
+        start = time.perf_counter()
+        for _ in range(n):
+            call("Bench", 0.00002, False)
+        return time.perf_counter() - start
+
+    def per_tick(m: ReminderMetrics) -> float:
+        tick = m.tick
+        start = time.perf_counter()
+        for _ in range(n):
+            tick(0, 0.002, False)
+        return time.perf_counter() - start
+
+    return {
+        "grain calls": 1e6 * (per_call(calls) - per_call(no_calls)) / n,
+        "reminder ticks": 1e6 * (per_tick(ticks) - per_tick(no_ticks)) / n,
+    }
+
+
 async def main(rounds: int, seconds: float, reminders: int) -> list[dict[str, Any]]:
     wall: dict[tuple[str, bool], list[float]] = {}
     cpu: dict[tuple[str, bool], list[float]] = {}
@@ -165,9 +204,11 @@ async def main(rounds: int, seconds: float, reminders: int) -> list[dict[str, An
             wall.setdefault((what, metrics), []).append(rate)
             cpu.setdefault((what, metrics), []).append(cpu_rate)
             recorded[what] = max(recorded.get(what, 0.0), seen)
+    added = recording_us()
     rows = []
     for what in ("grain calls", "reminder ticks"):
         off, on = (statistics.median(cpu[(what, m)]) for m in (False, True))
+        op_us = 1e6 / off
         rows.append(
             {
                 "measure": what,
@@ -176,6 +217,8 @@ async def main(rounds: int, seconds: float, reminders: int) -> list[dict[str, An
                 "per_cpu_s_without": off,
                 "per_cpu_s_with": on,
                 "cpu_cost_percent": round(100 * (1 - on / off), 1),
+                "recording_us_per_op": round(added[what], 3),
+                "recording_share_percent": round(100 * added[what] / op_us, 2),
                 "recorded_in_last_scrape": recorded[what],
             }
         )
@@ -199,6 +242,8 @@ if __name__ == "__main__":
             "per_cpu_s_without",
             "per_cpu_s_with",
             "cpu_cost_percent",
+            "recording_us_per_op",
+            "recording_share_percent",
         ],
         loop=loop_name(),
         rounds=args.rounds,

@@ -99,7 +99,7 @@ class SiloCollector:
                 "orleanspy_grain_calls_total",
                 "Grain calls run by this silo, by grain type.",
                 "grain_type",
-                {t: s.latency.count for t, s in by_type.items()},
+                {t: s.count for t, s in by_type.items()},
             )
             yield _labelled(
                 "counter",
@@ -112,7 +112,7 @@ class SiloCollector:
                 "orleanspy_grain_call_duration_seconds",
                 "Time a grain method ran on this silo, in seconds.",
                 "grain_type",
-                {t: s.latency for t, s in by_type.items()},
+                dict(by_type),
             )
         dispatcher = silo._dispatcher
         if dispatcher is None:
