@@ -18,6 +18,7 @@ BENCHMARKS = [
     "bench_reminder_ticks",
     "bench_reminder_overload",
     "bench_grain_state",
+    "bench_metrics_overhead",
 ]
 
 

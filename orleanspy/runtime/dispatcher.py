@@ -38,6 +38,7 @@ from orleanspy.grain import GrainDefinition, lookup_definition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.transport import Transport
+from orleanspy.metrics import GrainMetrics
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.reminders.management import MANAGEMENT_TYPE
@@ -67,7 +68,7 @@ _VERDICT_POLL = 0.1
 # beyond it they are dropped, so made-up senders cannot pile up work.
 _MAX_STRANGERS = 1000
 # What gateway clients may always call on the reminder management grain.
-_MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all"})
+_MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all", "history"})
 
 
 class Dispatcher:
@@ -115,6 +116,7 @@ class Dispatcher:
         self._strangers = 0  # requests waiting to learn whether their sender is a member
         # Grain storage providers by name, set by the silo before it starts.
         self.grain_storage: Mapping[str, GrainStorage] = {}
+        self.grain_metrics = GrainMetrics()  # the silo sets a recording one
 
     # -- wiring -------------------------------------------------------------------------
 

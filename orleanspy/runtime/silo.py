@@ -17,7 +17,7 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from orleanspy.clock import Clock, SystemClock
 from orleanspy.directory import GrainDirectory
@@ -27,6 +27,8 @@ from orleanspy.identity import GrainKey, SiloAddress
 from orleanspy.membership.oracle import MembershipService
 from orleanspy.membership.table import MembershipTable, SiloStatus
 from orleanspy.messaging.transport import Transport
+from orleanspy.metrics import SiloMetrics
+from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.reminders._adaptive import LoadSignals, default_load
@@ -43,6 +45,9 @@ from orleanspy.runtime.locator import LocalLocator
 from orleanspy.storage.contract import GrainStorage
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
 from orleanspy.tables import TableConnections, table_backend
+
+if TYPE_CHECKING:
+    from orleanspy.runtime.ops_http import Check
 
 __all__ = ["Silo", "SiloClient", "SiloState"]
 
@@ -126,6 +131,12 @@ class Silo:
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
+        self.transport: Transport | None = None
+        self.metrics = SiloMetrics()
+        """What the silo records; recording only with ``SiloOptions.metrics_port`` set."""
+        self.metrics_port: int | None = None
+        """The port of ``/metrics``, ``/healthz`` and ``/readyz``, once started."""
+        self._storage_client: Any = None
         self.client = SiloClient(self)
         self.name = self.options.name or f"silo-{id(self):x}"
         self.address = SiloAddress(
@@ -159,8 +170,21 @@ class Silo:
         if self.state is not SiloState.CREATED:
             raise ClosedError(f"silo {self.name} was already started (state {self.state.name})")
         self.state = SiloState.STARTING
+        # Tasks started from here on inherit the name for their log records.
+        token = set_current_silo(self.name)
+        try:
+            await self._start()
+        finally:
+            reset_current_silo(token)
+        self.state = SiloState.RUNNING
+        log.info("silo started name=%s address=%s", self.name, self.address)
+
+    async def _start(self) -> None:
         async with AsyncExitStack() as stack:
             types = _hosted_types(self.options)
+            if self.options.metrics_port is not None:
+                # First, so /readyz answers "not ready" while the silo joins.
+                await self._start_ops_endpoint(stack)
             if self._clustered:
                 await self._start_cluster(stack, types)
             else:
@@ -172,14 +196,13 @@ class Silo:
                     grain_types=types,
                 )
                 self._dispatcher = dispatcher
+                dispatcher.grain_metrics = self.metrics.grains
                 await self._start_grain_storage(stack, dispatcher, None)
                 await dispatcher.catalog.start(stack)
                 await self._start_reminders(stack, dispatcher, types)
                 self._reminders().set_ranges([RingRange.full()])
                 await register_declared_reminders(dispatcher.reminders, types.values())
             self._stack = stack.pop_all()
-        self.state = SiloState.RUNNING
-        log.info("silo started name=%s address=%s", self.name, self.address)
 
     async def stop(self) -> None:
         """Stop gracefully: deactivate grains, stop components in reverse order."""
@@ -226,6 +249,7 @@ class Silo:
         """Join the cluster. Push order makes ``stop()`` go: ShuttingDown, reminders
         off, grains deactivated (directory entries released), Dead, transport and
         stores closed."""
+        from orleanspy._redis import wait_reachable
         from orleanspy.directory import CachedDirectory
         from orleanspy.messaging.grpc import GrpcTransport
         from orleanspy.runtime.cluster import ClusterLocator, RingFollower
@@ -261,6 +285,21 @@ class Silo:
             self._streams = RedisStreamProvider(
                 connections.redis(o.streams_url), service_id=o.service_id
             )
+        # The Redis servers the providers just built use: wait for each (a compose
+        # start-up brings Redis up alongside the silos). PostgreSQL pools connect
+        # as they open.
+        for url, redis_client in connections.redis_clients().items():
+            await wait_reachable(
+                redis_client,
+                url,
+                o.storage_start_timeout.total_seconds(),
+                "SiloOptions.storage_start_timeout (--storage-timeout)",
+            )
+        # The membership store's Redis client: /readyz pings it and the status
+        # record lives beside the membership hash (no record on PostgreSQL).
+        if o.membership_table_url is not None:
+            self._storage_client = connections.redis_clients().get(o.membership_table_url)
+        client = self._storage_client
         transport = self._transport or GrpcTransport(
             host=o.host,
             port=o.silo_port,
@@ -290,11 +329,16 @@ class Silo:
         answer_only = getattr(transport, "answer_only", None)
         if answer_only is not None:
             answer_only(locator.knows)
+        dispatcher.grain_metrics = self.metrics.grains
+        self.transport = transport
         # Before the transport: a call may activate a grain as soon as it listens.
         await self._start_grain_storage(
             stack, dispatcher, await _default_grain_storage(o, connections)
         )
-        await transport.start(stack, dispatcher)
+        try:
+            await transport.start(stack, dispatcher)
+        except (OSError, RuntimeError) as exc:
+            raise _bind_error(o, exc) from exc
         _warn_if_exposed(o)
         self.address = transport.address
         self.gateway_port = transport.gateway_port
@@ -330,6 +374,16 @@ class Silo:
         await membership.start(stack)
         stack.push_async_callback(self._leave_cluster, membership)
         membership.add_listener(follower)
+        if client is not None:
+            from orleanspy.cluster_status import StatusPublisher
+
+            await StatusPublisher(
+                client,
+                service_id=o.service_id,
+                cluster_id=o.cluster_id,
+                silo=address,
+                read=self._status_record,
+            ).start(stack)
         await register_declared_reminders(dispatcher.reminders, types.values())
 
     async def _start_grain_storage(
@@ -425,11 +479,79 @@ class Silo:
             publish_missed=publish_missed,
             load=load,
             name=self.name,
+            metrics=self.metrics.reminders,
         )
         await service.start(stack)
         registry.add_listener(service.notify_change)
         self.reminder_service = service
         self.streams = streams
+
+    def _status_record(self) -> dict[str, object]:
+        """What ``orleanspy cluster status`` shows of this silo beyond its membership row."""
+        service = self.reminder_service
+        return {
+            "activations": self.activation_count,
+            "reminders_held": 0 if service is None else service.stats.resident,
+        }
+
+    # -- operations endpoint ------------------------------------------------------------
+
+    async def _start_ops_endpoint(self, stack: AsyncExitStack) -> None:
+        from orleanspy import _prometheus
+        from orleanspy.runtime.ops_http import OpsServer
+
+        port = self.options.metrics_port
+        assert port is not None
+        if _prometheus.available():
+            self.metrics = SiloMetrics.recording()
+        else:
+            log.warning("metrics not recorded: pip install 'orleanspy[metrics]' for /metrics")
+
+        def metrics() -> bytes | None:
+            return _prometheus.render(self) if self.metrics.enabled else None
+
+        server = OpsServer(self.options.host, port, metrics=metrics, readiness=self._readiness)
+        try:
+            await server.start(stack)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot serve metrics on {self.options.host}:{port} "
+                f"(SiloOptions.metrics_port, --metrics-port): {exc.strerror or exc}; "
+                "is another process using the port? Pick another, or 0 for any free port."
+            ) from exc
+        self.metrics_port = server.port
+
+    async def _readiness(self) -> dict[str, Check]:
+        """The ``/readyz`` checks: running, Active in membership (cluster),
+        storage answering, ring ranges owned."""
+        from orleanspy.runtime.ops_http import Check
+
+        checks = {"silo": Check(self.state is SiloState.RUNNING, self.state.name.lower())}
+        if self._clustered:
+            status = self.membership.status if self.membership is not None else None
+            checks["membership"] = Check(
+                status is SiloStatus.ACTIVE, status.name.lower() if status else "not joined"
+            )
+        checks["storage"] = await self._storage_check()
+        ranges = self.reminder_service.ranges if self.reminder_service is not None else ()
+        checks["ranges"] = Check(bool(ranges), f"{len(ranges)} owned")
+        return checks
+
+    async def _storage_check(self) -> Check:
+        from orleanspy.runtime.ops_http import Check
+
+        if not self._clustered:
+            return Check(True, "in memory")
+        client = self._storage_client
+        if client is None:
+            ok = self._membership_table is not None and self.membership is not None
+            return Check(ok, "provided" if ok else "not connected")
+        try:
+            async with asyncio.timeout(2.0):
+                await client.ping()
+        except Exception as exc:
+            return Check(False, f"redis: {exc!r}"[:200])
+        return Check(True, "redis answers")
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -470,6 +592,19 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _bind_error(options: SiloOptions, exc: BaseException) -> ConfigurationError:
+    """The transport could not listen: name the port and the option that chose it."""
+    text = str(exc)
+    if options.gateway_port and f":{options.gateway_port}" in text:
+        what, port = "SiloOptions.gateway_port, --gateway-port", options.gateway_port
+    else:
+        what, port = "SiloOptions.silo_port, --silo-port", options.silo_port
+    return ConfigurationError(
+        f"cannot listen on {options.host}:{port} ({what}): the port is in use or the "
+        "address is not local; pick another port, or 0 for any free port"
+    )
 
 
 async def _gossip(transport: Transport, timeout: float, silo: SiloAddress, version: int) -> bool:
