@@ -7,8 +7,12 @@ or protocol failure as ``StorageError``.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
@@ -18,7 +22,17 @@ from redis.backoff import NoBackoff
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import StorageError, StorageUnavailableError
 
-__all__ = ["NoScriptError", "Redis", "connect", "key_prefix", "translate_errors"]
+__all__ = [
+    "NoScriptError",
+    "Redis",
+    "connect",
+    "key_prefix",
+    "redacted",
+    "translate_errors",
+    "wait_reachable",
+]
+
+log = logging.getLogger(__name__)
 
 Redis = aioredis.Redis
 # A script's reply in a pipeline run with raise_on_error=False when Redis lost the script.
@@ -70,3 +84,47 @@ def translate_errors(what: str) -> Iterator[None]:
         raise_if_cancelled()
         raise StorageError(f"redis error during {what}: {exc}") from exc
     raise_if_cancelled()
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+async def wait_reachable(client: aioredis.Redis, url: str, timeout: float, setting: str) -> None:
+    """Return once ``client`` answers PING; retry with backoff (0.1 s doubling to
+    2 s), logging each failed attempt, for ``timeout`` seconds. Then raise
+    ``StorageUnavailableError`` naming the URL, the wait and ``setting`` (the
+    option that sets the wait)."""
+    deadline = time.monotonic() + timeout
+    delay, attempt = 0.1, 0
+    while True:
+        attempt += 1
+        try:
+            await client.ping()
+        except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+            raise_if_cancelled()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StorageUnavailableError(
+                    f"could not reach Redis at {redacted(url)} within {timeout:g} s "
+                    f"({attempt} attempts; last error: {exc}). Start Redis or fix the URL; "
+                    f"{setting} sets how long to wait."
+                ) from exc
+            log.warning(
+                "redis not reachable yet url=%s attempt=%d retry_in=%.1fs error=%s",
+                redacted(url),
+                attempt,
+                min(delay, left),
+                exc,
+            )
+            await asyncio.sleep(min(delay, left))
+            delay = min(delay * 2, 2.0)
+            continue
+        if attempt > 1:
+            log.info("redis reachable url=%s attempts=%d", redacted(url), attempt)
+        return

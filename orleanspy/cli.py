@@ -1,4 +1,4 @@
-"""The ``orleanspy`` command: run a silo, look at reminders.
+"""The ``orleanspy`` command: run a silo, inspect and operate a cluster.
 
 This is the only module that reads the environment, command-line flags and
 signals; everything else takes options as values.
@@ -6,19 +6,28 @@ signals; everything else takes options as values.
 ::
 
     orleanspy silo --redis-url redis://127.0.0.1:6379/0 --import myapp.grains \\
-                   --silo-port 11111 --gateway-port 30000 \\
+                   --silo-port 11111 --gateway-port 30000 --metrics-port 9100 \\
                    --storage postgresql://app@db/app    # grain state (default: Redis)
-    orleanspy reminders --redis-url redis://127.0.0.1:6379/0 upcoming --minutes 10
-    orleanspy reminders --redis-url redis://127.0.0.1:6379/0 count
+    orleanspy cluster status --redis-url redis://127.0.0.1:6379/0
+    orleanspy reminders upcoming --minutes 10 --redis-url redis://127.0.0.1:6379/0
+    orleanspy reminders get Type/key name --json
+    orleanspy demo
 
-``--storage-url`` takes a Redis or a PostgreSQL URL (``postgresql://...``) for the
-cluster's tables and means the same as ``--redis-url``; ``--membership-url`` and
-``--reminder-table-url`` put one table elsewhere; ``--storage`` picks where grain
-state lives. ``ORLEANSPY_REDIS_URL``, ``ORLEANSPY_STORAGE_URL``,
-``ORLEANSPY_MEMBERSHIP_URL``, ``ORLEANSPY_REMINDER_TABLE_URL``,
-``ORLEANSPY_GRAIN_STORAGE``, ``ORLEANSPY_CLUSTER_ID`` and ``ORLEANSPY_SERVICE_ID``
-stand in for the flags. ``silo`` prints ``READY <address> <gateway port>`` once the
-silo is Active and stops gracefully on SIGTERM or SIGINT.
+Global flags (``--redis-url``, ``--storage-url``, ``--membership-url``,
+``--reminder-table-url``, ``--cluster-id``, ``--service-id``, ``--secret``,
+``--log-level``, ``--log-format``, ``--json``) go before or after the
+subcommand. ``--storage-url`` takes a Redis or a PostgreSQL URL
+(``postgresql://...``) for the cluster's tables and means the same as
+``--redis-url``; ``--membership-url`` and ``--reminder-table-url`` put one
+table elsewhere; ``silo --storage`` picks where grain state lives. Every flag
+with an environment variable names it in ``--help``; a flag given wins over its
+variable. ``silo`` prints ``READY <address>
+<gateway port>`` (and ``<metrics port>`` with ``--metrics-port``) once the silo
+is Active and stops gracefully on SIGTERM or SIGINT. Read commands print
+tables, or JSON with ``--json``; the reminder commands say on stderr whether
+they went through a gateway or straight to the reminder table (Redis or
+PostgreSQL; ``cluster status`` reads Redis only). Exit status: 0
+done, 1 failed (the message says why), 2 usage error.
 """
 
 from __future__ import annotations
@@ -26,57 +35,286 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
-from orleanspy.client import ClusterClient
+from orleanspy import __version__
 from orleanspy.errors import ConfigurationError, OrleansPyError
-from orleanspy.options import MessagingOptions, SiloOptions
+from orleanspy.observability import JsonFormatter, SiloNameFilter
+from orleanspy.options import MessagingOptions, SiloOptions, check_redis_url
+from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
 from orleanspy.run import run
-from orleanspy.runtime.silo import Silo
+from orleanspy.tables import table_backend
 
 __all__ = ["main"]
 
+_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class UsageError(Exception):
+    """A bad command line: exit status 2."""
+
+
+@dataclass(frozen=True)
+class _Global:
+    flag: str
+    env: str | None
+    default: Any
+    help: str
+    kwargs: dict[str, Any]
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+_GLOBALS = (
+    _Global("--redis-url", "ORLEANSPY_REDIS_URL", None,
+            "Redis of the cluster: redis://HOST:PORT/DB, rediss://... (TLS) or "
+            "unix:///PATH (this or --storage-url is required but for demo)",
+            {"metavar": "URL"}),
+    _Global("--storage-url", "ORLEANSPY_STORAGE_URL", None,
+            "store of the cluster's tables, Redis or postgresql://...; wins over "
+            "--redis-url", {"metavar": "URL"}),
+    _Global("--membership-url", "ORLEANSPY_MEMBERSHIP_URL", None,
+            "membership table elsewhere (Redis or PostgreSQL)", {"metavar": "URL"}),
+    _Global("--reminder-table-url", "ORLEANSPY_REMINDER_TABLE_URL", None,
+            "reminder table elsewhere (Redis or PostgreSQL)", {"metavar": "URL"}),
+    _Global("--cluster-id", "ORLEANSPY_CLUSTER_ID", "dev", "the cluster's id", {"metavar": "ID"}),
+    _Global("--service-id", "ORLEANSPY_SERVICE_ID", "default",
+            "the service's id (reminders and storage belong to it)", {"metavar": "ID"}),
+    _Global("--secret", "ORLEANSPY_CLUSTER_SECRET", None,
+            "shared secret every silo and client connection presents", {"metavar": "SECRET"}),
+    _Global("--log-level", "ORLEANSPY_LOG_LEVEL", None,
+            f"one of {', '.join(_LEVELS)}; default INFO for silo, WARNING otherwise",
+            {"metavar": "LEVEL"}),
+    _Global("--log-format", "ORLEANSPY_LOG_FORMAT", "text",
+            "text, or json for one JSON object per record", {"metavar": "FORMAT"}),
+    _Global("--json", None, False, "print JSON instead of a table (read commands; no env)",
+            {"action": "store_true"}),
+)  # fmt: skip
+
+
+def _help(text: str, default: Any, env: str | None) -> str:
+    shown = "none" if default is None else default
+    tail = f"default: {shown}" if not isinstance(default, bool) else "off by default"
+    return f"{text} ({tail}; env {env})" if env else f"{text} ({tail})"
+
+
+def _common() -> argparse.ArgumentParser:
+    """The global flags, with suppressed defaults so that a flag given after the
+    subcommand is not overwritten by the parent's default (filled in later)."""
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("global options (before or after the subcommand)")
+    for g in _GLOBALS:
+        group.add_argument(
+            g.flag,
+            dest=g.dest,
+            default=argparse.SUPPRESS,
+            help=_help(g.help, g.default if g.dest != "log_level" else None, g.env)
+            if g.dest != "log_level"
+            else f"{g.help} (env {g.env})",
+            **g.kwargs,
+        )
+    return common
+
+
+def _env_help(text: str, default: Any, env: str) -> dict[str, Any]:
+    return {"default": os.environ.get(env, default), "help": _help(text, default, env)}
+
 
 def _parser() -> argparse.ArgumentParser:
-    env = os.environ.get
-    parser = argparse.ArgumentParser(prog="orleanspy", description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", default=env("ORLEANSPY_REDIS_URL"))
-    parser.add_argument("--storage-url", default=env("ORLEANSPY_STORAGE_URL"))
-    parser.add_argument("--membership-url", default=env("ORLEANSPY_MEMBERSHIP_URL"))
-    parser.add_argument("--reminder-table-url", default=env("ORLEANSPY_REMINDER_TABLE_URL"))
-    parser.add_argument("--cluster-id", default=env("ORLEANSPY_CLUSTER_ID", "dev"))
-    parser.add_argument("--service-id", default=env("ORLEANSPY_SERVICE_ID", "default"))
-    parser.add_argument("--secret", default=env("ORLEANSPY_CLUSTER_SECRET"))
-    parser.add_argument("--log-level", default="INFO")
-    commands = parser.add_subparsers(dest="command", required=True)
+    common = _common()
+    parser = argparse.ArgumentParser(
+        prog="orleanspy", description=__doc__.splitlines()[0].replace("``", ""), parents=[common]
+    )
+    parser.add_argument("--version", action="version", version=f"orleanspy {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    silo = commands.add_parser("silo", help="run one silo until SIGTERM/SIGINT")
-    silo.add_argument("--import", dest="imports", action="append", default=[],
-                      help="module defining grain classes (repeatable)")  # fmt: skip
-    silo.add_argument("--name")
-    silo.add_argument("--host", default="127.0.0.1")
-    silo.add_argument("--silo-port", type=int, default=0)
-    silo.add_argument("--gateway-port", type=int, default=0)
-    silo.add_argument("--storage", metavar="URL", default=env("ORLEANSPY_GRAIN_STORAGE"),
-                      help="grain state storage \"default\": a redis:// or postgresql:// URL "
-                      "(default: the --redis-url Redis)")  # fmt: skip
+    def sub(owner: Any, name: str, text: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = owner.add_parser(
+            name, help=text, description=text, parents=[common]
+        )
+        return p
 
-    rem = commands.add_parser("reminders", help="inspect the reminder table")
-    what = rem.add_subparsers(dest="what", required=True)
-    upcoming = what.add_parser("upcoming", help="rows due within --minutes")
-    upcoming.add_argument("--minutes", type=float, default=10.0)
-    upcoming.add_argument("--limit", type=int, default=100)
-    what.add_parser("count", help="how many rows the table holds")
+    silo = sub(commands, "silo", "run one silo until SIGTERM/SIGINT")
+    silo.add_argument(
+        "--import", dest="imports", action="append", metavar="MODULE",
+        help="module defining grain classes, found from the current directory too "
+        "(repeatable; default: none; env ORLEANSPY_IMPORT, comma-separated)",
+    )  # fmt: skip
+    silo.add_argument("--name", **_env_help("the silo's name in logs and cluster status",
+                                            "silo-<id>", "ORLEANSPY_SILO_NAME"))  # fmt: skip
+    silo.add_argument("--host", **_env_help("address to listen on", "127.0.0.1", "ORLEANSPY_HOST"))
+    silo.add_argument("--silo-port", type=int, metavar="PORT", **_env_help(
+        "silo-to-silo port, 0 for any free port", 0, "ORLEANSPY_SILO_PORT"))  # fmt: skip
+    silo.add_argument("--gateway-port", type=int, metavar="PORT", **_env_help(
+        "port clients connect to, 0 for any free port", 0, "ORLEANSPY_GATEWAY_PORT"))  # fmt: skip
+    silo.add_argument("--metrics-port", type=int, metavar="PORT", **_env_help(
+        "HTTP port of /metrics, /healthz and /readyz, 0 for any free port",
+        None, "ORLEANSPY_METRICS_PORT"))  # fmt: skip
+    silo.add_argument("--storage-timeout", type=float, metavar="SECONDS", **_env_help(
+        "how long start-up retries an unreachable Redis", 30.0,
+        "ORLEANSPY_STORAGE_TIMEOUT"))  # fmt: skip
+    silo.add_argument(
+        "--storage",
+        metavar="URL",
+        default=os.environ.get("ORLEANSPY_GRAIN_STORAGE"),
+        help=_help(
+            'grain state storage "default": a redis:// or postgresql:// URL',
+            "the cluster's store",
+            "ORLEANSPY_GRAIN_STORAGE",
+        ),
+    )
+
+    cluster = sub(commands, "cluster", "look at the cluster")
+    what = cluster.add_subparsers(dest="what", metavar="WHAT", required=True)
+    sub(what, "status", "silos: status, address, gateway, start, ring share, load (from Redis)")
+
+    rem = sub(commands, "reminders", "inspect and change reminder rows")
+    ops = rem.add_subparsers(dest="what", metavar="WHAT", required=True)
+    p = sub(ops, "list", "rows in due order, or every row of one grain")
+    p.add_argument(
+        "--grain",
+        metavar="GRAIN",
+        help="only this grain's rows, TYPE/KEY (default: every row; no env)",
+    )
+    p.add_argument("--limit", type=int, metavar="N",
+                   **_env_help("at most this many rows", 100, "ORLEANSPY_LIMIT"))  # fmt: skip
+    p = sub(ops, "get", "one row in full")
+    _row_args(p)
+    p = sub(ops, "upcoming", "rows due within --minutes")
+    p.add_argument("--minutes", type=float, metavar="M",
+                   **_env_help("horizon", 10.0, "ORLEANSPY_MINUTES"))  # fmt: skip
+    p.add_argument("--limit", type=int, metavar="N",
+                   **_env_help("at most this many rows", 100, "ORLEANSPY_LIMIT"))  # fmt: skip
+    sub(ops, "count", "how many rows the table holds")
+    p = sub(ops, "set-priority", "change a row's priority (-128..127)")
+    _row_args(p)
+    p.add_argument("priority", type=_priority, help="a number, or critical, normal, background")
+    p = sub(ops, "set-action", "change what a row does with missed ticks")
+    _row_args(p)
+    p.add_argument("action", type=_action, help="fire_immediately, skip or notify")
+    p = sub(ops, "repair", "move a row's next due time to its first slot after now")
+    _row_args(p)
+    p = sub(ops, "delete", "remove a row")
+    _row_args(p)
+    p = sub(ops, "pause", "keep a row but deliver nothing until resume")
+    _row_args(p)
+    p = sub(ops, "resume", "deliver a paused row again (missed slots follow its action)")
+    _row_args(p)
+    p = sub(ops, "trigger", "deliver one tick now, off the schedule (needs a running silo)")
+    _row_args(p)
+
+    demo = sub(commands, "demo", "run the embedded demo (one process, in memory)")
+    demo.add_argument("--seconds", type=float, metavar="S", **_env_help(
+        "how long the demo runs", 5.0, "ORLEANSPY_DEMO_SECONDS"))  # fmt: skip
     return parser
 
 
-def _messaging(args: argparse.Namespace) -> MessagingOptions:
-    return MessagingOptions(cluster_secret=args.secret) if args.secret else MessagingOptions()
+def _row_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("grain", metavar="GRAIN", help="TYPE/KEY (string key), TYPE/i:42, TYPE/u:UUID")
+    p.add_argument("name", metavar="NAME", help="the reminder's name")
+
+
+def _priority(text: str) -> int:
+    names = {"critical": 100, "normal": 0, "background": -100}
+    if text.lower() in names:
+        return names[text.lower()]
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a priority: {text!r} (a number in -128..127, or critical, normal, background)"
+        ) from None
+    if not -128 <= value <= 127:
+        raise argparse.ArgumentTypeError(f"priority {value} is outside -128..127")
+    return value
+
+
+def _action(text: str) -> MissedReminderAction:
+    try:
+        return MissedReminderAction[text.upper().replace("-", "_")]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"not an action: {text!r} (fire_immediately, skip or notify)"
+        ) from None
+
+
+def _fill_globals(args: argparse.Namespace) -> None:
+    """Flags given win, then their environment variables, then the defaults."""
+    for g in _GLOBALS:
+        if not hasattr(args, g.dest):
+            value = os.environ.get(g.env) if g.env else None
+            setattr(args, g.dest, g.default if value is None else value)
+    level = args.log_level or ("INFO" if args.command == "silo" else "WARNING")
+    if level.upper() not in _LEVELS:
+        raise UsageError(f"unknown log level {level!r} (--log-level): use one of "
+                         f"{', '.join(_LEVELS)}")  # fmt: skip
+    args.log_level = level.upper()
+    if args.log_format not in ("text", "json"):
+        raise UsageError(f"unknown log format {args.log_format!r} (--log-format): text or json")
+
+
+def _checked(url: str, flag: str) -> str:
+    try:
+        table_backend(url)
+    except ConfigurationError as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    return url
+
+
+def storage_url(args: argparse.Namespace) -> str:
+    """The store of the cluster's tables (``--storage-url``, else ``--redis-url``),
+    checked: the one place that knows which URL schemes the command accepts."""
+    if args.storage_url:
+        return _checked(args.storage_url, "--storage-url")
+    if not args.redis_url:
+        raise UsageError(
+            "--storage-url or --redis-url (or ORLEANSPY_STORAGE_URL, ORLEANSPY_REDIS_URL) "
+            "is required"
+        )
+    url: str = args.redis_url
+    try:
+        table_backend(url)  # --redis-url may name PostgreSQL too, as SiloOptions.redis_url
+    except ConfigurationError:
+        try:
+            check_redis_url(url, "--redis-url")
+        except ConfigurationError as exc:
+            raise UsageError(f"{exc} (PostgreSQL: --storage-url postgresql://...)") from None
+    return url
+
+
+def membership_url(args: argparse.Namespace) -> str:
+    """Where the membership table lives (gateways are found there)."""
+    if args.membership_url:
+        return _checked(args.membership_url, "--membership-url")
+    return storage_url(args)
+
+
+def reminders_url(args: argparse.Namespace) -> str:
+    """Where the reminder table lives."""
+    if args.reminder_table_url:
+        return _checked(args.reminder_table_url, "--reminder-table-url")
+    return storage_url(args)
+
+
+def redis_url(args: argparse.Namespace) -> str:
+    """The Redis that holds membership (``cluster status`` reads only Redis)."""
+    url = membership_url(args)
+    if table_backend(url) != "redis":
+        raise UsageError(
+            "cluster status reads the membership table in Redis; this cluster's membership "
+            "is in PostgreSQL (use a client's gateway or the database instead)"
+        )
+    return url
 
 
 def _grain_storage(url: str | None) -> dict[str, str] | None:
@@ -87,20 +325,62 @@ def _grain_storage(url: str | None) -> dict[str, str] | None:
     return {"default": url}
 
 
-async def _run_silo(args: argparse.Namespace) -> None:
-    for module in args.imports:
-        importlib.import_module(module)
+def _logging(args: argparse.Namespace) -> SiloNameFilter:
+    handler = logging.StreamHandler(sys.stderr)
+    names = SiloNameFilter(getattr(args, "name", None) or "-")
+    handler.addFilter(names)
+    if args.log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s %(silo)s %(name)s %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(args.log_level)
+    return names
+
+
+def _messaging(args: argparse.Namespace) -> MessagingOptions:
+    return MessagingOptions(cluster_secret=args.secret) if args.secret else MessagingOptions()
+
+
+# -- silo -----------------------------------------------------------------------------
+
+
+def _import_grains(args: argparse.Namespace) -> None:
+    modules = list(args.imports or [])
+    if not modules and os.environ.get("ORLEANSPY_IMPORT"):
+        modules = [m for m in os.environ["ORLEANSPY_IMPORT"].split(",") if m.strip()]
+    # `python -m` puts the current directory on the path; a console script does not.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for module in modules:
+        try:
+            importlib.import_module(module.strip())
+        except ModuleNotFoundError as exc:
+            raise UsageError(
+                f"cannot import {module!r} (--import): {exc}; run from the directory that "
+                "holds it, or add its directory to PYTHONPATH"
+            ) from None
+
+
+async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> None:
+    from orleanspy.runtime.silo import Silo
+
     options = SiloOptions(
         cluster_id=args.cluster_id,
         service_id=args.service_id,
         name=args.name,
         host=args.host,
-        silo_port=args.silo_port,
-        gateway_port=args.gateway_port,
-        redis_url=args.redis_url,
-        storage_url=args.storage_url,
-        membership_url=args.membership_url,
-        reminder_table_url=args.reminder_table_url,
+        silo_port=int(args.silo_port),
+        gateway_port=int(args.gateway_port),
+        metrics_port=None if args.metrics_port is None else int(args.metrics_port),
+        storage_start_timeout=timedelta(seconds=float(args.storage_timeout)),
+        redis_url=None if args.storage_url else storage_url(args),
+        storage_url=args.storage_url or None,
+        membership_url=args.membership_url or None,
+        reminder_table_url=args.reminder_table_url or None,
         messaging=_messaging(args),
         storage=_grain_storage(args.storage),
     )
@@ -108,8 +388,11 @@ async def _run_silo(args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with Silo(options) as silo:
-        print(f"READY {silo.address} {silo.gateway_port}", flush=True)
+    silo = Silo(options)
+    names.silo_name = silo.name
+    async with silo:
+        extra = f" {silo.metrics_port}" if silo.metrics_port is not None else ""
+        print(f"READY {silo.address} {silo.gateway_port}{extra}", flush=True)
         stopped = asyncio.ensure_future(stop.wait())
         # A silo declared dead by the cluster stops on its own; so do we.
         while not stopped.done() and not silo.declared_dead:
@@ -117,45 +400,215 @@ async def _run_silo(args: argparse.Namespace) -> None:
         stopped.cancel()
 
 
-async def _reminders(args: argparse.Namespace) -> None:
-    async with ClusterClient(
-        args.membership_url or args.storage_url or args.redis_url,
-        args.cluster_id,
-        args.service_id,
-        options=_messaging(args),
-    ) as client:
-        if args.what == "count":
-            print(await client.reminders.count_all())
-            return
-        rows = await client.reminders.upcoming(timedelta(minutes=args.minutes), args.limit)
-        for row in rows:
-            schedule = f"cron {row.cron!r} {row.tz or 'UTC'}" if row.cron else f"every {row.period}"
-            print(f"{row.next_due.isoformat()}  {row.grain_id}  {row.name}  {schedule}")
+# -- output ---------------------------------------------------------------------------
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    )
+
+
+def _print_json(doc: object) -> None:
+    print(json.dumps(doc, indent=2, sort_keys=True))
+
+
+def _schedule(row: ReminderEntry) -> str:
+    if row.cron:
+        return f"cron {row.cron} {row.tz or 'UTC'}"
+    return f"every {row.period}"
+
+
+def _rows_table(rows: Sequence[ReminderEntry]) -> str:
+    return _table(
+        ("NEXT DUE", "GRAIN", "NAME", "SCHEDULE", "PRIORITY", "ACTION", "STATE"),
+        [
+            (
+                f"{r.next_due:%Y-%m-%d %H:%M:%S}Z",
+                str(r.grain_id),
+                r.name,
+                _schedule(r),
+                int(r.priority),
+                r.action.name.lower(),
+                "paused" if r.paused else "active",
+            )
+            for r in rows
+        ],
+    )
+
+
+def _row_detail(row: ReminderEntry) -> str:
+    from orleanspy._cli_reminders import entry_json
+
+    doc = entry_json(row)
+    width = max(len(k) for k in doc)
+    return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in doc.items())
+
+
+def _history_table(history: Sequence[FireRecord]) -> str:
+    return _table(
+        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO"),
+        [
+            (
+                f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
+                f"{r.at:%H:%M:%S.%f}"[:-3],
+                f"{r.lateness.total_seconds() * 1000:.0f} ms",
+                r.outcome.value + (" (triggered)" if r.triggered else ""),
+                r.silo,
+            )
+            for r in history
+        ],
+    )
+
+
+# -- cluster status -------------------------------------------------------------------
+
+
+async def _cluster_status(args: argparse.Namespace) -> int:
+    from orleanspy._redis import connect
+    from orleanspy.cluster_status import explain_no_gateway, read_status
+
+    url = redis_url(args)
+    client = connect(url)
+    try:
+        status = await read_status(client, cluster_id=args.cluster_id, service_id=args.service_id)
+    finally:
+        await client.aclose()
+    if args.json:
+        _print_json(status.to_json())
+    else:
+        print(f"cluster {status.cluster_id!r} service {status.service_id!r} "
+              f"(membership version {status.table_version})")  # fmt: skip
+        headers = ("NAME", "STATUS", "ADDRESS", "GATEWAY", "STARTED", "RING", "ACTIVATIONS",
+                   "REMINDERS")  # fmt: skip
+        rows = [
+            (s.name, s.status, s.address, s.gateway, f"{s.started:%Y-%m-%d %H:%M:%S}Z",
+             f"{s.ring_share:.1f}%", s.activations, s.reminders)
+            for s in status.silos
+        ]  # fmt: skip
+        print(_table(headers, rows))
+    if not any(s.status == "active" for s in status.silos):
+        why = await explain_no_gateway(url, cluster_id=args.cluster_id, service_id=args.service_id)
+        print(f"orleanspy: no Active silo: {why}", file=sys.stderr)
+    return 0
+
+
+# -- reminders ------------------------------------------------------------------------
+
+
+async def _reminders(args: argparse.Namespace) -> int:
+    from orleanspy._cli_reminders import entry_json, fire_json, open_reminders, parse_grain_id
+
+    gateway_url = membership_url(args)
+    table_url = reminders_url(args)
+    grain = None
+    if getattr(args, "grain", None) is not None:
+        try:
+            grain = parse_grain_id(args.grain)
+        except (ValueError, TypeError) as exc:
+            raise UsageError(str(exc)) from None
+    async with open_reminders(
+        gateway_url, args.cluster_id, args.service_id, _messaging(args), table_url=table_url
+    ) as access:
+        print(f"orleanspy: via {access.via}", file=sys.stderr)
+        what = args.what
+        if what == "count":
+            n = await access.count()
+            _print_json({"count": n}) if args.json else print(n)
+            return 0
+        if what in ("list", "upcoming"):
+            if what == "list":
+                rows = await access.rows(grain, args.limit)
+            else:
+                rows = await access.upcoming(timedelta(minutes=args.minutes), args.limit)
+            if args.json:
+                _print_json([entry_json(r) for r in rows])
+            else:
+                print(_rows_table(rows))
+            return 0
+        assert grain is not None
+        if what == "delete":
+            if not await access.delete(grain, args.name):
+                print(f"orleanspy: {grain} has no reminder {args.name!r}", file=sys.stderr)
+                return 1
+            print(f"deleted {grain} {args.name}")
+            return 0
+        if what == "trigger":
+            status = await access.trigger(grain, args.name)
+            at = status.delivered_at.isoformat()
+            _print_json({"triggered": True, "delivered_at": at}) if args.json else print(
+                f"triggered {grain} {args.name} at {at}"
+            )
+            return 0
+        ops: dict[str, Callable[[], Any]] = {
+            "get": lambda: access.get(grain, args.name),
+            "set-priority": lambda: access.set_priority(grain, args.name, args.priority),
+            "set-action": lambda: access.set_action(grain, args.name, args.action),
+            "repair": lambda: access.repair(grain, args.name),
+            "pause": lambda: access.pause(grain, args.name),
+            "resume": lambda: access.resume(grain, args.name),
+        }
+        row = await ops[what]()
+        history = await access.history(grain, args.name) if what == "get" else None
+        if args.json:
+            doc = entry_json(row)
+            if history is not None:
+                doc["history"] = [fire_json(r) for r in history]
+            _print_json(doc)
+        else:
+            print(_row_detail(row))
+            if history:
+                print()
+                print(_history_table(history))
+        return 0
+
+
+# -- entry point ----------------------------------------------------------------------
+
+
+async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
+    if args.command == "silo":
+        await _run_silo(args, names)
+        return 0
+    if args.command == "cluster":
+        return await _cluster_status(args)
+    if args.command == "demo":
+        from orleanspy.demo import main as demo
+
+        await demo(args.seconds)
+        return 0
+    return await _reminders(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``orleanspy`` command; returns the exit status."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    if (args.membership_url or args.storage_url or args.redis_url) is None:
-        print(
-            "orleanspy: --storage-url or --redis-url (or ORLEANSPY_STORAGE_URL) is required",
-            file=sys.stderr,
-        )
-        return 2
+    # gRPC's C core logs to stderr on its own; keep it to errors unless asked.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    parser = _parser()
     try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) and usage errors (2)
+        return int(exc.code or 0)
+    try:
+        _fill_globals(args)
         if args.command == "silo":
-            run(_run_silo(args))
-        else:
-            run(_reminders(args))
+            _import_grains(args)
+        names = _logging(args)
+        return run(_dispatch(args, names))
+    except UsageError as exc:
+        parser.print_usage(sys.stderr)
+        print(f"orleanspy: {exc}", file=sys.stderr)
+        return 2
     except OrleansPyError as exc:
+        print(f"orleanspy: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:  # invalid values the options or the management refused
         print(f"orleanspy: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
 
 
 if __name__ == "__main__":

@@ -128,13 +128,29 @@ class ClusterClient:
                 # Chain why the last gateway failed: a refused cluster secret
                 # (AuthenticationError) must not read as a mere outage.
                 raise SiloUnavailableError(
-                    "no gateway of the cluster could be reached"
+                    f"no gateway of the cluster could be reached: {await self._why_no_gateway()}"
                 ) from self._last_connect_error
             task = asyncio.get_running_loop().create_task(self._refresher())
             self._stack.push_async_callback(_cancel, task)
         except BaseException:
             await self.aclose()
             raise
+
+    async def _why_no_gateway(self) -> str:
+        if self._redis_url is None:
+            listed = ", ".join(self._static or ())
+            return f"none of the gateways {listed} answered" if listed else "none is listed"
+        if table_backend(self._redis_url) != "redis":
+            # The Redis-only explanation reads membership records straight from Redis.
+            return (
+                f"no Active silo of cluster id {self._cluster_id!r}, service id "
+                f"{self._service_id!r} with a gateway answered"
+            )
+        from orleanspy.cluster_status import explain_no_gateway
+
+        return await explain_no_gateway(
+            self._redis_url, cluster_id=self._cluster_id, service_id=self._service_id
+        )
 
     async def aclose(self) -> None:
         """Close every gateway connection; pending calls fail with ``ClosedError``."""

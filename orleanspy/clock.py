@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock", "from_ms", "to_ms", "utcnow"]
+__all__ = ["Clock", "SystemClock", "from_ms", "to_ms"]
 
 
 @runtime_checkable
@@ -51,11 +51,6 @@ class SystemClock:
 
     async def sleep_until(self, when: datetime) -> None:
         await asyncio.sleep(max(0.0, (when - self.now()).total_seconds()))
-
-
-def utcnow() -> datetime:
-    """``datetime.now(UTC)``; for code that has no clock at hand (logs, ids)."""
-    return datetime.now(UTC)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

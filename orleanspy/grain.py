@@ -199,6 +199,20 @@ def _collect_states(cls: type) -> tuple[StateDeclaration[Any], ...]:
     return tuple(by_attribute.values())
 
 
+def _reject_sync_methods(cls: type) -> None:
+    """A public plain ``def`` on a grain class is almost always a forgotten
+    ``async``: callers would get an error at call time, far from the cause."""
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name in _BASE_NAMES or not inspect.isfunction(value):
+            continue
+        if not inspect.iscoroutinefunction(value):
+            raise ConfigurationError(
+                f"{cls.__qualname__}.{name} is a public grain method but not 'async def': "
+                "grain methods run as messages and must be coroutines. Write "
+                f"'async def {name}', or rename it '_{name}' to keep it a local helper"
+            )
+
+
 class Grain:
     """Base class of every grain. Subclass it and write public ``async def`` methods.
 
@@ -235,6 +249,7 @@ class Grain:
             not isinstance(collection_age, timedelta) or collection_age <= timedelta(0)
         ):
             raise ConfigurationError("collection_age must be a positive datetime.timedelta")
+        _reject_sync_methods(cls)
         parent = next(
             (b.__dict__["__grain_definition__"] for b in cls.__mro__[1:]
              if "__grain_definition__" in b.__dict__),

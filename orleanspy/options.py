@@ -172,6 +172,7 @@ class ReminderOptions:
     ``missed_tick_grace``: a tick reached later than this after its slot is missed
     (``None`` means ``poll_interval``). ``look_ahead`` must be at least twice
     ``poll_interval`` so a poll always sees rows before they fall due.
+    ``history_size``: fire records kept per row in the table (``0``: none).
     """
 
     look_ahead: timedelta = timedelta(minutes=5)
@@ -188,6 +189,7 @@ class ReminderOptions:
     retry_initial: timedelta = timedelta(milliseconds=100)
     retry_max: timedelta = timedelta(seconds=10)
     adaptive: bool = True
+    history_size: int = 20
 
     def __post_init__(self) -> None:
         _durations(
@@ -203,6 +205,10 @@ class ReminderOptions:
             _durations(self, "missed_tick_grace")
         for name in ("base_bucket_size", "permits", "max_name_length", "persist_batch"):
             _positive(self, name)
+        if not 0 <= self.history_size <= 10_000:
+            raise ConfigurationError(
+                f"ReminderOptions.history_size must be in 0..10000, got {self.history_size}"
+            )
         if self.shards < 1 or self.shards > 65536 or self.shards & (self.shards - 1):
             raise ConfigurationError("ReminderOptions.shards must be a power of two in 1..65536")
         if self.look_ahead < 2 * self.poll_interval:
@@ -247,6 +253,11 @@ class SiloOptions:
     table elsewhere. The grain directory lives with ``storage_url`` (else with
     the membership table); the stream provider on the first Redis URL given,
     and in memory (this silo only) when there is none.
+    ``metrics_port``: serve ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP
+    on ``host`` (``0`` picks a free port; ``None``, the default: no endpoint and
+    no metrics recorded). ``storage_start_timeout``: how long ``start`` keeps
+    retrying an unreachable Redis before it fails (a compose start-up brings
+    Redis up alongside the silos).
     """
 
     cluster_id: str = "dev"
@@ -279,6 +290,9 @@ class SiloOptions:
             return self.allow_client_management
         return self.messaging.cluster_secret is not None or self.messaging.tls is not None
 
+    metrics_port: int | None = None
+    storage_start_timeout: timedelta = timedelta(seconds=30)
+
     def __post_init__(self) -> None:
         for name in ("cluster_id", "service_id"):
             value = getattr(self, name)
@@ -292,8 +306,9 @@ class SiloOptions:
             "collection_check_interval",
             "activation_timeout",
             "deactivation_timeout",
+            "storage_start_timeout",
         )
-        for name in ("silo_port", "gateway_port"):
+        for name in ("silo_port", "gateway_port", "metrics_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"SiloOptions.{name} must be in 0..65535, got {port}")
@@ -382,3 +397,16 @@ def _check_storage(storage: Mapping[str, Any]) -> None:
                 f"SiloOptions.storage[{name!r}]: {value!r} is neither a URL nor a GrainStorage "
                 "(start, read, write, clear)"
             )
+
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def check_redis_url(url: str, what: str) -> None:
+    """Raise ``ConfigurationError`` naming ``what`` and the schemes that work
+    unless ``url`` starts with one of ``REDIS_SCHEMES``."""
+    if not url.startswith(REDIS_SCHEMES):
+        raise ConfigurationError(
+            f"{what} {url!r} has no Redis scheme; use redis://HOST:PORT/DB, "
+            "rediss://HOST:PORT/DB (TLS) or unix:///PATH/redis.sock"
+        )

@@ -41,7 +41,7 @@ import msgpack
 from orleanspy.errors import SerializationError
 from orleanspy.identity import GrainId
 
-__all__ = ["Codec", "DecodeLimits", "pack", "register_type", "registered_type", "unpack"]
+__all__ = ["Codec", "DecodeLimits", "pack", "register_type", "unpack"]
 
 _T = TypeVar("_T")
 
@@ -120,11 +120,6 @@ def register_type(cls: type[_T] | None = None, *, name: str | None = None) -> An
         return c
 
     return apply(cls) if cls is not None else apply
-
-
-def registered_type(name: str) -> type[Any] | None:
-    """The class registered under ``name``, if any."""
-    return _registry.get(name)
 
 
 def is_registered(cls: type[Any]) -> bool:

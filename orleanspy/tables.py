@@ -64,6 +64,10 @@ class TableConnections:
             self._redis[url] = client
         return self._redis[url]
 
+    def redis_clients(self) -> dict[str, Any]:
+        """The Redis clients made so far, by URL."""
+        return dict(self._redis)
+
     async def postgres(self, url: str) -> Any:
         """The shared ``asyncpg`` pool of ``url``."""
         if url not in self._pools:

@@ -3,13 +3,14 @@
 Layers, lowest first; a module may import its own layer and those below, never above:
 
     bottom     errors identity clock options serialization
-    helpers    _tasks _retry _redis _postgres ring placement
+    helpers    _tasks _retry _redis _postgres ring placement metrics
     providers  directory/* membership/* storage/* streams/* messaging/* tables
                reminders/ model table memory redis postgres _pg_feed schedule spec
     grain      state grain reference
-    services   the rest of reminders/ (the service, registry, management), observability
-    runtime    runtime/*
-    hosts      client cli run testing/* and the ``orleanspy`` facade
+    services   the rest of reminders/ (the service, registry, management), observability,
+               cluster_status
+    runtime    runtime/* _prometheus
+    hosts      client cli _cli_reminders run demo testing/* and the ``orleanspy`` facade
 
 An edge is every ``import`` in a module: at the top (``top``), inside a function
 (``lazy``: it runs the first time the function does, so it binds the layers as
@@ -39,7 +40,7 @@ ROOT = Path(orleanspy.__file__).parent
 
 LAYERS: list[tuple[str, str]] = [
     ("bottom", r"orleanspy\.(errors|identity|clock|options|serialization)"),
-    ("helpers", r"orleanspy\.(_tasks|_retry|_redis|_postgres|ring|placement)"),
+    ("helpers", r"orleanspy\.(_tasks|_retry|_redis|_postgres|ring|placement|metrics)"),
     (
         "providers",
         r"orleanspy\.(directory|membership|storage|streams|messaging)(\..+)?"
@@ -47,9 +48,9 @@ LAYERS: list[tuple[str, str]] = [
         r"|orleanspy\.reminders(\.(model|table|memory|redis|postgres|_pg_feed|schedule|spec))?",
     ),
     ("grain", r"orleanspy\.(state|grain|reference)"),
-    ("services", r"orleanspy\.reminders\..+|orleanspy\.observability"),
-    ("runtime", r"orleanspy\.runtime(\..+)?"),
-    ("hosts", r"orleanspy(\.(client|cli|run|testing(\..+)?))?"),
+    ("services", r"orleanspy\.reminders\..+|orleanspy\.(observability|cluster_status)"),
+    ("runtime", r"orleanspy\.runtime(\..+)?|orleanspy\._prometheus"),
+    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|run|demo|testing(\..+)?))?"),
 ]
 
 # What providers must not import: the runtime, its hosts, and the grain-facing API.
@@ -78,6 +79,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The lanes drain rows the window holds and name them in annotations only
     # (the window imports the lanes it owns).
     ("orleanspy.reminders._lanes", "orleanspy.reminders._window"): "typing only; circle",
+    # The exporter reads the silo it is given; the silo loads the exporter lazily,
+    # only when a metrics port is set (prometheus_client stays optional).
+    ("orleanspy._prometheus", "orleanspy.runtime.silo"): "typing only; circle",
 }
 
 

@@ -93,6 +93,9 @@ class HealthMonitor:
     whether this silo may still vote (Active, not leaving, not declared dead);
     ``on_death(version)`` hears of every death this silo writes, with the
     table version it wrote.
+
+    Counters (they only grow): ``probes_sent``, ``probes_failed``,
+    ``suspicions`` (suspect votes written), ``declared_dead`` (deaths written).
     """
 
     def __init__(
@@ -118,6 +121,10 @@ class HealthMonitor:
         self._snapshot = snapshot
         self._may_vote = may_vote
         self._missed: dict[SiloAddress, int] = {}
+        self.probes_sent = 0
+        self.probes_failed = 0
+        self.suspicions = 0
+        self.declared_dead = 0
 
     @property
     def missed(self) -> dict[SiloAddress, int]:
@@ -142,10 +149,12 @@ class HealthMonitor:
         targets = probe_targets(self._snapshot(), self._me, self._options.num_probed_silos)
         self._missed = {s: n for s, n in self._missed.items() if s in targets}
         results = await asyncio.gather(*(self._probe(s) for s in targets))
+        self.probes_sent += len(targets)
         for silo, ok in zip(targets, results, strict=True):
             if ok:
                 self._missed.pop(silo, None)
                 continue
+            self.probes_failed += 1
             misses = self._missed.get(silo, 0) + 1
             self._missed[silo] = misses
             log.info("membership probe missed silo=%s target=%s misses=%d", self._me, silo, misses)
@@ -174,7 +183,10 @@ class HealthMonitor:
             version = snap.version.next()
             if await self._table.update_row(verdict, etag, version):
                 if verdict.status == SiloStatus.DEAD:
+                    self.declared_dead += 1
                     self._on_death(version.version)
+                else:
+                    self.suspicions += 1
                 log.warning(
                     "membership %s silo=%s suspect=%s votes=%d",
                     "declared dead" if verdict.status == SiloStatus.DEAD else "voted",

@@ -14,12 +14,14 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from google.protobuf.message import DecodeError
+
 from orleanspy.identity import GrainId, GrainKey, SiloAddress
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
 from orleanspy.options import MessagingOptions
 
-__all__ = ["FrameCodec", "InvalidEnvelope", "Outbox", "WireStats", "unencodable"]
+__all__ = ["FrameCodec", "InvalidEnvelope", "Outbox", "WireStats", "parse", "unencodable"]
 
 # A rough per-envelope overhead for frame budgeting; exactness does not matter.
 _ENVELOPE_OVERHEAD = 160
@@ -41,7 +43,16 @@ class WireStats:
 
 
 class InvalidEnvelope(Exception):
-    """An envelope that parsed but cannot become a ``Message``."""
+    """Bytes that do not parse, or an envelope that parsed but cannot become a ``Message``."""
+
+
+def parse(kind: Any, data: bytes) -> Any:
+    """``kind.FromString(data)`` for a generated message class; raises
+    ``InvalidEnvelope`` on garbage (protobuf's own error stays in this module)."""
+    try:
+        return kind.FromString(data)
+    except DecodeError as exc:
+        raise InvalidEnvelope(f"malformed {kind.__name__} ({len(data)} bytes)") from exc
 
 
 # --------------------------------------------------------------------- codec
@@ -132,8 +143,8 @@ class FrameCodec:
 
     @staticmethod
     def decode(frame: bytes) -> Sequence[Any]:
-        """The envelopes of one frame; raises ``DecodeError`` on garbage."""
-        envelopes: Sequence[Any] = pb.Batch.FromString(frame).messages
+        """The envelopes of one frame; raises ``InvalidEnvelope`` on garbage."""
+        envelopes: Sequence[Any] = parse(pb.Batch, frame).messages
         return envelopes
 
     def message(self, env: Any, max_body: int) -> Message:
@@ -239,11 +250,18 @@ class Outbox:
         "_wakeup",
         "idle",
         "in_flight",
+        "peer",
         "queue",
         "stats",
     )
 
-    def __init__(self, codec: FrameCodec, options: MessagingOptions, stats: WireStats) -> None:
+    def __init__(
+        self,
+        codec: FrameCodec,
+        options: MessagingOptions,
+        stats: WireStats,
+        peer: WireStats | None = None,
+    ) -> None:
         self.queue: deque[Message] = deque()
         self.in_flight: list[Message] = []
         self._wakeup = asyncio.Event()
@@ -254,6 +272,8 @@ class Outbox:
         self._max_batch = options.max_batch
         self._budget = options.max_message_size
         self.stats = stats
+        # Counts of this destination alone (metrics per peer), beside the totals.
+        self.peer = peer
 
     def push(self, message: Message) -> None:
         queue = self.queue
@@ -293,6 +313,7 @@ class Outbox:
         each frame that was written."""
         queue = self.queue
         stats = self.stats
+        peer = self.peer
         while not broken():
             if not queue:
                 self.idle.set()
@@ -312,6 +333,9 @@ class Outbox:
             await write(frame)
             stats.frames_sent += 1
             stats.messages_sent += len(batch)
+            if peer is not None:
+                peer.frames_sent += 1
+                peer.messages_sent += len(batch)
             self.in_flight = []
             if written is not None:
                 written(batch)

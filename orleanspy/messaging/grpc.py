@@ -48,19 +48,13 @@ import contextlib
 import functools
 import hmac
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
-# gRPC core logs connection teardown ("Got goaway") at INFO on stderr; only
-# errors belong there. An explicit setting in the environment still wins.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-
 import grpc
 import grpc.aio
-from google.protobuf.message import DecodeError
 
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import (
@@ -77,6 +71,7 @@ from orleanspy.messaging.frames import (
     InvalidEnvelope,
     Outbox,
     WireStats,
+    parse,
     unencodable,
 )
 from orleanspy.messaging.message import Message, MessageKind
@@ -254,7 +249,8 @@ class _PeerLink:
     def __init__(self, transport: GrpcTransport, target: SiloAddress) -> None:
         self.target = target
         self._transport = transport
-        self.outbox = Outbox(transport._codec, transport._options, transport.stats)
+        peer = transport.peer_stats.setdefault(target, WireStats())
+        self.outbox = Outbox(transport._codec, transport._options, transport.stats, peer)
         self._broken: Exception | None = None
         self.closed = False
         self.task = asyncio.get_running_loop().create_task(
@@ -468,6 +464,8 @@ class GrpcTransport:
         self._owed: dict[SiloAddress, _Unanswered] = {}
         self._timeout_ms = int(options.response_timeout.total_seconds() * 1000)
         self.stats = WireStats()
+        #: Frames and messages written per peer silo (dropped on ``disconnect``).
+        self.peer_stats: dict[SiloAddress, WireStats] = {}
 
     # -- Transport properties
 
@@ -607,6 +605,13 @@ class GrpcTransport:
             client.response_queued(message)
         client.outbox.push(message)
 
+    def queue_depths(self) -> dict[str, int]:
+        """Messages waiting to be written, per peer silo and for all gateway
+        clients together (``"clients"``): read by the metrics exposition."""
+        depths = {str(target): len(link.outbox.queue) for target, link in self._links.items()}
+        depths["clients"] = sum(len(client.outbox.queue) for client in self._clients.values())
+        return depths
+
     def on_gossip(self, listener: Callable[[int], None] | None) -> None:
         """Call ``listener(table_version)`` for every ping that carries one."""
         self._gossip_listener = listener
@@ -619,6 +624,7 @@ class GrpcTransport:
             link.fail(error)
         elif self._sink is not None:
             _connection_lost(self._sink, target, error)
+        self.peer_stats.pop(target, None)
         channel = self._channels.pop(target, None)
         if channel is not None:
             task = asyncio.get_running_loop().create_task(channel.close(None))
@@ -665,8 +671,8 @@ class GrpcTransport:
         if not _authorized(self._options, context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster secret required")
         try:
-            ping = pb.PingRequest.FromString(request)
-        except DecodeError:
+            ping = parse(pb.PingRequest, request)
+        except InvalidEnvelope:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed PingRequest")
         if ping.table_version and self._gossip_listener is not None:
             try:
@@ -735,7 +741,7 @@ class GrpcTransport:
         """The envelopes of one frame; ``None`` if the frame does not parse."""
         try:
             envelopes = FrameCodec.decode(frame)
-        except DecodeError:
+        except InvalidEnvelope:
             log.warning("malformed frame bytes=%d client=%s", len(frame), client_id)
             return None
         self.stats.frames_received += 1
@@ -1021,7 +1027,7 @@ class GrpcGatewayConnection:
                         log.exception("on_message raised id=%d", message.id)
         except asyncio.CancelledError:
             raise
-        except DecodeError:
+        except InvalidEnvelope:
             self._finish(SiloUnavailableError(f"{what}: malformed frame from gateway"))
         except Exception as exc:
             self._finish(_error_of(exc, what))

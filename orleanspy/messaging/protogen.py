@@ -4,6 +4,10 @@ Run as ``python -m orleanspy.messaging.protogen``. The generated code is committ
 ``tests/messaging/test_protos_fresh.py`` fails when it differs from a fresh run.
 protoc names the modules after the proto package (``orleanspy.v1``), so the
 cross-module imports are rewritten to point into ``_generated``.
+
+Only the messages are generated: ``services.proto`` documents the two services
+for other implementations, while ``messaging.grpc`` serves and calls them
+through generic handlers by method path, so no generated stub is used.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ __all__ = ["GENERATED_DIR", "PROTOS", "PROTO_ROOT", "generate", "main"]
 
 _REPO = Path(__file__).resolve().parents[2]
 PROTO_ROOT = _REPO / "protos"
-PROTOS = ("orleanspy/v1/messages.proto", "orleanspy/v1/services.proto")
+PROTOS = ("orleanspy/v1/messages.proto",)
 GENERATED_DIR = Path(__file__).resolve().parent / "_generated"
 
 _INIT = '"""Generated from protos/orleanspy/v1 by orleanspy.messaging.protogen; do not edit."""\n'
@@ -39,8 +43,6 @@ def generate(out_dir: Path) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         raw = Path(tmp)
         _protoc(f"--python_out={raw}", f"--pyi_out={raw}", *PROTOS)
-        # gRPC stubs only for the services: messages.proto has none.
-        _protoc(f"--grpc_python_out={raw}", PROTOS[1])
         written = ["__init__.py"]
         (out_dir / "__init__.py").write_text(_INIT)
         for path in sorted((raw / "orleanspy" / "v1").iterdir()):

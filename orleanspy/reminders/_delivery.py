@@ -24,11 +24,14 @@ from orleanspy.errors import (
     SiloUnavailableError,
     StorageUnavailableError,
 )
+from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders._history import NoHistory, skip_outcome
 from orleanspy.reminders._missed import MissedNotifier, PublishMissed, TickPlan, plan_tick
 from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._window import DueWindow, Row
 from orleanspy.reminders.model import (
+    FireOutcome,
     MissedReminderAction,
     ReminderEntry,
     ScheduleUpdate,
@@ -59,7 +62,7 @@ class Delivery:
     goes back or leaves), the persister (where the next slot is written), the
     notifier (NOTIFY skips) and the grain call ``deliver(entry, status)``. The
     dispatcher calls ``tick(row)`` with one permit per row; nothing else calls
-    it.
+    it. ``metrics`` and ``history`` record each tick (default: nothing).
 
     Guarantees:
 
@@ -88,6 +91,8 @@ class Delivery:
         *,
         deliver: Deliver,
         name: str = "",
+        metrics: ReminderMetrics | None = None,
+        history: NoHistory | None = None,
     ) -> None:
         self._clock = clock
         self._options = options
@@ -96,6 +101,8 @@ class Delivery:
         self._notifier = notifier
         self._deliver = deliver
         self._name = name
+        self.metrics = metrics or ReminderMetrics()
+        self.history = history or NoHistory()
         self.delivered = 0
         self.grain_errors = 0
         self.retries = 0
@@ -119,6 +126,7 @@ class Delivery:
         last_fire = row.last_fire
         if plan.missed:
             self.missed += 1
+            self.metrics.missed(row.entry.action.name)
         if plan.deliver:
             delivered_at = await self._call(row, plan)
             if delivered_at is None:
@@ -131,6 +139,7 @@ class Delivery:
             self.skipped += 1
             if row.entry.action is MissedReminderAction.NOTIFY:
                 await self._notifier.notify(row.entry, plan.slot, now, plan.missed_ticks, next_due)
+            self.history.fired(row.entry, plan.slot, now, skip_outcome(row.entry))
         self._advance(row, next_due, last_fire)
 
     # -- one tick ---------------------------------------------------------------------
@@ -163,6 +172,8 @@ class Delivery:
             except Exception as exc:
                 # The grain's own receive_reminder failed: not retried (DESIGN.md 2).
                 self.grain_errors += 1
+                self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), True)
+                self.history.fired(entry, plan.slot, delivered_at, FireOutcome.GRAIN_ERROR)
                 log.warning(
                     "reminder tick failed in grain name=%s key=%s slot=%s error=%r",
                     self._name,
@@ -172,6 +183,8 @@ class Delivery:
                 )
                 return delivered_at
             self.delivered += 1
+            self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), False)
+            self.history.fired(entry, plan.slot, delivered_at, FireOutcome.OK)
             return delivered_at
 
     def _advance(self, row: Row, next_due: datetime, last_fire: datetime | None) -> None:

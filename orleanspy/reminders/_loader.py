@@ -36,8 +36,10 @@ from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
 from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
+from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, window_size
+from orleanspy.reminders._history import NoHistory, skip_outcome
 from orleanspy.reminders._missed import MissedNotifier, plan_tick
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
@@ -85,6 +87,8 @@ class Loader:
         notifier: MissedNotifier,
         load: Callable[[], LoadSignals],
         name: str = "",
+        metrics: ReminderMetrics | None = None,
+        history: NoHistory | None = None,
     ) -> None:
         self._table = table
         self._clock = clock
@@ -95,6 +99,8 @@ class Loader:
         self._notifier = notifier
         self._load = load
         self._name = name
+        self.metrics = metrics or ReminderMetrics()
+        self.history = history or NoHistory()
         self._wake = asyncio.Event()
         self._refill_wanted = True
         self._refill_waiters: list[asyncio.Future[None]] = []
@@ -230,11 +236,13 @@ class Loader:
             while True:
                 try:
                     async for change in feed:
+                        self.metrics.feed_event()
                         self.notify_change(change)
                         backoff.reset()
                     return  # the feed ended: the table was closed
                 except Exception as exc:
                     log.warning("reminder change feed lost name=%s error=%r", self._name, exc)
+                    self.metrics.feed_reconnect()
                     await feed.aclose()
                     await self._clock.sleep(backoff.next())
                     feed = subscribe(self._table, self._ownership.feed_scope)
@@ -283,6 +291,7 @@ class Loader:
         self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)
         window.refilled(self._more_available)
         self.refills += 1
+        self.metrics.refilled(loaded)
         self.evicted += len(evicted)
         log.debug(
             "reminder refill name=%s ranges=%d loaded=%d evicted=%d resident=%d bucket_size=%d",
@@ -313,6 +322,7 @@ class Loader:
     ) -> tuple[list[list[ReminderEntry]], set[str]]:
         """The reads' results, and the keys whose stored state changed meanwhile
         (our writes that landed, changes from the feed)."""
+        self.metrics.table_reads(len(reads))
         with self._persister.watch() as touched:
             self._touched = touched
             try:
@@ -360,6 +370,7 @@ class Loader:
     async def _read_hints(self) -> None:
         while self._hints:
             key, (grain_id, name) = next(iter(self._hints.items()))
+            self.metrics.table_reads(1)
             entry = await self._table.read(grain_id, name)
             # Drop the hint only after the read succeeded; a newer hint for the
             # same key that arrived meanwhile is served by this read too.
@@ -370,7 +381,7 @@ class Loader:
     def _admit(self, key: str, entry: ReminderEntry | None) -> None:
         """Bring the window in line with the row as just read."""
         row = self._window.get(key)
-        if entry is None:
+        if entry is None or entry.paused:  # a paused row is not delivered: not held
             if row is not None:
                 self._window.drop(row)
             return
@@ -469,3 +480,4 @@ class Loader:
             )
             if entry.action is MissedReminderAction.NOTIFY:
                 await self._notifier.notify(entry, plan.slot, now, plan.missed_ticks, plan.resume)
+            self.history.fired(entry, plan.slot, now, skip_outcome(entry))

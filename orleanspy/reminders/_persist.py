@@ -40,6 +40,7 @@ from datetime import datetime
 from orleanspy._retry import Backoff
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock, to_ms
+from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import ScheduleUpdate, row_key
 from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
@@ -76,8 +77,11 @@ class Persister:
         clock: Clock,
         options: ReminderOptions,
         on_result: Callable[[ScheduleUpdate, str | None], None],
+        *,
+        metrics: ReminderMetrics | None = None,
     ) -> None:
         self._table = table
+        self.metrics = metrics or ReminderMetrics()
         self._batching = isinstance(table, BatchingReminderTable)
         self._clock = clock
         self._options = options
@@ -201,6 +205,7 @@ class Persister:
         batch = [self._pending.pop(k) for k in keys]
         self._writing.update(zip(keys, batch, strict=True))
         results: Sequence[str | BaseException | None]
+        self.metrics.persisted(len(batch))
         try:
             results = await self._write(batch)
         except asyncio.CancelledError:

@@ -14,9 +14,16 @@ from typing import TYPE_CHECKING
 from orleanspy.errors import ReminderError
 from orleanspy.grain import Grain, reentrant
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.model import (
+    FireOutcome,
+    FireRecord,
+    MissedReminderAction,
+    ReminderEntry,
+    TickStatus,
+)
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.table import PausableReminderTable
 
 if TYPE_CHECKING:
     from orleanspy.reminders.registry import ReminderRegistry
@@ -77,6 +84,68 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
         row = await self._row(grain_id, name)
         nxt = schedule_for(row).next_after(self.now())
         return await self._registry.store(replace(row, next_due=nxt))
+
+    async def pause(self, grain_id: GrainId, name: str) -> ReminderEntry:
+        """Keep the row but deliver nothing until ``resume`` (held across restarts:
+        the flag is stored). A tick already running finishes."""
+        row = await self._row(grain_id, name)
+        self._check_pausable("pause", grain_id, name)
+        if row.paused:
+            return row
+        return await self._registry.store(replace(row, paused=True))
+
+    async def resume(self, grain_id: GrainId, name: str) -> ReminderEntry:
+        """Deliver again from the slot the row stopped at: slots that passed while
+        paused are missed ticks, and the row's ``MissedReminderAction`` applies."""
+        row = await self._row(grain_id, name)
+        self._check_pausable("resume", grain_id, name)
+        if not row.paused:
+            return row
+        return await self._registry.store(replace(row, paused=False))
+
+    def _check_pausable(self, what: str, grain_id: GrainId, name: str) -> None:
+        if not isinstance(self._registry.table, PausableReminderTable):
+            raise ReminderError(
+                f"cannot {what} {grain_id} {name!r}: the reminder table "
+                f"({type(self._registry.table).__name__}) does not support pausing rows"
+            )
+
+    async def trigger(self, grain_id: GrainId, name: str) -> TickStatus:
+        """Deliver one tick now, off the schedule (paused or not); the schedule
+        does not move. Returns the status delivered (``triggered=True``); an
+        exception of the grain's ``receive_reminder`` reaches the caller."""
+        row = await self._row(grain_id, name)
+        now = self.now()
+        status = TickStatus(
+            first_tick_time=row.start_at,
+            period=row.period,
+            cron=row.cron,
+            current_tick_time=now,
+            delivered_at=now,
+            priority=int(row.priority),
+            triggered=True,
+        )
+        grain = self._activation.runtime.get_grain(grain_id.type_name, grain_id.key)
+        outcome = FireOutcome.GRAIN_ERROR
+        try:
+            await grain.receive_reminder(name, status)
+            outcome = FireOutcome.OK
+        finally:
+            keep = self._registry.options.history_size
+            table = self._registry.table
+            if keep and isinstance(table, PausableReminderTable):
+                silo = str(self._activation.runtime.address)
+                record = FireRecord(grain_id, name, now, now, outcome, silo, triggered=True)
+                await table.append_history([record], keep)
+        return status
+
+    async def history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        """The row's last deliveries, newest first (``ReminderOptions.history_size``
+        of them): slot, when, outcome, silo, whether triggered."""
+        table = self._registry.table
+        if not isinstance(table, PausableReminderTable):
+            return []
+        return await table.read_history(grain_id, name)
 
     async def delete(self, grain_id: GrainId, name: str) -> bool:
         """Remove a row; ``False`` if it did not exist."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import deque
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
@@ -27,7 +28,7 @@ from typing import Final
 
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = ["InMemoryReminderTable"]
@@ -72,6 +73,7 @@ class InMemoryReminderTable:
         self._by_grain: dict[str, dict[str, ReminderEntry]] = {}
         self._etags = itertools.count(1)
         self._subscribers: set[_MemoryChanges] = set()
+        self._history: dict[_Key, deque[FireRecord]] = {}
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Nothing to connect; on close, every open ``changes()`` stream ends."""
@@ -85,7 +87,10 @@ class InMemoryReminderTable:
         etag = str(seq)
         row = _normalise(entry, etag)
         self._put(row, seq)
-        self._publish(row.grain_id, row.name, row.next_due, row.priority)
+        if row.paused:  # a paused row left the schedule: told as a removal
+            self._publish(row.grain_id, row.name, None, None)
+        else:
+            self._publish(row.grain_id, row.name, row.next_due, row.priority)
         return etag
 
     async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
@@ -123,8 +128,24 @@ class InMemoryReminderTable:
         if found is None or found[0].etag != etag:
             return False
         self._drop(key, found[0])
+        self._history.pop(key, None)
         self._publish(grain_id, name, None)
         return True
+
+    async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
+        """Newest ``keep`` per row; records of missing rows are dropped."""
+        for rec in records:
+            key = (rec.grain_id.canonical, rec.name)
+            if key not in self._rows:
+                continue
+            kept = self._history.get(key)
+            if kept is None or kept.maxlen != keep:
+                kept = self._history[key] = deque(kept or (), maxlen=keep)
+            # Stored as storage would give it back: millisecond times.
+            kept.appendleft(FireRecord.from_record(rec.grain_id, rec.name, rec.to_record()))
+
+    async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        return list(self._history.get((grain_id.canonical, name), ()))
 
     # -- reads --------------------------------------------------------------------
 
@@ -171,11 +192,12 @@ class InMemoryReminderTable:
             self._stale += 1
         self._rows[key] = (row, seq)
         h = row.hash
-        lanes = self._due[h >> _SHIFT]
-        lane = lanes.get(int(row.priority))
-        if lane is None:
-            lane = lanes[int(row.priority)] = []
-        heappush(lane, (to_ms(row.next_due), h, key, seq))
+        if not row.paused:  # paused rows stay out of the due index
+            lanes = self._due[h >> _SHIFT]
+            lane = lanes.get(int(row.priority))
+            if lane is None:
+                lane = lanes[int(row.priority)] = []
+            heappush(lane, (to_ms(row.next_due), h, key, seq))
         self._by_grain.setdefault(key[0], {})[row.name] = row
         self._maybe_rebuild()
 
@@ -193,6 +215,8 @@ class InMemoryReminderTable:
             return
         shards: list[dict[int, list[_DueItem]]] = [{} for _ in range(1 << _SHARD_BITS)]
         for key, (row, seq) in self._rows.items():
+            if row.paused:
+                continue
             h = row.hash
             lanes = shards[h >> _SHIFT]
             lanes.setdefault(int(row.priority), []).append((to_ms(row.next_due), h, key, seq))
@@ -217,7 +241,7 @@ class InMemoryReminderTable:
         new_etag = str(seq)
         moved = _normalise(replace(found[0], next_due=next_due, last_fire=last_fire), new_etag)
         self._put(moved, seq)
-        self._publish(grain_id, name, moved.next_due)
+        self._publish(grain_id, name, None if moved.paused else moved.next_due)
         return new_etag
 
     def _walk_due(self, r: RingRange | None, before_ms: int, limit: int) -> list[ReminderEntry]:

@@ -12,6 +12,8 @@ from orleanspy.identity import GrainId
 from orleanspy.serialization import register_type
 
 __all__ = [
+    "FireOutcome",
+    "FireRecord",
     "MissedReminder",
     "MissedReminderAction",
     "ReminderChange",
@@ -60,6 +62,8 @@ class ReminderEntry:
     ``declared`` marks a row created by a ``@register_reminder`` declaration
     (removed when its declaration goes); rows registered from code have
     ``False`` and are never removed that way.
+    ``paused``: the row is kept but out of the due index, so nothing is delivered
+    until it is resumed; ``next_due`` keeps the slot it stopped at.
     """
 
     service_id: str
@@ -75,6 +79,7 @@ class ReminderEntry:
     action: MissedReminderAction = MissedReminderAction.SKIP
     etag: str | None = None
     declared: bool = False
+    paused: bool = False
 
     def __post_init__(self) -> None:
         # Ints arrive where enums left (msgpack carries IntEnums as ints).
@@ -116,8 +121,9 @@ class ReminderEntry:
         )
 
     def to_record(self) -> dict[str, Any]:
-        """Storage form: plain msgpack types, times as integer ms since the epoch."""
-        return {
+        """Storage form: plain msgpack types, times as integer ms since the epoch.
+        ``"u"`` (paused) is present only on paused rows."""
+        rec: dict[str, Any] = {
             "s": self.service_id,
             "g": self.grain_id.canonical,
             "n": self.name,
@@ -132,6 +138,9 @@ class ReminderEntry:
             "e": self.etag,
             "o": 1 if self.declared else None,
         }
+        if self.paused:
+            rec["u"] = True
+        return rec
 
     @classmethod
     def from_record(cls, rec: dict[str, Any]) -> ReminderEntry:
@@ -151,6 +160,67 @@ class ReminderEntry:
             etag=rec["e"],
             # Absent in records written before the field existed.
             declared=bool(rec.get("o")),
+            paused=bool(rec.get("u", False)),
+        )
+
+
+class FireOutcome(enum.StrEnum):
+    """What became of one slot of a reminder (an entry of its fire history)."""
+
+    OK = "ok"  #: delivered; receive_reminder returned
+    GRAIN_ERROR = "grain_error"  #: delivered; receive_reminder raised (not retried)
+    MISSED_SKIPPED = "missed_skipped"  #: reached past the grace and skipped (SKIP)
+    NOTIFIED = "notified"  #: skipped, and a MissedReminder published (NOTIFY)
+
+
+@dataclass(frozen=True, slots=True)
+class FireRecord:
+    """One entry of a reminder's fire history.
+
+    ``slot``: the scheduled slot (for a triggered tick, when it was asked for);
+    ``at``: when the silo delivered or skipped it; ``silo``: that silo's name (its
+    address for a triggered tick, which the management grain delivers).
+    """
+
+    grain_id: GrainId
+    name: str
+    slot: datetime
+    at: datetime
+    outcome: FireOutcome
+    silo: str
+    triggered: bool = False
+
+    def __post_init__(self) -> None:
+        # Strings arrive where the enum left (msgpack carries StrEnums as str).
+        if type(self.outcome) is not FireOutcome:
+            object.__setattr__(self, "outcome", FireOutcome(self.outcome))
+
+    @property
+    def lateness(self) -> timedelta:
+        return self.at - self.slot
+
+    def to_record(self) -> dict[str, Any]:
+        """Storage form (the row is known from where it is stored)."""
+        rec: dict[str, Any] = {
+            "t": to_ms(self.slot),
+            "a": to_ms(self.at),
+            "o": self.outcome.value,
+            "s": self.silo,
+        }
+        if self.triggered:
+            rec["x"] = True
+        return rec
+
+    @classmethod
+    def from_record(cls, grain_id: GrainId, name: str, rec: dict[str, Any]) -> FireRecord:
+        return cls(
+            grain_id=grain_id,
+            name=name,
+            slot=from_ms(rec["t"]),
+            at=from_ms(rec["a"]),
+            outcome=FireOutcome(rec["o"]),
+            silo=str(rec["s"]),
+            triggered=bool(rec.get("x", False)),
         )
 
 
@@ -188,6 +258,8 @@ class TickStatus:
     ``current_tick_time`` is the scheduled slot (Orleans gives the delivery start
     time there; we give it as ``delivered_at``). ``missed_ticks`` counts the slots
     that passed undelivered and are coalesced into this tick (FIRE_IMMEDIATELY).
+    ``triggered``: an extra tick asked for by an operator (``trigger``), off the
+    schedule; ``current_tick_time`` is then the time it was asked for.
     """
 
     first_tick_time: datetime
@@ -197,6 +269,7 @@ class TickStatus:
     delivered_at: datetime
     missed_ticks: int = 0
     priority: int = ReminderPriority.NORMAL
+    triggered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,3 +288,4 @@ class MissedReminder:
 register_type(ReminderEntry, name="orleanspy.ReminderEntry")
 register_type(TickStatus, name="orleanspy.TickStatus")
 register_type(MissedReminder, name="orleanspy.MissedReminder")
+register_type(FireRecord, name="orleanspy.FireRecord")

@@ -3,11 +3,14 @@
 Layout (``P`` = ``orleanspy:<service_id>:``, ``T`` = the shard's Redis Cluster
 hash tag ``{<service_id>:rem:<s>}``, so each shard can live on its own node)::
 
-    P rem:T:rows    HASH  "grain|name" -> msgpack record (all fields + etag)
+    P rem:T:rows    HASH  "grain|name" -> msgpack record (all fields + etag;
+                          "u" = true on paused rows only)
     P rem:T:due     ZSET  "hash8hex|grain|name", score = lane * 2**44 + next_due ms
+                          (paused rows are not in it)
     P rem:T:grain   ZSET  "grain|name", all scores 0 (prefix scans by grain)
     P rem:T:etag    STRING  per-shard write counter (etags)
     P rem:T:changes sharded pub/sub channel (SPUBLISH) of the shard's changes
+    P rem:T:hist:K  LIST  fire history of row K ("grain|name"), msgpack records, newest first
     P rem:meta      HASH  "shards" -> the shard count the table was created with
 
 A change message is ``<writer: 8 hex><hash: 8 hex><msgpack [grain, name,
@@ -53,7 +56,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import msgpack
 
@@ -62,7 +65,13 @@ from orleanspy._retry import Backoff
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate, row_key
+from orleanspy.reminders.model import (
+    FireRecord,
+    ReminderChange,
+    ReminderEntry,
+    ScheduleUpdate,
+    row_key,
+)
 from orleanspy.reminders.table import FeedScope
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, unpack
@@ -118,7 +127,11 @@ local etag = redis.call('INCR', KEYS[4]) .. ARGV[5]
 local rec = cmsgpack.unpack(ARGV[4])
 rec['e'] = etag
 redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+if rec['u'] then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+else
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+end
 redis.call('ZADD', KEYS[3], 0, ARGV[1])
 redis.call('SPUBLISH', ARGV[6], ARGV[7])
 return etag
@@ -126,9 +139,12 @@ return etag
 
 # Many upserts into one shard in one call. KEYS: rows, due, grain, etag counter.
 # ARGV: etag suffix, channel, then one msgpack array of rows, each
-# [key, due member, score, record map], then the writer id; the change message
-# is built here: writer id, the row's hash (the due member's 8-hex prefix), then
-# msgpack [grain, name, due, priority] from the record. Returns the etags in order.
+# [key, due member, score, record map] and, for a paused row only, a 5th
+# element true (the row stays out of the index); ARGV[4] is the writer id. The
+# change message is built here: writer id, the row's hash (the due member's
+# 8-hex prefix), then msgpack (grain, name, due, priority) from the record, or
+# for a paused row (grain, name, nil) written out by hand, as a Lua table cannot
+# end in nil. Returns the etags in order.
 _UPSERT_MANY: Final = """
 local rows = cmsgpack.unpack(ARGV[3])
 local out = {}
@@ -138,10 +154,16 @@ for i = 1, #rows do
   local rec = row[4]
   rec['e'] = etag
   redis.call('HSET', KEYS[1], row[1], cmsgpack.pack(rec))
-  redis.call('ZADD', KEYS[2], string.format('%.0f', row[3]), row[2])
   redis.call('ZADD', KEYS[3], 0, row[1])
   local head = ARGV[4] .. string.sub(row[2], 1, 8)
-  redis.call('SPUBLISH', ARGV[2], head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+  if row[5] then
+    redis.call('ZREM', KEYS[2], row[2])
+    local removal = string.char(0x93) .. cmsgpack.pack(rec['g']) .. cmsgpack.pack(rec['n'])
+    redis.call('SPUBLISH', ARGV[2], head .. removal .. string.char(0xc0))
+  else
+    redis.call('ZADD', KEYS[2], string.format('%.0f', row[3]), row[2])
+    redis.call('SPUBLISH', ARGV[2], head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+  end
   out[i] = etag
 end
 return out
@@ -149,7 +171,8 @@ return out
 
 # KEYS: rows, due, etag counter.
 # ARGV: key, due member, expected etag, next_due ms, last_fire ms or '', etag
-# suffix, channel, change payload. Returns the new etag, or nil on a lost race.
+# suffix, channel, change payload, change payload of a paused row (no next_due).
+# Returns the new etag, or nil on a lost race. A paused row stays out of the index.
 # The due score is the lane of the stored priority plus next_due (module
 # docstring); formatted with %.0f because Lua would print it with 14 digits.
 _UPDATE_SCHEDULE: Final = """
@@ -162,9 +185,13 @@ rec['d'] = tonumber(ARGV[4])
 if ARGV[5] == '' then rec['l'] = nil else rec['l'] = tonumber(ARGV[5]) end
 rec['e'] = etag
 redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
-local score = (127 - rec['r']) * 17592186044416 + rec['d']
-redis.call('ZADD', KEYS[2], string.format('%.0f', score), ARGV[2])
-redis.call('SPUBLISH', ARGV[7], ARGV[8])
+if rec['u'] then
+  redis.call('SPUBLISH', ARGV[7], ARGV[9])
+else
+  local score = (127 - rec['r']) * 17592186044416 + rec['d']
+  redis.call('ZADD', KEYS[2], string.format('%.0f', score), ARGV[2])
+  redis.call('SPUBLISH', ARGV[7], ARGV[8])
+end
 return etag
 """
 
@@ -175,7 +202,10 @@ return etag
 # last_fire ms (-1: none), change payload. Returns per update the new etag, or
 # false on a lost race. The rows travel in one argument so the client encodes
 # one string per batch, not seven per row. As in _UPDATE_SCHEDULE, the due
-# score is the lane of the row's stored priority plus next_due (``lane_score``).
+# score is the lane of the row's stored priority plus next_due (``lane_score``),
+# and a paused row stays out of the index: its change is published as a
+# removal, built from the payload's 16-byte head (writer id, hash) and
+# (grain, name, nil) written out by hand.
 _UPDATE_MANY: Final = """
 local channels = cmsgpack.unpack(ARGV[2])
 local u = cmsgpack.unpack(ARGV[3])
@@ -192,9 +222,15 @@ for i = 1, #u, 7 do
       if u[i + 5] < 0 then rec['l'] = nil else rec['l'] = u[i + 5] end
       rec['e'] = result
       redis.call('HSET', KEYS[g + 1], u[i + 1], cmsgpack.pack(rec))
-      local score = (127 - rec['r']) * 17592186044416 + u[i + 4]
-      redis.call('ZADD', KEYS[g + 2], string.format('%.0f', score), u[i + 2])
-      redis.call('SPUBLISH', channels[u[i]], u[i + 6])
+      if rec['u'] then
+        local removal = string.char(0x93) .. cmsgpack.pack(rec['g']) .. cmsgpack.pack(rec['n'])
+        local head = string.sub(u[i + 6], 1, 16)
+        redis.call('SPUBLISH', channels[u[i]], head .. removal .. string.char(0xc0))
+      else
+        local score = (127 - rec['r']) * 17592186044416 + u[i + 4]
+        redis.call('ZADD', KEYS[g + 2], string.format('%.0f', score), u[i + 2])
+        redis.call('SPUBLISH', channels[u[i]], u[i + 6])
+      end
     end
   end
   out[#out + 1] = result
@@ -202,7 +238,15 @@ end
 return out
 """
 
-# KEYS: rows, due, grain. ARGV: key, due member, expected etag, channel, payload.
+# KEYS: rows, history. ARGV: key, keep, then msgpack records, oldest first.
+_APPEND_HISTORY: Final = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+for i = 3, #ARGV do redis.call('LPUSH', KEYS[2], ARGV[i]) end
+redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+return 1
+"""
+
+# KEYS: rows, due, grain, history. ARGV: key, due member, expected etag, channel, payload.
 _REMOVE: Final = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 0 end
@@ -211,6 +255,7 @@ if rec['e'] ~= ARGV[3] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('DEL', KEYS[4])
 redis.call('SPUBLISH', ARGV[4], ARGV[5])
 return 1
 """
@@ -390,6 +435,7 @@ class RedisReminderTable:
             ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
+            ("history", _APPEND_HISTORY),
         ):
             self._scripts[name] = client.register_script(text)
 
@@ -436,14 +482,15 @@ class RedisReminderTable:
             by_shard.setdefault(self.shard_of(h), []).append(i)
             due_ms = to_ms(entry.next_due)
             record = {k: v for k, v in entry.to_record().items() if v is not None}
-            packed.append(
-                [
-                    entry.key,
-                    self._member(h, entry.key),
-                    lane_score(int(entry.priority), due_ms),
-                    record,
-                ]
-            )
+            row: list[Any] = [
+                entry.key,
+                self._member(h, entry.key),
+                lane_score(int(entry.priority), due_ms),
+                record,
+            ]
+            if entry.paused:
+                row.append(True)
+            packed.append(row)
         script = self._script("upsert_many")
         with translate_errors("reminder upsert_many"):
             pipe = self._c.pipeline(transaction=False)
@@ -485,6 +532,12 @@ class RedisReminderTable:
             self._key(s, "grain"),
             self._key(s, "etag"),
         ]
+        if entry.paused:  # out of the schedule: published as a removal
+            change = _change_payload(self._writer, h, entry.grain_id, entry.name, None)
+        else:
+            change = _change_payload(
+                self._writer, h, entry.grain_id, entry.name, due_ms, priority=int(entry.priority)
+            )
         args: list[Any] = [
             key,
             self._member(h, key),
@@ -492,9 +545,7 @@ class RedisReminderTable:
             pack(record),
             self._etag_suffix,
             self._channel(s),
-            _change_payload(
-                self._writer, h, entry.grain_id, entry.name, due_ms, priority=int(entry.priority)
-            ),
+            change,
             condition,
         ]
         return keys, args
@@ -522,6 +573,7 @@ class RedisReminderTable:
             self._etag_suffix,
             self._channel(s),
             _change_payload(self._writer, h, grain_id, name, due_ms),
+            _change_payload(self._writer, h, grain_id, name, None),
         ]
         return keys, args
 
@@ -585,6 +637,36 @@ class RedisReminderTable:
             )
         return [None if r is None else r.decode() for r in results]
 
+    async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
+        """One script per row, pipelined in one round trip; newest ``keep`` kept."""
+        by_row: dict[str, list[FireRecord]] = {}
+        for rec in records:
+            by_row.setdefault(row_key(rec.grain_id, rec.name), []).append(rec)
+        if not by_row:
+            return
+        script = self._script("history")
+        with translate_errors("reminder append_history"):
+            pipe = self._c.pipeline(transaction=False)
+            pipe.script_load(_APPEND_HISTORY)
+            for key, recs in by_row.items():
+                s = self.shard_of(recs[0].grain_id.uniform_hash())
+                keys = [self._key(s, "rows"), self._key(s, f"hist:{key}")]
+                packed = [pack(r.to_record()) for r in recs]
+                pipe.evalsha(script.sha, 2, *keys, key, keep, *packed)
+            await pipe.execute()
+
+    async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        key = row_key(grain_id, name)
+        s = self.shard_of(grain_id.uniform_hash())
+        with translate_errors("reminder read_history"):
+            raws = await self._c.lrange(self._key(s, f"hist:{key}"), 0, -1)
+        try:
+            return [
+                FireRecord.from_record(grain_id, name, unpack(cast(bytes, raw))) for raw in raws
+            ]
+        except (SerializationError, KeyError, TypeError, ValueError) as exc:
+            raise StorageError(f"malformed reminder history in redis: {exc}") from exc
+
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
         h = grain_id.uniform_hash()
@@ -592,7 +674,12 @@ class RedisReminderTable:
         key = row_key(grain_id, name)
         with translate_errors("reminder remove"):
             done = await self._script("remove")(
-                keys=[self._key(s, "rows"), self._key(s, "due"), self._key(s, "grain")],
+                keys=[
+                    self._key(s, "rows"),
+                    self._key(s, "due"),
+                    self._key(s, "grain"),
+                    self._key(s, f"hist:{key}"),
+                ],
                 args=[
                     key,
                     self._member(h, key),

@@ -101,7 +101,8 @@ async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
                 return "created"
             continue
         if not _same_schedule(stored, desired):
-            write = replace(desired, last_fire=stored.last_fire)
+            # An operator's pause outlives a changed declaration.
+            write = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
         elif (stored.priority, stored.action) != (desired.priority, desired.action):
             write = replace(stored, priority=desired.priority, action=desired.action, declared=True)
         else:

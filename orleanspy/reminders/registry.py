@@ -77,11 +77,13 @@ class ReminderRegistry:
         self._listeners.append(listener)
 
     def _changed(self, grain_id: GrainId, name: str, entry: ReminderEntry | None) -> None:
+        # A paused row left the schedule: told as a removal, as the tables do.
+        live = entry is not None and not entry.paused
         change = ReminderChange(
             grain_id,
             name,
-            entry.next_due if entry else None,
-            int(entry.priority) if entry else None,
+            entry.next_due if live and entry is not None else None,
+            int(entry.priority) if live and entry is not None else None,
         )
         for listener in self._listeners:
             listener(change)

@@ -39,9 +39,11 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from orleanspy.clock import Clock
+from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, default_load, window_size
 from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery
+from orleanspy.reminders._history import History, NoHistory
 from orleanspy.reminders._lanes import Dispatcher
 from orleanspy.reminders._loader import Loader
 from orleanspy.reminders._missed import MissedNotifier, PublishMissed
@@ -50,7 +52,7 @@ from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._ticker import Ticker
 from orleanspy.reminders._window import DueWindow
 from orleanspy.reminders.model import ReminderChange
-from orleanspy.reminders.table import ReminderTable, subscribe
+from orleanspy.reminders.table import PausableReminderTable, ReminderTable, subscribe
 from orleanspy.ring import RingRange
 
 __all__ = ["TRANSIENT_ERRORS", "LoadSignals", "ReminderService", "ReminderServiceStats"]
@@ -102,6 +104,7 @@ class ReminderService:
     failure: logged, counted, and the tick counts as delivered (not retried).
     ``publish_missed`` receives a ``MissedReminder`` for NOTIFY rows. ``load``
     gives the signals for the adaptive bucket size (``options.adaptive``).
+    ``metrics`` records ticks, reads and writes (default: nothing).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class ReminderService:
         publish_missed: PublishMissed | None = None,
         load: Callable[[], LoadSignals] | None = None,
         name: str = "",
+        metrics: ReminderMetrics | None = None,
     ) -> None:
         self._table = table
         self._name = name
@@ -122,10 +126,25 @@ class ReminderService:
         self._window = window = DueWindow(
             window_size(options, load, name), enable_priority=options.enable_priority, name=name
         )
-        self._persister = persister = Persister(table, clock, options, window.persisted)
+        self._persister = persister = Persister(
+            table, clock, options, window.persisted, metrics=metrics
+        )
         self._notifier = notifier = MissedNotifier(publish_missed, name)
+        # Fire history goes to the table from its own task (``_history``).
+        self._history: History | None = None
+        history: NoHistory | None = None
+        if options.history_size and isinstance(table, PausableReminderTable):
+            self._history = history = History(table, keep=options.history_size, silo=name)
         self._delivery = delivery = Delivery(
-            clock, options, window, persister, notifier, deliver=deliver, name=name
+            clock,
+            options,
+            window,
+            persister,
+            notifier,
+            deliver=deliver,
+            name=name,
+            metrics=metrics,
+            history=history,
         )
         self._ticker = Ticker(clock, window)
         self._dispatcher = Dispatcher(window, options.permits, delivery.tick)
@@ -139,6 +158,8 @@ class ReminderService:
             notifier=notifier,
             load=load,
             name=name,
+            metrics=metrics,
+            history=history,
         )
         self._running = False
 
@@ -160,6 +181,7 @@ class ReminderService:
                 ("persister", self._persister.run()),
                 ("loader", self._loader.run()),
                 ("feed", self._loader.follow(feed)),
+                *([("history", self._history.run())] if self._history else []),
             )
         ]
         stack.push_async_callback(_cancel, tasks)
@@ -247,6 +269,8 @@ class ReminderService:
         async def bounded() -> int:
             try:
                 async with asyncio.timeout(FINAL_FLUSH_SECONDS):
+                    if self._history is not None:
+                        await self._history.flush()
                     return await self._persister.flush()
             except TimeoutError:
                 return len(self._persister)

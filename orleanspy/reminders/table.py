@@ -31,6 +31,33 @@ not even received or decoded. The service subscribes through ``subscribe``,
 which uses ``scoped_changes`` when the table has it and ``changes()`` otherwise,
 so a table without it keeps working unchanged. Readers still filter what they
 receive: a scope is a hint a table may honour, never a guarantee of filtering.
+
+Paused rows (``ReminderEntry.paused``; tables that are a
+``PausableReminderTable``). A table stores the flag with the row
+and returns it from ``read``, ``read_grain`` and ``read_range``; ``count``
+counts paused rows. A paused row is *not in the due index*: ``read_due`` and
+``upcoming`` never return it, whatever its ``next_due``. ``upsert`` of a row
+with ``paused=True`` takes it out of the index, and ``upsert`` with
+``paused=False`` puts it back at its ``next_due``. ``update_schedule`` (and
+``update_schedule_many``) keep the stored flag: on a paused row it changes
+``next_due``/``last_fire`` and the etag but leaves the row out of the index.
+Every change of a paused row is published with ``next_due=None``, as for a
+removal: to the change feed's readers the row left the schedule. Storage of the
+flag is up to the backend (Redis: the record field ``"u"``, present only when
+true; SQL: a boolean column, with paused rows excluded from the due index, e.g.
+a partial index ``WHERE NOT paused``). Rows written before the flag existed
+read as not paused.
+
+Fire history (``PausableReminderTable`` only). A table keeps, per row, the newest fire records
+(``FireRecord``: slot, when, outcome, silo, triggered) appended with
+``append_history``, at most ``keep`` of them (the caller's bound, the same on
+every call in practice: ``ReminderOptions.history_size``). History belongs to
+the row: ``upsert`` keeps it, ``remove`` deletes it, records for a row that does
+not exist are dropped. Appends are not compare-and-swap, not published on the
+change feed, and may be lost with a failed call (history is best effort).
+Storage is up to the backend (Redis: a list per row beside the shard's keys,
+newest first, trimmed on append; SQL: a child table keyed by the row with the
+records' time, trimmed to the newest ``keep`` per row on append).
 """
 
 from __future__ import annotations
@@ -41,7 +68,7 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
 
 __all__ = [
@@ -50,6 +77,7 @@ __all__ = [
     "ChangeFeed",
     "ConditionalReminderTable",
     "FeedScope",
+    "PausableReminderTable",
     "ReminderTable",
     "ScopedChangesTable",
     "subscribe",
@@ -150,6 +178,26 @@ class ReminderTable(Protocol):
         service's poll is the safety net). Each call returns a new subscription;
         closing the iterator (``aclose``) ends it.
         """
+        ...
+
+
+@runtime_checkable
+class PausableReminderTable(ReminderTable, Protocol):
+    """A table that keeps paused rows out of its due index and keeps fire
+    history, as the module docstring says (optional; the two come together).
+
+    Pausing a row and reading or recording fire history need it: on a table
+    without it ``pause``/``resume`` raise ``ReminderError``, history reads are
+    empty and nothing is recorded.
+    """
+
+    async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
+        """Append ``records`` (oldest first) to their rows' histories, keeping
+        the newest ``keep`` (>= 1) per row; records of missing rows are dropped."""
+        ...
+
+    async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        """The row's fire history, newest first (empty if none or no row)."""
         ...
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
@@ -31,6 +32,7 @@ from orleanspy.grain import Grain, GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.remote_errors import error_payload
+from orleanspy.metrics import GrainMetrics
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import Codec
@@ -62,6 +64,7 @@ class ActivationHost(Protocol):
     deactivation_timeout: float
     # Grain storage providers by name (``SiloOptions.storage``).
     grain_storage: Mapping[str, GrainStorage]
+    grain_metrics: GrainMetrics
 
     def get_grain(self, grain: Any, key: Any) -> Any: ...
     @property
@@ -275,10 +278,12 @@ class Activation:
         host = self.runtime
         codec = host.codec
         current_chain.set((*decode_chain(message.headers.get(CHAIN_HEADER)), self.canonical))
+        started, failed = time.perf_counter(), True
         try:
             local = message.local_args
             args, kwargs = local if local is not None else codec.decode(message.body)
             result = await getattr(self.grain, message.method)(*args, **kwargs)
+            failed = False
             if message.kind is MessageKind.REQUEST:
                 body = codec.encode(result)
                 host.send_response(message.response(ResponseStatus.OK, body))
@@ -296,6 +301,8 @@ class Activation:
             else:
                 log.warning("one-way call failed grain=%s method=%s", self.grain_id, message.method)
         finally:
+            elapsed = time.perf_counter() - started
+            host.grain_metrics.call(self.definition.type_name, elapsed, failed)
             if read_only:
                 self._running_read_only -= 1
             self._turn_ended(touch=True)

@@ -40,6 +40,7 @@ from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
 from orleanspy.messaging.pending import PendingCalls
 from orleanspy.messaging.remote_errors import error_payload, result_of
 from orleanspy.messaging.transport import Transport
+from orleanspy.metrics import GrainMetrics
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.reminders.management import MANAGEMENT_TYPE
@@ -68,7 +69,7 @@ _VERDICT_POLL = 0.1
 # beyond it they are dropped, so made-up senders cannot pile up work.
 _MAX_STRANGERS = 1000
 # What gateway clients may always call on the reminder management grain.
-_MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all"})
+_MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all", "history"})
 
 
 class Dispatcher:
@@ -116,6 +117,7 @@ class Dispatcher:
         self._strangers = 0  # requests waiting to learn whether their sender is a member
         # Grain storage providers by name, set by the silo before it starts.
         self.grain_storage: Mapping[str, GrainStorage] = {}
+        self.grain_metrics = GrainMetrics()  # the silo sets a recording one
 
     # -- wiring -------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import time
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
-from typing import Any, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
 from orleanspy.clock import Clock, SystemClock
 from orleanspy.directory.cached import CachedDirectory
@@ -30,6 +30,8 @@ from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
 from orleanspy.messaging.transport import Transport
+from orleanspy.metrics import SiloMetrics
+from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.reminders._adaptive import LoadSignals, default_load
@@ -46,6 +48,9 @@ from orleanspy.runtime.locator import LocalLocator
 from orleanspy.storage.contract import GrainStorage
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
 from orleanspy.tables import TableConnections, table_backend
+
+if TYPE_CHECKING:
+    from orleanspy.runtime.ops_http import Check
 
 __all__ = ["Silo", "SiloClient", "SiloState"]
 
@@ -129,6 +134,12 @@ class Silo:
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
+        self.transport: Transport | None = None
+        self.metrics = SiloMetrics()
+        """What the silo records; recording only with ``SiloOptions.metrics_port`` set."""
+        self.metrics_port: int | None = None
+        """The port of ``/metrics``, ``/healthz`` and ``/readyz``, once started."""
+        self._storage_client: Any = None
         self.client = SiloClient(self)
         self.name = self.options.name or f"silo-{id(self):x}"
         self.address = SiloAddress(
@@ -162,8 +173,26 @@ class Silo:
         if self.state is not SiloState.CREATED:
             raise ClosedError(f"silo {self.name} was already started (state {self.state.name})")
         self.state = SiloState.STARTING
+        # Tasks started from here on inherit the name for their log records.
+        token = set_current_silo(self.name)
+        try:
+            await self._start()
+        finally:
+            reset_current_silo(token)
+        # Everything start-up allocated (modules, options, the reminder window, grain
+        # classes) lives as long as the silo: move it out of the collector's
+        # generations, so a full collection no longer walks it and stalls the loop
+        # for tens of milliseconds under load.
+        gc.freeze()
+        self.state = SiloState.RUNNING
+        log.info("silo started name=%s address=%s", self.name, self.address)
+
+    async def _start(self) -> None:
         async with AsyncExitStack() as stack:
             types = _hosted_types(self.options)
+            if self.options.metrics_port is not None:
+                # First, so /readyz answers "not ready" while the silo joins.
+                await self._start_ops_endpoint(stack)
             if self._clustered:
                 await self._start_cluster(stack, types)
             else:
@@ -175,19 +204,13 @@ class Silo:
                     grain_types=types,
                 )
                 self._dispatcher = dispatcher
+                dispatcher.grain_metrics = self.metrics.grains
                 await self._start_grain_storage(stack, dispatcher, None)
                 await dispatcher.catalog.start(stack)
                 await self._start_reminders(stack, dispatcher, types)
                 self._reminders().set_ranges([RingRange.full()])
                 await register_declared_reminders(dispatcher.reminders, types.values())
             self._stack = stack.pop_all()
-        # Everything start-up allocated (modules, options, the reminder window, grain
-        # classes) lives as long as the silo: move it out of the collector's
-        # generations, so a full collection no longer walks it and stalls the loop
-        # for tens of milliseconds under load.
-        gc.freeze()
-        self.state = SiloState.RUNNING
-        log.info("silo started name=%s address=%s", self.name, self.address)
 
     async def stop(self) -> None:
         """Stop gracefully: deactivate grains, stop components in reverse order."""
@@ -287,6 +310,22 @@ class Silo:
             self._streams = RedisStreamProvider(
                 connections.redis(o.streams_url), service_id=o.service_id
             )
+        # The Redis servers the providers just built use: wait for each (a compose
+        # start-up brings Redis up alongside the silos). PostgreSQL pools connect
+        # as they open.
+        from orleanspy._redis import wait_reachable
+
+        for url, redis_client in connections.redis_clients().items():
+            await wait_reachable(
+                redis_client,
+                url,
+                o.storage_start_timeout.total_seconds(),
+                "SiloOptions.storage_start_timeout (--storage-timeout)",
+            )
+        # The membership store's Redis client: /readyz pings it and the status
+        # record lives beside the membership hash (no record on PostgreSQL).
+        if o.membership_table_url is not None:
+            self._storage_client = connections.redis_clients().get(o.membership_table_url)
 
     def _make_transport(self) -> Transport:
         """The transport given, else gRPC on the configured ports (not started yet)."""
@@ -330,13 +369,18 @@ class Silo:
         answer_only = getattr(transport, "answer_only", None)
         if answer_only is not None:
             answer_only(locator.knows)
+        dispatcher.grain_metrics = self.metrics.grains
+        self.transport = transport
         return locator, dispatcher
 
     async def _start_transport(
         self, stack: AsyncExitStack, transport: Transport, dispatcher: Dispatcher
     ) -> None:
         """Listen; from here on this silo's address is the one the transport bound."""
-        await transport.start(stack, dispatcher)
+        try:
+            await transport.start(stack, dispatcher)
+        except (OSError, RuntimeError) as exc:
+            raise _bind_error(self.options, exc) from exc
         _warn_if_exposed(self.options)
         self.address = transport.address
         self.gateway_port = transport.gateway_port
@@ -393,6 +437,17 @@ class Silo:
         await membership.start(stack)
         stack.push_async_callback(self._leave_cluster, membership)
         membership.add_listener(follower)
+        if self._storage_client is not None:
+            from orleanspy.cluster_status import StatusPublisher
+
+            o = self.options
+            await StatusPublisher(
+                self._storage_client,
+                service_id=o.service_id,
+                cluster_id=o.cluster_id,
+                silo=self._current_address,
+                read=self._status_record,
+            ).start(stack)
 
     async def _start_grain_storage(
         self,
@@ -489,11 +544,79 @@ class Silo:
             publish_missed=publish_missed,
             load=load,
             name=self.name,
+            metrics=self.metrics.reminders,
         )
         await service.start(stack)
         registry.add_listener(service.notify_change)
         self.reminder_service = service
         self.streams = streams
+
+    def _status_record(self) -> dict[str, object]:
+        """What ``orleanspy cluster status`` shows of this silo beyond its membership row."""
+        service = self.reminder_service
+        return {
+            "activations": self.activation_count,
+            "reminders_held": 0 if service is None else service.stats.resident,
+        }
+
+    # -- operations endpoint ------------------------------------------------------------
+
+    async def _start_ops_endpoint(self, stack: AsyncExitStack) -> None:
+        from orleanspy import _prometheus
+        from orleanspy.runtime.ops_http import OpsServer
+
+        port = self.options.metrics_port
+        assert port is not None
+        if _prometheus.available():
+            self.metrics = SiloMetrics.recording()
+        else:
+            log.warning("metrics not recorded: pip install 'orleanspy[metrics]' for /metrics")
+
+        def metrics() -> bytes | None:
+            return _prometheus.render(self) if self.metrics.enabled else None
+
+        server = OpsServer(self.options.host, port, metrics=metrics, readiness=self._readiness)
+        try:
+            await server.start(stack)
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot serve metrics on {self.options.host}:{port} "
+                f"(SiloOptions.metrics_port, --metrics-port): {exc.strerror or exc}; "
+                "is another process using the port? Pick another, or 0 for any free port."
+            ) from exc
+        self.metrics_port = server.port
+
+    async def _readiness(self) -> dict[str, Check]:
+        """The ``/readyz`` checks: running, Active in membership (cluster),
+        storage answering, ring ranges owned."""
+        from orleanspy.runtime.ops_http import Check
+
+        checks = {"silo": Check(self.state is SiloState.RUNNING, self.state.name.lower())}
+        if self._clustered:
+            status = self.membership.status if self.membership is not None else None
+            checks["membership"] = Check(
+                status is SiloStatus.ACTIVE, status.name.lower() if status else "not joined"
+            )
+        checks["storage"] = await self._storage_check()
+        ranges = self.reminder_service.ranges if self.reminder_service is not None else ()
+        checks["ranges"] = Check(bool(ranges), f"{len(ranges)} owned")
+        return checks
+
+    async def _storage_check(self) -> Check:
+        from orleanspy.runtime.ops_http import Check
+
+        if not self._clustered:
+            return Check(True, "in memory")
+        client = self._storage_client
+        if client is None:
+            ok = self._membership_table is not None and self.membership is not None
+            return Check(ok, "provided" if ok else "not connected")
+        try:
+            async with asyncio.timeout(2.0):
+                await client.ping()
+        except Exception as exc:
+            return Check(False, f"redis: {exc!r}"[:200])
+        return Check(True, "redis answers")
 
     # -- inspection ---------------------------------------------------------------------
 
@@ -534,6 +657,19 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def _bind_error(options: SiloOptions, exc: BaseException) -> ConfigurationError:
+    """The transport could not listen: name the port and the option that chose it."""
+    text = str(exc)
+    if options.gateway_port and f":{options.gateway_port}" in text:
+        what, port = "SiloOptions.gateway_port, --gateway-port", options.gateway_port
+    else:
+        what, port = "SiloOptions.silo_port, --silo-port", options.silo_port
+    return ConfigurationError(
+        f"cannot listen on {options.host}:{port} ({what}): the port is in use or the "
+        "address is not local; pick another port, or 0 for any free port"
+    )
 
 
 async def _gossip(transport: Transport, timeout: float, silo: SiloAddress, version: int) -> bool:

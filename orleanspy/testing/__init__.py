@@ -1,5 +1,9 @@
 """Test support shipped for users and provider authors.
 
+``ManualClock`` drives time by hand, ``InProcessCluster`` runs several silos in
+one process, ``RedisServer`` starts a private ``redis-server`` and ``wait_for``
+polls a condition with a deadline.
+
 Every provider kit (``check_grain_storage``, ``check_membership_table``,
 ``check_grain_directory``, ``check_reminder_table``, ...) takes a
 ``ProviderFactory``: a callable returning an async context manager that yields a
@@ -7,6 +11,18 @@ started provider over an empty store; ``started(provider)`` is the usual one.
 """
 
 from orleanspy.testing._kit import ProviderFactory, started
+from orleanspy.testing.clock import ManualClock
+from orleanspy.testing.cluster import InProcessCluster, wait_for
 from orleanspy.testing.grain_storage import GRAIN_STORAGE_CHECKS, check_grain_storage
+from orleanspy.testing.redis_server import RedisServer
 
-__all__ = ["GRAIN_STORAGE_CHECKS", "ProviderFactory", "check_grain_storage", "started"]
+__all__ = [
+    "GRAIN_STORAGE_CHECKS",
+    "InProcessCluster",
+    "ManualClock",
+    "ProviderFactory",
+    "RedisServer",
+    "check_grain_storage",
+    "started",
+    "wait_for",
+]

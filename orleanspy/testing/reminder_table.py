@@ -25,7 +25,8 @@ wrong and right etag, range reads with random bounds over 1,000 rows including
 wrap-around) and the parts orleanspy adds: the due index, schedule CAS (single
 and batched, when the table is a ``BatchingReminderTable``), ``upsert_if`` (when
 the table is a ``ConditionalReminderTable``), ``upsert_many`` (when it is a
-``BulkReminderTable``), ``upcoming``,
+``BulkReminderTable``), paused rows and fire history (when it is a
+``PausableReminderTable``), ``upcoming``,
 ``count``, the change feed and a field-by-field round trip. Rows are written with
 the table's ``service_id`` attribute when it has one.
 """
@@ -44,6 +45,8 @@ from typing import Final
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import (
+    FireOutcome,
+    FireRecord,
     MissedReminderAction,
     ReminderChange,
     ReminderEntry,
@@ -55,6 +58,7 @@ from orleanspy.reminders.table import (
     BulkReminderTable,
     ChangeFeed,
     ConditionalReminderTable,
+    PausableReminderTable,
     ReminderTable,
 )
 from orleanspy.ring import HASH_SPACE, RingRange
@@ -730,6 +734,100 @@ async def check_changes_feed(factory: TableFactory) -> None:
             raise AssertionError("aclose() did not end the change stream") from None
 
 
+async def check_paused_rows_leave_the_due_index(factory: TableFactory) -> None:
+    """A paused row is stored, read back paused and counted, but neither
+    ``read_due`` nor ``upcoming`` returns it; a schedule CAS keeps it paused;
+    upserting it unpaused puts it back; its changes are published with
+    ``next_due=None``. Skipped for tables that are not a ``PausableReminderTable``."""
+    async with factory() as table:
+        feed = table.changes()
+        try:
+            if not isinstance(table, PausableReminderTable):
+                return
+            await _prime(table, feed)
+            gid, other = GrainId("Paused", "p"), GrainId("Paused", "q")
+            await table.upsert(_entry(table, other))
+            assert (await _next_change(feed)).next_due == _T0
+            etag = await table.upsert(_entry(table, gid, paused=True))
+            change = await _next_change(feed)
+            assert (change.grain_id, change.next_due) == (gid, None), (
+                f"a paused row's upsert published {change}, expected next_due None"
+            )
+            row = await table.read(gid, "r")
+            assert row is not None and row.paused, "read lost the paused flag"
+            assert [e.paused for e in await table.read_grain(gid)] == [True]
+            assert await table.count() == 3  # the probe, q and p
+            later = _T0 + timedelta(days=1)
+            for got in (
+                await table.read_due(RingRange.full(), later, 100),
+                await table.upcoming(later, 100),
+            ):
+                assert gid not in [e.grain_id for e in got], "a paused row is in the due index"
+                assert other in [e.grain_id for e in got]
+            moved = await table.update_schedule(gid, "r", etag, _T0 + timedelta(minutes=1), _T0)
+            assert moved is not None, "CAS on a paused row with its etag lost"
+            assert (await _next_change(feed)).next_due is None
+            row = await table.read(gid, "r")
+            assert row is not None and row.paused, "update_schedule unpaused the row"
+            assert gid not in [e.grain_id for e in await table.upcoming(later, 100)]
+            await table.upsert(replace(row, paused=False))
+            assert (await _next_change(feed)).next_due == _T0 + timedelta(minutes=1)
+            back = await table.read_due(RingRange.full(), later, 100)
+            assert gid in [e.grain_id for e in back], "a resumed row is not in the due index"
+            resumed = await table.read(gid, "r")
+            assert resumed is not None and not resumed.paused
+        finally:
+            await feed.aclose()
+
+
+async def check_fire_history(factory: TableFactory) -> None:
+    """``append_history`` keeps the newest ``keep`` records per row, newest first,
+    field by field; ``upsert`` keeps the history, ``remove`` deletes it, and
+    records of a missing row are dropped. Skipped for tables that are not a
+    ``PausableReminderTable``."""
+    async with factory() as table:
+        if not isinstance(table, PausableReminderTable):
+            return
+        gid, other = GrainId("History", "h"), GrainId("History", "o")
+        await table.upsert(_entry(table, gid))
+        await table.upsert(_entry(table, other))
+
+        def record(i: int, g: GrainId = gid, **fields: object) -> FireRecord:
+            base = FireRecord(
+                grain_id=g, name="r", slot=_T0 + timedelta(minutes=i),
+                at=_T0 + timedelta(minutes=i, milliseconds=250), outcome=FireOutcome.OK,
+                silo="silo-a",
+            )  # fmt: skip
+            return replace(base, **fields)  # type: ignore[arg-type]
+
+        assert await table.read_history(gid, "r") == []
+        await table.append_history([record(0), record(1, outcome=FireOutcome.GRAIN_ERROR)], 3)
+        await table.append_history([record(2, other), record(2, GrainId("History", "missing"))], 3)
+        got = await table.read_history(gid, "r")
+        assert got == [record(1, outcome=FireOutcome.GRAIN_ERROR), record(0)], got
+        assert got[0].lateness == timedelta(milliseconds=250)
+        assert await table.read_history(GrainId("History", "missing"), "r") == []
+        assert [r.slot for r in await table.read_history(other, "r")] == [
+            _T0 + timedelta(minutes=2)
+        ]
+        odd = [
+            record(2, outcome=FireOutcome.MISSED_SKIPPED, silo="silo-b"),
+            record(3, outcome=FireOutcome.NOTIFIED),
+            record(4, triggered=True),
+        ]
+        await table.append_history(odd, 3)
+        got = await table.read_history(gid, "r")
+        assert got == odd[::-1], f"history not trimmed to the newest 3: {got}"
+        await table.upsert(_entry(table, gid, due=_T0 + timedelta(days=1)))
+        assert len(await table.read_history(gid, "r")) == 3, "upsert dropped the history"
+        row = await table.read(gid, "r")
+        assert row is not None and row.etag is not None
+        assert await table.remove(gid, "r", row.etag) is True
+        assert await table.read_history(gid, "r") == [], "remove kept the history"
+        await table.upsert(_entry(table, gid))
+        assert await table.read_history(gid, "r") == [], "a new row inherited a history"
+
+
 REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upsert_returns_distinct_etags,
     check_read_and_read_grain,
@@ -746,6 +844,8 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upcoming,
     check_count,
     check_changes_feed,
+    check_paused_rows_leave_the_due_index,
+    check_fire_history,
 )
 """Every check, each taking the factory; for one pytest case per check."""
 

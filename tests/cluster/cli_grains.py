@@ -30,3 +30,22 @@ class CliStateGrain(Grain):
     async def save(self, text: str) -> None:
         self.note.state.text = text
         await self.note.write()
+
+
+class CliTickGrain(Grain, Remindable):
+    """Counts the reminder ticks it receives (for the metrics test)."""
+
+    async def on_activate(self) -> None:
+        self.received = 0
+
+    async def start_ticking(self) -> None:
+        await self.register_or_update_reminder("tick", due=1, period=1)
+
+    async def stop_ticking(self) -> None:
+        await self.unregister_reminder("tick")
+
+    async def ticks(self) -> int:
+        return self.received
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        self.received += 1

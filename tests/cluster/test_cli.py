@@ -1,60 +1,325 @@
-"""The ``orleanspy`` command: a silo process serving imported grains, then reminders."""
+"""The ``orleanspy`` command, run for real in subprocesses: against a running
+cluster (through a gateway), against Redis with no silo (straight to the
+table), and on every error path a user meets first."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from orleanspy import ClusterClient
+import pytest
+
+from orleanspy import ClusterClient, Silo, SiloOptions, SiloUnavailableError, __version__
 from orleanspy.cli import main
+from orleanspy.identity import GrainId
+from orleanspy.options import MessagingOptions, ReminderOptions
+from orleanspy.reminders.redis import RedisReminderTable
+from orleanspy.reminders.spec import new_entry
+from orleanspy.testing.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    # Only the project on the path, and `python -P` keeps the cwd off it as a
+    # console script does: --import must find cli_grains from the cwd itself.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORLEANSPY_")}
+    return dict(env, PYTHONPATH=str(ROOT), **extra)
 
 
 def _cli(*args: str) -> subprocess.Popen[str]:
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'cluster'}")
     return subprocess.Popen(
-        [sys.executable, "-m", "orleanspy.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
+        [sys.executable, "-P", "-m", "orleanspy.cli", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE, env=_env(),
+    )  # fmt: skip
 
 
+def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-P", "-m", "orleanspy.cli", *args],
+        capture_output=True, text=True, timeout=120, cwd=HERE, env=_env(**env), check=False,
+    )  # fmt: skip
+
+
+async def acli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(run_cli, *args, **env)
+
+
+def ok_json(proc: subprocess.CompletedProcess[str]) -> object:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+@pytest.mark.slow
 async def test_silo_command_serves_imported_grains_and_stops_on_sigterm(redis_url: str) -> None:
-    proc = _cli(
-        "--redis-url", redis_url, "--log-level", "WARNING", "silo", "--import", "cli_grains"
-    )
+    proc = _cli("--redis-url", redis_url, "--log-level", "WARNING", "silo", "--import",
+                "cli_grains")  # fmt: skip
     try:
         assert proc.stdout is not None
-        line = proc.stdout.readline()
+        line = await asyncio.to_thread(proc.stdout.readline)
         assert line.startswith("READY "), (line, proc.stderr.read() if proc.stderr else "")
         async with ClusterClient(redis_url=redis_url) as client:
             grain = client.get_grain("CliEchoGrain", "k")
             assert await grain.pid() == proc.pid
             await grain.remind_me()
             assert await client.reminders.count_all() == 1
-        count = subprocess.run(
-            [sys.executable, "-m", "orleanspy.cli", "--redis-url", redis_url,
-             "--log-level", "WARNING", "reminders", "count"],
-            capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
-        )  # fmt: skip
+        count = await acli("--redis-url", redis_url, "reminders", "count")
         assert count.returncode == 0, count.stderr
         assert count.stdout.strip() == "1"
+        assert "via gateway" in count.stderr
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
+        assert await asyncio.to_thread(proc.wait, 30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        _stop(proc)
+
+
+@pytest.mark.slow
+async def test_every_command_through_a_gateway_of_a_running_cluster(redis_url: str) -> None:
+    # Clients may change reminders only when the cluster authenticates them.
+    secret = ("--secret", "cli-test-secret")
+    proc = _cli(
+        "silo", "--import", "cli_grains", "--name", "cli-silo", "--redis-url", redis_url, *secret
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.startswith("READY "), (line, proc.stderr.read() if proc.stderr else "")
+        address, gateway = line.split()[1:3]
+        options = MessagingOptions(cluster_secret=secret[1])
+        async with ClusterClient(redis_url=redis_url, options=options) as client:
+            await client.get_grain("CliEchoGrain", "k").remind_me()
+
+        url = ("--redis-url", redis_url, *secret)
+        status_json, status_table, listed, got, upcoming, counted = await asyncio.gather(
+            acli("cluster", "status", "--json", *url),  # global flags after the subcommand
+            acli(*url, "cluster", "status"),
+            acli("reminders", "list", "--json", *url),
+            acli("reminders", "get", "CliEchoGrain/k", "hourly", "--json", *url),
+            acli("reminders", *url, "upcoming", "--minutes", "61", "--json"),
+            acli("reminders", "count", "--json", *url),
+        )
+        doc = ok_json(status_json)
+        assert doc["cluster_id"] == "dev" and doc["service_id"] == "default"
+        [silo] = doc["silos"]
+        assert silo["name"] == "cli-silo" and silo["status"] == "active"
+        assert silo["address"] == address
+        assert silo["gateway"] == f"127.0.0.1:{gateway}"
+        assert silo["ring_share_percent"] == 100.0
+        assert isinstance(silo["activations"], int) and isinstance(silo["reminders_held"], int)
+        assert status_table.returncode == 0, status_table.stderr
+        header, row = status_table.stdout.splitlines()[1:3]
+        assert header.split() == ["NAME", "STATUS", "ADDRESS", "GATEWAY", "STARTED", "RING",
+                                  "ACTIVATIONS", "REMINDERS"]  # fmt: skip
+        assert row.split()[:4] == ["cli-silo", "active", address, f"127.0.0.1:{gateway}"]
+        assert "100.0%" in row
+
+        for proc_ in (listed, got, upcoming, counted):
+            assert f"via gateway 127.0.0.1:{gateway}" in proc_.stderr
+        [r] = ok_json(listed)
+        assert (r["grain"], r["name"], r["cron"]) == ("CliEchoGrain/k", "hourly", "0 0 * * * *")
+        assert ok_json(got)["grain_id"] == "CliEchoGrain/s:k"
+        assert [u["name"] for u in ok_json(upcoming)] == ["hourly"]
+        assert ok_json(counted) == {"count": 1}
+
+        await _change_and_delete(url, "gateway")
+    finally:
+        _stop(proc)
+
+
+async def _change_and_delete(url: tuple[str, ...], via: str) -> None:
+    row = ("CliEchoGrain/k", "hourly")
+    prio = await acli(*url, "reminders", "set-priority", *row, "critical", "--json")
+    assert ok_json(prio)["priority"] == 100
+    assert f"via {via}" in prio.stderr
+    action = await acli(*url, "reminders", "set-action", *row, "notify", "--json")
+    assert ok_json(action)["action"] == "NOTIFY"
+    paused = await acli(*url, "reminders", "pause", *row, "--json")
+    assert ok_json(paused)["paused"] is True
+    listed = await acli(*url, "reminders", "list", "--grain", row[0])
+    assert listed.returncode == 0 and listed.stdout.split()[-1] == "paused"
+    resumed = await acli(*url, "reminders", "resume", *row, "--json")
+    assert ok_json(resumed)["paused"] is False
+    triggered = await acli(*url, "reminders", "trigger", *row)
+    if via == "gateway":
+        assert triggered.returncode == 0, triggered.stderr
+        assert triggered.stdout.startswith("triggered CliEchoGrain/k hourly at ")
+        fired = ok_json(await acli(*url, "reminders", "get", *row, "--json"))["history"]
+        assert fired[0]["triggered"] is True and fired[0]["outcome"] == "ok"
+        human = await acli(*url, "reminders", "get", *row)
+        assert "LAST FIRED SLOT" in human.stdout and "ok (triggered)" in human.stdout
+    else:
+        assert triggered.returncode == 1
+        assert "no gateway of the cluster answered" in triggered.stderr
+    repaired = await acli(*url, "reminders", "repair", *row, "--json")
+    due = datetime.fromisoformat(ok_json(repaired)["next_due"])
+    assert datetime.now(UTC) < due <= datetime.now(UTC) + timedelta(hours=1)
+    shown = await acli(*url, "reminders", "get", *row)  # the human form
+    assert shown.returncode == 0, shown.stderr
+    assert "priority        100" in shown.stdout and "NOTIFY" in shown.stdout
+    deleted = await acli(*url, "reminders", "delete", *row)
+    assert deleted.returncode == 0 and "deleted" in deleted.stdout
+    gone = await acli(*url, "reminders", "get", *row)
+    assert gone.returncode == 1
+    assert "CliEchoGrain/k has no reminder 'hourly'" in gone.stderr
+    again = await acli(*url, "reminders", "delete", *row)
+    assert again.returncode == 1
+    empty = await acli(*url, "reminders", "list")
+    assert empty.returncode == 0 and empty.stdout.split() == [
+        "NEXT", "DUE", "GRAIN", "NAME", "SCHEDULE", "PRIORITY", "ACTION", "STATE"
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+async def test_every_command_straight_on_the_redis_table_with_no_silo(redis_url: str) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id="default")
+        await table.start(stack)
+        entry = new_entry(
+            service_id="default", grain_id=GrainId("CliEchoGrain", "k"), name="hourly",
+            now=datetime.now(UTC), options=ReminderOptions(), cron="0 0 * * * *",
+        )  # fmt: skip
+        await table.upsert(entry)
+    url = ("--redis-url", redis_url)
+    listed, got, upcoming, counted, status = await asyncio.gather(
+        acli(*url, "reminders", "list", "--grain", "CliEchoGrain/k", "--json"),
+        acli(*url, "reminders", "get", "CliEchoGrain/k", "hourly", "--json"),
+        acli(*url, "reminders", "upcoming", "--minutes", "61", "--json"),
+        acli(*url, "reminders", "count"),
+        acli(*url, "cluster", "status", "--json"),
+    )
+    for proc in (listed, got, upcoming, counted):
+        assert f"via the Redis table at {redis_url} (no silo is up)" in proc.stderr
+    assert [r["name"] for r in ok_json(listed)] == ["hourly"]
+    assert ok_json(got)["cron"] == "0 0 * * * *"
+    assert [r["grain"] for r in ok_json(upcoming)] == ["CliEchoGrain/k"]
+    assert counted.stdout.strip() == "1"
+    assert ok_json(status)["silos"] == []
+    assert "no Active silo" in status.stderr and "holds no silo for them" in status.stderr
+    await _change_and_delete(url, "the Redis table")
+
+
+@pytest.mark.slow
+async def test_no_gateway_error_names_the_ids_and_what_redis_holds(redis_url: str) -> None:
+    options = SiloOptions(redis_url=redis_url, gateway_port=None, cluster_id="blue")
+    async with Silo(options):
+        with pytest.raises(SiloUnavailableError) as wrong:
+            async with ClusterClient(redis_url=redis_url, cluster_id="green"):
+                pass
+        message = str(wrong.value)
+        assert "cluster id 'green', service id 'default'" in message
+        assert "holds no silo for them" in message
+        assert "cluster 'blue' service 'default' (1 silos)" in message
+        with pytest.raises(SiloUnavailableError, match="none with a gateway port"):
+            async with ClusterClient(redis_url=redis_url, cluster_id="blue"):
+                pass
+
+
+@pytest.mark.slow
+async def test_ports_in_use_name_the_flag_and_the_port(redis_url: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        silo_port, gateway_port, metrics_port = await asyncio.gather(
+            acli("silo", "--redis-url", redis_url, "--silo-port", str(port)),
+            acli("silo", "--redis-url", redis_url, "--gateway-port", str(port)),
+            acli("silo", "--redis-url", redis_url, "--metrics-port", str(port)),
+        )
+    for proc, flag in ((silo_port, "--silo-port"), (gateway_port, "--gateway-port"),
+                       (metrics_port, "--metrics-port")):  # fmt: skip
+        assert proc.returncode == 1, proc.stderr
+        assert f"127.0.0.1:{port}" in proc.stderr and flag in proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+async def test_usage_errors_exit_2_with_a_message() -> None:
+    no_scheme, bad_level, bad_grain, bad_priority, unknown = await asyncio.gather(
+        acli("reminders", "count", "--redis-url", "localhost:6379"),
+        acli("--log-level", "LOUD", "reminders", "count", "--redis-url", "redis://x"),
+        acli("reminders", "get", "no-slash", "r", "--redis-url", "redis://x"),
+        acli("reminders", "set-priority", "G/k", "r", "500", "--redis-url", "redis://x"),
+        acli("reminders", "frobnicate"),
+    )
+    assert no_scheme.returncode == 2
+    assert "no Redis scheme; use redis://HOST:PORT/DB, rediss://" in no_scheme.stderr
+    assert bad_level.returncode == 2
+    assert "unknown log level 'LOUD' (--log-level)" in bad_level.stderr
+    assert bad_grain.returncode == 2 and "write TYPE/KEY" in bad_grain.stderr
+    assert bad_priority.returncode == 2 and "outside -128..127" in bad_priority.stderr
+    assert unknown.returncode == 2 and "invalid choice: 'frobnicate'" in unknown.stderr
+    for proc in (no_scheme, bad_level, bad_grain, bad_priority, unknown):
+        assert "Traceback" not in proc.stderr
+
+
+async def test_version_and_help_show_defaults_and_environment_variables() -> None:
+    version, top, silo, env_flag = await asyncio.gather(
+        acli("--version"),
+        acli("--help"),
+        acli("silo", "--help"),
+        acli("reminders", "count", ORLEANSPY_LOG_LEVEL="LOUD", ORLEANSPY_REDIS_URL="redis://x"),
+    )
+    assert version.returncode == 0 and version.stdout.strip() == f"orleanspy {__version__}"
+    assert top.returncode == 0
+    for text in ("env ORLEANSPY_REDIS_URL", "default: dev; env ORLEANSPY_CLUSTER_ID",
+                 "cluster", "reminders", "demo"):  # fmt: skip
+        assert text in " ".join(top.stdout.split()), text
+    flat = " ".join(silo.stdout.split())
+    for text in ("default: 30.0; env ORLEANSPY_STORAGE_TIMEOUT",
+                 "default: none; env ORLEANSPY_METRICS_PORT",
+                 "default: 127.0.0.1; env ORLEANSPY_HOST", "env ORLEANSPY_REDIS_URL",
+                 "default: none; env ORLEANSPY_IMPORT"):  # fmt: skip
+        assert text in flat, text
+    # The environment stands in for a flag, and is checked like one.
+    assert env_flag.returncode == 2 and "unknown log level 'LOUD'" in env_flag.stderr
+
+
+@pytest.mark.slow
+async def test_silo_logs_json_with_its_name_and_fails_clearly_without_redis() -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    proc = await acli("--log-format", "json", "silo", "--name", "js", "--redis-url", dead,
+                      "--storage-timeout", "0.5")  # fmt: skip
+    assert proc.returncode == 1
+    records = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    attempts = [r for r in records if r["message"].startswith("redis not reachable yet")]
+    assert attempts and all(r["silo"] == "js" and r["level"] == "WARNING" for r in attempts)
+    assert f"could not reach Redis at {dead} within 0.5 s" in proc.stderr
+
+
+@pytest.mark.slow
+async def test_import_of_a_missing_module_is_a_usage_error() -> None:
+    proc = await acli("silo", "--redis-url", "redis://127.0.0.1:1/0", "--import", "no_such_mod")
+    assert proc.returncode == 2
+    assert "cannot import 'no_such_mod' (--import)" in proc.stderr
+
+
+@pytest.mark.slow
+async def test_demo_command_runs_the_embedded_demo() -> None:
+    proc = await acli("demo", "--seconds", "0.5")
+    assert proc.returncode == 0, proc.stderr
+    assert "silo stopped cleanly" in proc.stdout
+    assert "lamps left" in proc.stdout
 
 
 def test_missing_redis_url_is_a_clear_error(capsys, monkeypatch) -> None:

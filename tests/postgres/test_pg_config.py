@@ -136,6 +136,25 @@ async def test_cli_silo_and_reminders_on_postgres(postgres_url: str) -> None:
         assert count.stdout.strip() == "1"
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 30) == 0
+
+        # No silo up: the reminder commands use the PostgreSQL table itself,
+        # which has no pause (yet): said plainly, and the row is left alone.
+        def direct(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "orleanspy.cli", "--storage-url", postgres_url,
+                 "--log-level", "WARNING", "reminders", *args],
+                capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+            )  # fmt: skip
+
+        listed, paused = await asyncio.gather(
+            asyncio.to_thread(direct, "get", "CliEchoGrain/k", "hourly", "--json"),
+            asyncio.to_thread(direct, "pause", "CliEchoGrain/k", "hourly"),
+        )
+        assert listed.returncode == 0, listed.stderr
+        assert "via the PostgreSQL table at" in listed.stderr
+        assert '"paused": false' in listed.stdout and '"history": []' in listed.stdout
+        assert paused.returncode == 1
+        assert "this reminder table has no pause" in paused.stderr
     finally:
         if proc.poll() is None:
             proc.kill()

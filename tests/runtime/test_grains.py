@@ -10,6 +10,7 @@ import pytest
 from orleanspy import (
     ActivationError,
     ClosedError,
+    ConfigurationError,
     Grain,
     GrainCallTimeoutError,
     GrainId,
@@ -124,9 +125,6 @@ class ErrorGrain(Grain):
     async def slow(self) -> None:
         await asyncio.Event().wait()
 
-    def sync_method(self) -> int:
-        return 1
-
     async def _private(self) -> int:
         return 1
 
@@ -230,16 +228,32 @@ async def test_unserializable_argument_and_result(silo: Silo) -> None:
 
 async def test_private_sync_and_base_methods_are_not_callable(silo: Silo) -> None:
     ref = silo.client.get_grain(ErrorGrain, "m")
-    for name in ("_private", "sync_method", "on_activate", "register_timer", "nope"):
+    for name in ("_private", "on_activate", "register_timer", "nope"):
         with pytest.raises(GrainMethodNotFoundError):
             getattr(ref, name)
     assert not hasattr(ref, "nope")
     untyped = silo.client.get_grain("ErrorGrain", "m")
-    with pytest.raises(GrainMethodNotFoundError, match="sync_method"):
-        await untyped.sync_method()
+    with pytest.raises(GrainMethodNotFoundError, match="_private"):
+        await untyped._private()
     with pytest.raises(GrainMethodNotFoundError):
         await untyped.on_deactivate()
     assert silo.activation_count == 0  # rejected before any activation
+
+
+def test_a_public_sync_method_is_rejected_when_the_class_is_defined() -> None:
+    with pytest.raises(ConfigurationError, match=r"SyncGrain\.total .*not 'async def'"):
+
+        class SyncGrain(Grain):
+            def total(self) -> int:
+                return 1
+
+    class HelperGrain(Grain):  # private helpers, static and class methods stay allowed
+        def _helper(self) -> int:
+            return 1
+
+        @staticmethod
+        def util() -> int:
+            return 1
 
 
 async def test_unknown_grain_type_is_rejected(silo: Silo) -> None:

@@ -1,0 +1,92 @@
+"""Fire history: what became of each slot, written to the table in batches.
+
+``History.fired`` is called where a slot's fate is decided (delivered, failed in
+the grain, skipped, notified); it only appends to a bounded buffer. One task
+appends the buffer to the table with ``append_history`` (one call per batch), so
+ticks never wait for history. History is best effort: a failed append is logged
+and its records dropped (the schedule, which is what correctness rests on, is
+written by the persister); a buffer over ``MAX_BUFFERED`` drops its oldest.
+``NoHistory`` records nothing (``ReminderOptions.history_size = 0``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from datetime import datetime
+from typing import Final
+
+from orleanspy._tasks import raise_if_cancelled
+from orleanspy.reminders.model import FireOutcome, FireRecord, MissedReminderAction, ReminderEntry
+from orleanspy.reminders.table import PausableReminderTable
+
+__all__ = ["MAX_BUFFERED", "History", "NoHistory", "skip_outcome"]
+
+log = logging.getLogger(__name__)
+
+#: Records waiting for a write; beyond this the oldest are dropped.
+MAX_BUFFERED: Final = 50_000
+_BATCH: Final = 1000
+
+
+def skip_outcome(entry: ReminderEntry) -> FireOutcome:
+    """How a skipped slot goes into the fire history."""
+    if entry.action is MissedReminderAction.NOTIFY:
+        return FireOutcome.NOTIFIED
+    return FireOutcome.MISSED_SKIPPED
+
+
+class NoHistory:
+    """Records nothing."""
+
+    def fired(
+        self, entry: ReminderEntry, slot: datetime, at: datetime, outcome: FireOutcome
+    ) -> None:
+        """The slot ``slot`` of ``entry`` met ``outcome`` at ``at``."""
+
+
+class History(NoHistory):
+    """Buffers fire records of silo ``silo`` and appends them to ``table``,
+    keeping the newest ``keep`` per row."""
+
+    def __init__(self, table: PausableReminderTable, *, keep: int, silo: str) -> None:
+        self._table = table
+        self._keep = keep
+        self._silo = silo
+        self._buffer: deque[FireRecord] = deque(maxlen=MAX_BUFFERED)
+        self._wake = asyncio.Event()
+        self.written = 0
+        self.failures = 0
+
+    def fired(
+        self, entry: ReminderEntry, slot: datetime, at: datetime, outcome: FireOutcome
+    ) -> None:
+        self._buffer.append(FireRecord(entry.grain_id, entry.name, slot, at, outcome, self._silo))
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Write batches until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write everything buffered now (a failed batch is dropped, not retried)."""
+        while self._buffer:
+            n = min(len(self._buffer), _BATCH)
+            batch = [self._buffer.popleft() for _ in range(n)]
+            try:
+                await self._table.append_history(batch, self._keep)
+            except Exception as exc:
+                raise_if_cancelled()
+                self.failures += 1
+                log.warning(
+                    "reminder history not written silo=%s records=%d error=%r",
+                    self._silo,
+                    len(batch),
+                    exc,
+                )
+                return
+            self.written += len(batch)
