@@ -26,8 +26,8 @@ from typing import cast
 from orleanspy._redis import Redis, connect, key_prefix, redacted, translate_errors
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.membership.model import SiloStatus
+from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.ring import ConsistentRing, ranges_size
 
 __all__ = [
