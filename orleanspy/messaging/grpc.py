@@ -74,7 +74,7 @@ from orleanspy.messaging.frames import (
     parse,
     unencodable,
 )
-from orleanspy.messaging.message import Message, MessageKind
+from orleanspy.messaging.message import Message, MessageKind, settle
 from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.messaging.transport import MessageSink
 from orleanspy.options import MessagingOptions, TlsOptions
@@ -365,8 +365,10 @@ class _ClientLink:
 
     A request counts against ``max_in_flight`` from the moment it is read until
     its response has been written to the client (or, unanswered, until its
-    deadline passed). While the count is at the limit the gateway reads no more
-    from this client, so gRPC's flow control stops the client's writes.
+    deadline passed). A one-way message counts until its turn has run, or it
+    was dropped, or it was written to the silo that runs it (``settle``). While
+    the count is at the limit the gateway reads no more from this client, so
+    gRPC's flow control stops the client's writes.
     """
 
     def __init__(self, transport: GrpcTransport, client_id: str, context: Any) -> None:
@@ -388,6 +390,16 @@ class _ClientLink:
 
     def request_read(self, message: Message) -> None:
         self.waiting.add(message.id, message.expires_at_ms)
+
+    def one_way_read(self, message: Message) -> None:
+        msg_id = message.id
+        self.waiting.add(msg_id, message.expires_at_ms)
+        message.on_settled = functools.partial(self._one_way_done, msg_id)
+
+    def _one_way_done(self, msg_id: int) -> None:
+        self.waiting.answered(msg_id)
+        if not self.full:
+            self._room.set()
 
     def response_queued(self, message: Message) -> None:
         self.waiting.answered(message.correlation_id)
@@ -460,8 +472,11 @@ class GrpcTransport:
         self._stopped = False
         self._gossip_listener: Callable[[int], None] | None = None
         self._may_answer: Callable[[SiloAddress], bool] | None = None
-        # Requests from each peer silo not answered yet.
+        # Requests (and one-way messages whose turn has not run) from each peer silo.
         self._owed: dict[SiloAddress, _Unanswered] = {}
+        #: One-way messages from peers dropped because their sender had
+        #: ``max_in_flight`` unsettled messages here.
+        self.one_way_refused = 0
         self._timeout_ms = int(options.response_timeout.total_seconds() * 1000)
         self.stats = WireStats()
         #: Frames and messages written per peer silo (dropped on ``disconnect``).
@@ -785,6 +800,8 @@ class GrpcTransport:
                 message.expires_at_ms = cap
             if message.kind is MessageKind.REQUEST:
                 client.request_read(message)
+            else:
+                client.one_way_read(message)
         elif target is not None and target.generation != me.generation:
             self._reject(
                 env,
@@ -808,6 +825,15 @@ class GrpcTransport:
                 ),
                 None,
             )
+            return
+        elif (
+            message.kind is MessageKind.ONE_WAY
+            and message.sender_silo is not None
+            and not self._owe(message.sender_silo, message)
+        ):
+            # Nobody waits for an answer; one-way delivery is at most once.
+            self.one_way_refused += 1
+            log.debug("dropped a one-way message, sender overloaded id=%d", message.id)
             return
         try:
             sink.receive(message)
@@ -836,16 +862,31 @@ class GrpcTransport:
         cap = int(time.time() * 1000) + self._timeout_ms
         deadline = message.expires_at_ms
         owed.add(message.id, deadline if 0 < deadline <= cap else cap)
+        if message.kind is MessageKind.ONE_WAY:
+            message.on_settled = functools.partial(self._one_way_settled, sender, message.id)
         return True
 
-    def _answered(self, target: SiloAddress, batch: list[Message]) -> None:
-        owed = self._owed.get(target)
+    def _one_way_settled(self, sender: SiloAddress, msg_id: int) -> None:
+        owed = self._owed.get(sender)
         if owed is not None:
-            for m in batch:
-                if m.kind is MessageKind.RESPONSE:
-                    owed.answered(m.correlation_id)
+            owed.answered(msg_id)
             if not owed.count:
-                del self._owed[target]
+                del self._owed[sender]
+
+    def _answered(self, target: SiloAddress, batch: list[Message]) -> None:
+        """After a frame to ``target`` was written: its responses settle what
+        this silo owed ``target``; one-way messages read from a client or a peer
+        and passed on to ``target`` free their sender's slot."""
+        owed = self._owed.get(target)
+        response = MessageKind.RESPONSE
+        for m in batch:
+            if m.kind is response:
+                if owed is not None:
+                    owed.answered(m.correlation_id)
+            elif m.on_settled is not None:
+                settle(m)
+        if owed is not None and not owed.count and self._owed.get(target) is owed:
+            del self._owed[target]
 
     def _reject(self, env: Any, error: Exception, client_id: str | None) -> None:
         rejection = self._codec.rejection(env, pack(error_payload(error)))

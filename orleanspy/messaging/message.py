@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from orleanspy.identity import GrainId, SiloAddress
 
-__all__ = ["Message", "MessageKind", "ResponseStatus", "next_message_id"]
+__all__ = ["Message", "MessageKind", "ResponseStatus", "next_message_id", "settle"]
 
 
 class MessageKind(enum.IntEnum):
@@ -65,6 +66,10 @@ class Message:
     #: argument is immutable and ``body`` has not been encoded (the local call
     #: fast path). Whoever sends the message off the process encodes it first.
     local_args: tuple[tuple[Any, ...], dict[str, Any]] | None = field(default=None, repr=False)
+    #: In-process only, never sent: called once (through ``settle``) when a
+    #: one-way message read from the network has had its turn, or was dropped,
+    #: or left this process; it frees the in-flight slot its sender holds.
+    on_settled: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def request(
@@ -111,3 +116,12 @@ class Message:
             status,
             {},
         )
+
+
+def settle(message: Message) -> None:
+    """Call ``message.on_settled`` once, if set: its one-way turn is over (run,
+    dropped, or written to another silo), so its sender's slot is free."""
+    done = message.on_settled
+    if done is not None:
+        message.on_settled = None
+        done()

@@ -30,7 +30,7 @@ from orleanspy.clock import Clock
 from orleanspy.errors import ActivationError, ConfigurationError, InconsistentStateError
 from orleanspy.grain import Grain, GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
+from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, settle
 from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.metrics import GrainMetrics
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
@@ -305,6 +305,8 @@ class Activation:
             host.grain_metrics.call(self.definition.type_name, elapsed, failed)
             if read_only:
                 self._running_read_only -= 1
+            if message.on_settled is not None:
+                settle(message)  # a one-way message's sender may send another
             self._turn_ended(touch=True)
 
     async def _run_timer(self, tick: _TimerTick) -> None:

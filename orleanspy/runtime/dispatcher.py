@@ -36,7 +36,7 @@ from orleanspy.errors import (
 )
 from orleanspy.grain import GrainDefinition, lookup_definition
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.messaging.message import Message, MessageKind, ResponseStatus
+from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, settle
 from orleanspy.messaging.pending import PendingCalls
 from orleanspy.messaging.remote_errors import error_payload, result_of
 from orleanspy.messaging.transport import Transport
@@ -399,6 +399,7 @@ class Dispatcher:
             self.send_response(msg.response(ResponseStatus.REJECTED, body))
         else:
             log.warning("dropped message id=%d reason=%r", msg.id, exc)
+            settle(msg)
 
     # -- responses ----------------------------------------------------------------------
 
@@ -450,6 +451,7 @@ class Dispatcher:
                 return
         if message.expires_at_ms and message.expires_at_ms < self.clock.now_ms():
             log.debug("dropped expired message id=%d", message.id)
+            settle(message)
             return
         sender = message.sender_silo
         if message.sender_client is None and (sender is None or not self._locator.knows(sender)):
@@ -457,6 +459,7 @@ class Dispatcher:
             # request is never dialled on its word alone.
             if self._strangers >= _MAX_STRANGERS:
                 log.debug("dropped message from an unknown silo id=%d", message.id)
+                settle(message)
                 return
             self._strangers += 1
             self._spawn(self._route_from_stranger(message))
@@ -477,6 +480,7 @@ class Dispatcher:
                 message.id,
                 sender,
             )
+            settle(message)
 
     def _restarted(self, response: Message) -> bool:
         try:
@@ -536,6 +540,7 @@ class Dispatcher:
             log.debug(
                 "undeliverable message id=%d kind=%s error=%r", message.id, message.kind, error
             )
+            settle(message)
 
     # -- ActivationHost -----------------------------------------------------------------
 

@@ -401,6 +401,90 @@ async def test_a_million_unread_requests_keep_rss_bounded_and_the_silo_active(
         assert silo.proc.poll() is None
 
 
+@pytest.mark.timeout(180)
+async def test_a_flood_of_one_way_messages_keeps_rss_bounded_and_the_silo_serving(
+    redis_url: str,
+) -> None:
+    """A client writes up to 1,000,000 one-way messages without pause, all to one
+    grain whose turns take half a second each. A one-way message holds its
+    in-flight slot until its turn has run, so the gateway stops reading at
+    ``max_in_flight``: RSS stays under the bound, the silo stays Active and
+    another client is served meanwhile."""
+    rss_bound_mb = 300
+    with cluster(redis_url) as c:
+        (silo,) = c.start(1)
+        baseline = silo.rss_mb()
+        batch = pb.Batch()
+        body = args(0.5)
+        for i in range(1000):
+            env: Any = batch.messages.add()
+            env.id, env.kind, env.grain_type, env.s = i + 1, pb.ONE_WAY, GRAIN, "sink"
+            env.method, env.body = "add_slowly", body
+            env.expires_at_ms = int(time.time() * 1000) + 600_000
+        frame = batch.SerializeToString()
+        written = 0
+        peak = baseline
+        async with grpc.aio.insecure_channel(silo.endpoint) as channel:
+            call = channel.stream_stream("/orleanspy.v1.GatewayService/Connect")(
+                metadata=((CLIENT_HEADER, "one-way-flooder"),)
+            )
+            pushed_back = False
+            started = time.monotonic()
+            for _ in range(1000):
+                try:
+                    await asyncio.wait_for(call.write(frame), 3.0)
+                except TimeoutError:
+                    pushed_back = True
+                    break
+                written += 1000
+                peak = max(peak, silo.rss_mb())
+            elapsed = time.monotonic() - started
+            peak = max(peak, silo.rss_mb())
+            async with ClusterClient(redis_url) as client:
+                assert await client.get_grain(GRAIN, "bystander").add_slowly(0) == 1
+            peak = max(peak, silo.rss_mb())
+            async with membership(redis_url) as table:
+                assert await status(table, silo) is SiloStatus.ACTIVE
+            call.cancel()
+        print(
+            f"\none-way flood: written={written} pushed_back={pushed_back} in {elapsed:.1f}s "
+            f"rss baseline={baseline:.0f}MB peak={peak:.0f}MB bound={rss_bound_mb}MB"
+        )
+        assert pushed_back and written < 1_000_000
+        assert peak < rss_bound_mb
+        assert silo.proc.poll() is None
+
+
+async def test_one_way_slots_are_freed_as_turns_run(redis_url: str) -> None:
+    """With ``max_in_flight`` 50, a client's 5,000 one-way messages all run: each
+    frees its slot when its turn has run, so the gateway keeps reading."""
+    total = 5000
+    with cluster(redis_url) as c:
+        (silo,) = c.start(1, "--max-in-flight", "50")
+        batch = pb.Batch()
+        for i in range(total):
+            env: Any = batch.messages.add()
+            env.id, env.kind, env.grain_type, env.s = i + 1, pb.ONE_WAY, GRAIN, "counted"
+            env.method, env.body = "add_slowly", args(0)
+            env.expires_at_ms = int(time.time() * 1000) + 600_000
+        async with grpc.aio.insecure_channel(silo.endpoint) as channel:
+            call = channel.stream_stream("/orleanspy.v1.GatewayService/Connect")(
+                metadata=((CLIENT_HEADER, "one-way-sender"),)
+            )
+            await asyncio.wait_for(call.write(batch.SerializeToString()), 30)
+            async with ClusterClient(redis_url) as client:
+                grain = client.get_grain(GRAIN, "counted")
+                ran = 0
+
+                async def all_ran() -> bool:
+                    nonlocal ran
+                    ran = await grain.get()
+                    return ran == total
+
+                await wait_for(all_ran, 60, what="every one-way turn to run")
+            call.cancel()
+
+
 # ------------------------------------------------------------------- crashes
 
 
