@@ -255,6 +255,8 @@ class SiloCollector:
             for name, doc in (
                 ("frames_sent", "Frames written to one peer silo."),
                 ("messages_sent", "Messages written to one peer silo."),
+                ("frames_received", "Frames read from one peer silo."),
+                ("messages_received", "Messages read from one peer silo."),
             ):
                 yield _labelled(
                     "counter", f"orleanspy_messaging_peer_{name}_total", doc, "peer",

@@ -280,7 +280,14 @@ class _PeerLink:
         transport = self._transport
         channel = _open_channel(self.target.endpoint, transport._options)
         try:
-            call = _stream_call(channel, _SILO_CONNECT, _metadata(transport._options))
+            # The call names this silo, so the peer can count what it reads per sender.
+            call = _stream_call(
+                channel,
+                _SILO_CONNECT,
+                _metadata(
+                    transport._options, (SILO_HEADER, transport._codec.text(transport.address))
+                ),
+            )
             await _handshake(call, what)
             watcher = asyncio.create_task(self._watch(call, what))
             try:
@@ -479,7 +486,8 @@ class GrpcTransport:
         self.one_way_refused = 0
         self._timeout_ms = int(options.response_timeout.total_seconds() * 1000)
         self.stats = WireStats()
-        #: Frames and messages written per peer silo (dropped on ``disconnect``).
+        #: Frames and messages written to and read from each peer silo (dropped
+        #: on ``disconnect``); read counts come from streams that name their silo.
         self.peer_stats: dict[SiloAddress, WireStats] = {}
 
     # -- Transport properties
@@ -702,6 +710,8 @@ class GrpcTransport:
             log.warning("refused silo stream without the cluster secret peer=%s", context.peer())
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster secret required")
         await context.send_initial_metadata(((SILO_HEADER, self._codec.text(self.address)),))
+        sender = _claimed_silo(context)
+        peer_stats = self.peer_stats
         while True:
             frame = await context.read()
             if frame is _EOF:
@@ -710,6 +720,14 @@ class GrpcTransport:
             if envelopes is None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
                 return
+            if sender is not None:
+                # Once per frame, on the stream's owner: no per-message lookup.
+                peer = peer_stats.get(sender)
+                if peer is None and self._counts_as_peer(sender):
+                    peer = peer_stats[sender] = WireStats()
+                if peer is not None:
+                    peer.frames_received += 1
+                    peer.messages_received += len(envelopes)
             for env in envelopes:
                 self._receive_envelope(env, None)
 
@@ -751,6 +769,12 @@ class GrpcTransport:
             with contextlib.suppress(asyncio.CancelledError):
                 await link.task
             log.debug("gateway client disconnected client=%s", client_id)
+
+    def _counts_as_peer(self, silo: SiloAddress) -> bool:
+        """Only members of the table get their own counters: a stream's claimed
+        name could otherwise grow ``peer_stats`` without bound."""
+        may_answer = self._may_answer
+        return may_answer is None or may_answer(silo)
 
     def _decode_frame(self, frame: bytes, client_id: str | None) -> Sequence[Any] | None:
         """The envelopes of one frame; ``None`` if the frame does not parse."""
@@ -899,6 +923,19 @@ class GrpcTransport:
             self.send_to_client(client_id, response)
         elif sender is not None:
             self.send(sender, response)
+
+
+def _claimed_silo(context: _Context) -> SiloAddress | None:
+    """The silo an inbound silo stream says it comes from (``None`` if it names
+    none or garbage). The cluster secret or mutual TLS decided that the caller is
+    a member; which member it is, is its own word, used only for metrics."""
+    text = _header(context.invocation_metadata(), SILO_HEADER)
+    if not text or len(text) > _MAX_CLIENT_ID:
+        return None
+    try:
+        return SiloAddress.parse(text)
+    except ValueError:
+        return None
 
 
 def _connection_lost(sink: MessageSink, target: SiloAddress, error: Exception) -> None:

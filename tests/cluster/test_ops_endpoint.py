@@ -244,6 +244,11 @@ async def test_two_silos_count_messages_per_peer_and_membership(redis_url: str) 
     assert to_b >= b.activation_count  # at least one call per grain b activated
     assert value(series, "orleanspy_messaging_peer_frames_sent_total", peer=str(b.address)) >= 1
     assert to_b <= value(series, "orleanspy_messaging_messages_sent_total")
+    # b answers each call on its own stream to a, which names b: counted per peer.
+    from_b = value(series, "orleanspy_messaging_peer_messages_received_total", peer=str(b.address))
+    assert from_b >= b.activation_count
+    assert value(series, "orleanspy_messaging_peer_frames_received_total", peer=str(b.address)) >= 1
+    assert from_b <= value(series, "orleanspy_messaging_messages_received_total")
     assert value(series, "orleanspy_membership_silos", status="ACTIVE") == 2
     assert value(series, "orleanspy_membership_probes_sent_total") >= 0
 
