@@ -82,8 +82,14 @@ class MessagingOptions:
     ``max_string_length`` bytes in one string, binary or extension value
     (``None``: ``max_message_size``).
     ``max_in_flight``: requests one gateway client or one peer silo may have
-    unanswered; beyond it the stream is not read until answers go out, so gRPC
-    flow control pushes back on the sender.
+    unanswered, and one-way messages whose turn has not run; beyond it a
+    client's stream is not read until answers go out, so gRPC flow control
+    pushes back on the sender (a peer's excess is refused instead).
+    ``max_frame_items``: envelopes plus header entries one stream frame may
+    hold; a frame with more ends its stream before it is decoded. With
+    ``max_message_size`` it bounds what one connection holds decoded at a time.
+    At least ``2 * max_batch`` (a frame of ours holds at most ``max_batch``
+    envelopes with one call-chain header each).
     """
 
     response_timeout: timedelta = timedelta(seconds=30)
@@ -97,6 +103,7 @@ class MessagingOptions:
     max_container_length: int = 1_000_000
     max_string_length: int | None = None
     max_in_flight: int = 10_000
+    max_frame_items: int = 10_000
 
     def __post_init__(self) -> None:
         _durations(self, "response_timeout")
@@ -107,8 +114,14 @@ class MessagingOptions:
             "max_extension_depth",
             "max_container_length",
             "max_in_flight",
+            "max_frame_items",
         ):
             _positive(self, name)
+        if self.max_frame_items < 2 * self.max_batch:
+            raise ConfigurationError(
+                "MessagingOptions.max_frame_items must be at least 2 * max_batch "
+                f"({2 * self.max_batch}): peers would refuse this silo's own frames"
+            )
         if self.max_string_length is not None:
             _positive(self, "max_string_length")
         if self.max_forward_count < 0:

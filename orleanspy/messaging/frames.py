@@ -21,7 +21,15 @@ from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
 from orleanspy.options import MessagingOptions
 
-__all__ = ["FrameCodec", "InvalidEnvelope", "Outbox", "WireStats", "parse", "unencodable"]
+__all__ = [
+    "FrameCodec",
+    "InvalidEnvelope",
+    "Outbox",
+    "WireStats",
+    "count_items",
+    "parse",
+    "unencodable",
+]
 
 # A rough per-envelope overhead for frame budgeting; exactness does not matter.
 _ENVELOPE_OVERHEAD = 160
@@ -142,8 +150,15 @@ class FrameCodec:
         return data
 
     @staticmethod
-    def decode(frame: bytes) -> Sequence[Any]:
-        """The envelopes of one frame; raises ``InvalidEnvelope`` on garbage."""
+    def decode(frame: bytes, max_items: int) -> Sequence[Any]:
+        """The envelopes of one frame; raises ``InvalidEnvelope`` on garbage, or
+        when the frame holds more than ``max_items`` envelopes and header
+        entries together (checked before decoding, see ``count_items``)."""
+        if count_items(frame, max_items) > max_items:
+            raise InvalidEnvelope(
+                f"frame of {len(frame)} bytes holds more than {max_items} envelopes "
+                "and header entries (max_frame_items), or bytes no sender writes"
+            )
         envelopes: Sequence[Any] = parse(pb.Batch, frame).messages
         return envelopes
 
@@ -219,6 +234,101 @@ class FrameCodec:
             status=ResponseStatus.REJECTED,
         )
         return response, sender
+
+
+# Wire tags of Batch.messages (field 1) and Envelope.headers entries (field 16),
+# both length-delimited.
+_ENVELOPE_TAG = b"\x0a"
+_HEADER_TAG = b"\x82\x01"
+
+
+def count_items(frame: bytes, limit: int) -> int:
+    """A number above ``limit`` if, and only if, ``frame`` holds more than
+    ``limit`` envelopes and header entries, or bytes the walk cannot follow
+    (``limit + 1``: no sender of ours writes them).
+
+    Decoded, these items are what cost memory: about 180 bytes each in the
+    protobuf arena and more as Python objects, so 4 MB of 4-byte envelopes
+    would take hundreds of MB. Every item starts with its tag, so counting the
+    tag bytes (at C speed) gives an upper bound that settles ordinary frames;
+    an item takes at least two bytes, so small frames are not even counted.
+    Only above ``limit`` is the frame walked field by field; an envelope of ours
+    has at most 13 fields besides its headers, so the walk gives up (``limit +
+    1``) after ``16 * limit`` fields: its cost is bounded too.
+    """
+    bound = len(frame) // 2
+    if bound <= limit:
+        return bound
+    bound = frame.count(_ENVELOPE_TAG) + frame.count(_HEADER_TAG)
+    if bound <= limit:
+        return bound
+    over = limit + 1
+    steps_left = 16 * limit
+    items = 0
+    pos, end = 0, len(frame)
+    while pos < end:
+        field, wire, pos = _field(frame, pos)
+        if wire != 2:
+            pos = _skip(frame, pos, wire)
+            steps_left -= 1
+            continue
+        length, pos = _varint(frame, pos)
+        stop = pos + length
+        if stop > end:
+            return over
+        if field == 1:
+            items += 1
+            while pos < stop:
+                steps_left -= 1
+                if steps_left < 0:
+                    return over
+                inner, inner_wire, pos = _field(frame, pos)
+                if inner_wire != 2:
+                    pos = _skip(frame, pos, inner_wire)
+                    continue
+                skip, pos = _varint(frame, pos)
+                pos += skip
+                if inner == 16:
+                    items += 1
+            if pos != stop:
+                return over
+            if items > limit:
+                return items
+        pos = stop
+        steps_left -= 1
+        if steps_left < 0:
+            return over
+    return items if pos == end else over
+
+
+def _field(data: bytes, pos: int) -> tuple[int, int, int]:
+    key, pos = _varint(data, pos)
+    return key >> 3, key & 7, pos
+
+
+def _skip(data: bytes, pos: int, wire: int) -> int:
+    """Past a field of wire type ``wire`` other than length-delimited; past the
+    end for groups and unknown wire types (no sender of ours writes them)."""
+    if wire == 0:
+        return _varint(data, pos)[1]
+    if wire == 1:
+        return pos + 8
+    if wire == 5:
+        return pos + 4
+    return len(data) + 1
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    end = len(data)
+    while pos < end and shift < 64:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
+    return result, end + 1  # truncated or overlong: past the end ends every walk
 
 
 def unencodable(message: Message) -> str | None:

@@ -25,7 +25,10 @@ Failures
     covers it. The next send reconnects.
 
 Untrusted input
-    A frame that does not parse aborts that stream with ``INVALID_ARGUMENT``; an
+    A frame larger than ``max_message_size`` plus headroom is refused by gRPC
+    (``RESOURCE_EXHAUSTED``). A frame that does not parse, or holds more than
+    ``max_frame_items`` envelopes and header entries (counted before it is
+    decoded), aborts that stream with ``INVALID_ARGUMENT``; an
     envelope that parses but is invalid (bad grain id, unknown kind), whose body
     exceeds ``max_message_size``, or which names another generation of this silo
     as its target is answered with a ``REJECTED`` response when it is a request,
@@ -97,6 +100,7 @@ _HEADROOM = 1 << 20
 _CONNECT_TIMEOUT = 5.0
 _STOP_FLUSH_TIMEOUT = 2.0
 _MAX_CLIENT_ID = 256
+_BAD_FRAME = "malformed Batch frame, or more than max_frame_items envelopes and headers"
 # How often a paused client stream looks for expired requests to forget.
 _ROOM_RECHECK = 1.0
 # grpc-stubs lacks the aio EOF sentinel.
@@ -718,7 +722,7 @@ class GrpcTransport:
                 return
             envelopes = self._decode_frame(frame, None)
             if envelopes is None:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _BAD_FRAME)
                 return
             if sender is not None:
                 # Once per frame, on the stream's owner: no per-message lookup.
@@ -756,7 +760,7 @@ class GrpcTransport:
                     return
                 envelopes = self._decode_frame(frame, client_id)
                 if envelopes is None:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed Batch frame")
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _BAD_FRAME)
                     return
                 for env in envelopes:
                     if link.full:
@@ -779,9 +783,9 @@ class GrpcTransport:
     def _decode_frame(self, frame: bytes, client_id: str | None) -> Sequence[Any] | None:
         """The envelopes of one frame; ``None`` if the frame does not parse."""
         try:
-            envelopes = FrameCodec.decode(frame)
-        except InvalidEnvelope:
-            log.warning("malformed frame bytes=%d client=%s", len(frame), client_id)
+            envelopes = FrameCodec.decode(frame, self._options.max_frame_items)
+        except InvalidEnvelope as exc:
+            log.warning("malformed frame bytes=%d client=%s reason=%s", len(frame), client_id, exc)
             return None
         self.stats.frames_received += 1
         self.stats.messages_received += len(envelopes)
@@ -1090,7 +1094,7 @@ class GrpcGatewayConnection:
                 if frame is _EOF:
                     self._finish(_call_error(what, await call.code(), await call.details()))
                     return
-                envelopes = FrameCodec.decode(frame)
+                envelopes = FrameCodec.decode(frame, self._options.max_frame_items)
                 self.stats.frames_received += 1
                 self.stats.messages_received += len(envelopes)
                 for env in envelopes:

@@ -12,6 +12,7 @@ would show as such. Measured figures are printed (``pytest -s``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -483,6 +484,95 @@ async def test_one_way_slots_are_freed_as_turns_run(redis_url: str) -> None:
 
                 await wait_for(all_ran, 60, what="every one-way turn to run")
             call.cancel()
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def tiny_envelopes_frame(size: int) -> bytes:
+    """A Batch of ``size`` bytes holding ``size // 4`` empty-ish envelopes."""
+    return b"\x0a\x02\x08\x01" * (size // 4)
+
+
+def many_headers_frame(size: int) -> bytes:
+    """A Batch with one envelope whose headers map has distinct entries filling ``size``."""
+    entries = bytearray()
+    i = 0
+    while len(entries) < size - 16:
+        key = b"%06d" % i  # distinct and valid UTF-8, or the parser refuses the frame
+        entry = b"\x0a\x06" + key + b"\x12\x00"
+        entries += b"\x82\x01" + _varint(len(entry)) + entry
+        i += 1
+    return b"\x0a" + _varint(len(entries)) + bytes(entries)
+
+
+@pytest.mark.timeout(180)
+async def test_hostile_frames_are_refused_within_a_per_connection_budget(redis_url: str) -> None:
+    """One connection's frame is bounded twice: gRPC refuses a frame over
+    ``max_message_size`` plus headroom (RESOURCE_EXHAUSTED), and a frame within
+    that size but holding more than ``max_frame_items`` envelopes and header
+    entries is refused before it is decoded (INVALID_ARGUMENT): decoded, 4 MB
+    of tiny envelopes would take hundreds of MB. Several such connections at
+    once keep RSS under the bound; the silo stays Active and serving."""
+    rss_bound_mb = 200
+    size = MessagingOptions().max_message_size
+    hostile = [
+        ("/orleanspy.v1.GatewayService/Connect", tiny_envelopes_frame(size)),
+        ("/orleanspy.v1.GatewayService/Connect", tiny_envelopes_frame(size)),
+        ("/orleanspy.v1.GatewayService/Connect", many_headers_frame(size)),
+        ("/orleanspy.v1.SiloService/Connect", tiny_envelopes_frame(size)),
+        ("/orleanspy.v1.SiloService/Connect", many_headers_frame(size)),
+        ("/orleanspy.v1.GatewayService/Connect", b"\x0a\x00" * (size // 2 + (2 << 20))),
+    ]
+    with cluster(redis_url) as c:
+        (silo,) = c.start(1)
+        assert silo.address is not None
+        baseline = silo.rss_mb()
+        peak = baseline
+        codes: list[grpc.StatusCode | None] = []
+        async with AsyncExitStack() as stack:
+            calls = []
+            for i, (path, frame) in enumerate(hostile):
+                endpoint = silo.endpoint if "Gateway" in path else silo.address.endpoint
+                channel = await stack.enter_async_context(
+                    grpc.aio.insecure_channel(
+                        endpoint, options=[("grpc.max_send_message_length", -1)]
+                    )
+                )
+                call = channel.stream_stream(path)(metadata=((CLIENT_HEADER, f"hostile-{i}"),))
+                with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+                    await asyncio.wait_for(call.write(frame), 10)
+                calls.append(call)
+
+            async def all_ended() -> bool:
+                nonlocal peak
+                peak = max(peak, silo.rss_mb())
+                return all(call.done() for call in calls)
+
+            with contextlib.suppress(TimeoutError):
+                await wait_for(all_ended, 20, interval=0.1, what="hostile streams to be refused")
+            peak = max(peak, silo.rss_mb())
+            for call in calls:
+                codes.append(await call.code() if call.done() else None)
+                call.cancel()
+        async with ClusterClient(redis_url) as client:
+            assert await client.get_grain(GRAIN, "after-hostile-frames").add_slowly(0) == 1
+        async with membership(redis_url) as table:
+            assert await status(table, silo) is SiloStatus.ACTIVE
+        print(
+            f"\nhostile frames: codes={[c.name if c else None for c in codes]} "
+            f"rss baseline={baseline:.0f}MB peak={peak:.0f}MB bound={rss_bound_mb}MB"
+        )
+        assert codes[:-1] == [grpc.StatusCode.INVALID_ARGUMENT] * (len(hostile) - 1)
+        assert codes[-1] is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert peak < rss_bound_mb
+        assert silo.proc.poll() is None
 
 
 # ------------------------------------------------------------------- crashes
