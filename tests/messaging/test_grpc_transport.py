@@ -25,7 +25,13 @@ from orleanspy.errors import (
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import GrpcGatewayConnection, GrpcTransport
-from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, next_message_id
+from orleanspy.messaging.message import (
+    Message,
+    MessageKind,
+    ResponseStatus,
+    next_message_id,
+    settle,
+)
 from orleanspy.messaging.remote_errors import rebuild_error
 from orleanspy.options import MessagingOptions, TlsOptions
 from orleanspy.serialization import unpack
@@ -607,6 +613,69 @@ async def test_a_peer_past_max_in_flight_gets_overloaded_rejections(
     extra = request(a, b.address)
     a.send(b.address, extra)
     await b_sink.wait_for(lambda: any(m.id == extra.id for m in b_sink.received))
+
+
+def client_one_way(i: int) -> Message:
+    return Message.request(
+        GrainId("Counter", f"k{i}"),
+        "add",
+        b"\x92\x90\x80",
+        one_way=True,
+        expires_at_ms=int(time.time() * 1000) + 60_000,
+    )
+
+
+async def test_a_client_one_way_message_holds_its_slot_until_settled(
+    stack: AsyncExitStack,
+) -> None:
+    """Settled here (its turn ran) or written to the silo that runs it: either
+    frees the client's slot, and nothing else does."""
+    gateway, sink = await start(stack, MessagingOptions(max_in_flight=4), gateway=True)
+    peer, peer_sink = await start(stack)
+    conn = GrpcGatewayConnection(
+        f"127.0.0.1:{gateway.gateway_port}",
+        client_id="one-way",
+        options=MessagingOptions(),
+        on_message=lambda _m: None,
+        on_closed=lambda _e: None,
+    )
+    await stack.enter_async_context(conn)
+    for i in range(12):
+        conn.send(client_one_way(i))
+
+    await sink.wait_for(lambda: len(sink.received) == 4)
+    assert all(m.on_settled is not None for m in sink.received)
+    settle(sink.received[0])
+    settle(sink.received[0])  # once only: a second call frees nothing more
+    await sink.wait_for(lambda: len(sink.received) == 5)
+    # Passed on to another silo: the slot is free once the frame is written.
+    for message in sink.received[1:3]:
+        gateway.send(peer.address, message)
+    await peer_sink.wait_for(lambda: len(peer_sink.received) == 2)
+    await sink.wait_for(lambda: len(sink.received) == 7)
+    # The receiving silo counts them again, against the gateway silo that sent them.
+    assert all(m.on_settled is not None for m in peer_sink.received)
+    assert len(sink.received) == 7  # nothing else was settled
+
+
+async def test_a_peer_past_max_in_flight_loses_its_excess_one_way_messages(
+    stack: AsyncExitStack,
+) -> None:
+    a, _a_sink = await start(stack)
+    b, b_sink = await start(stack, MessagingOptions(max_in_flight=3))
+    for _ in range(5):
+        message = request(a, b.address)
+        message.kind = MessageKind.ONE_WAY
+        a.send(b.address, message)
+
+    await wait_for(lambda: b.one_way_refused == 2, DEADLINE)
+    assert len(b_sink.received) == 3
+    settle(b_sink.received[0])  # its turn ran: the sender may send another
+    extra = request(a, b.address)
+    extra.kind = MessageKind.ONE_WAY
+    a.send(b.address, extra)
+    await b_sink.wait_for(lambda: any(m.id == extra.id for m in b_sink.received))
+    assert b.one_way_refused == 2
 
 
 async def test_responses_are_never_dialled_to_addresses_outside_the_table(
