@@ -27,8 +27,8 @@ from orleanspy import (
 from orleanspy import grain as grain_module
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
+from orleanspy.remindable.registry import Registration
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.registry import Registration
 from orleanspy.reminders.spec import new_entry
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM
 from orleanspy.testing.clock import ManualClock
