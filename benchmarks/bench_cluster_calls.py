@@ -61,7 +61,7 @@ class BenchEchoGrain(Grain, placement=HashBasedPlacement()):
         return payload
 
     async def where(self) -> str:
-        return str(self._activation.runtime.address)
+        return str(self._activation.silo_address)
 
 
 def _messaging(max_batch: int | None) -> MessagingOptions:

@@ -35,9 +35,9 @@ from benchmarks._util import loop_name, print_report, ratio, run
 from orleanspy.clock import SystemClock
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
+from orleanspy.remindable.registry import Registration, ReminderRegistry
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.registry import Registration, ReminderRegistry
 from orleanspy.reminders.spec import new_entry
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.tables import table_backend

@@ -8,6 +8,7 @@ for one process), call them through proxies from ``silo.client`` or a
 
 from __future__ import annotations
 
+from orleanspy._loop import run
 from orleanspy.client import ClusterClient
 from orleanspy.clock import Clock, SystemClock
 from orleanspy.errors import (
@@ -56,7 +57,6 @@ from orleanspy.reminders.model import (
     ReminderPriority,
     TickStatus,
 )
-from orleanspy.run import run
 from orleanspy.runtime.silo import Silo
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import register_type

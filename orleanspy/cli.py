@@ -46,11 +46,11 @@ from datetime import timedelta
 from typing import Any
 
 from orleanspy import __version__
+from orleanspy._loop import run
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
 from orleanspy.options import MessagingOptions, SiloOptions, check_redis_url
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
-from orleanspy.run import run
 from orleanspy.tables import table_backend
 
 __all__ = ["main"]

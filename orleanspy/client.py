@@ -30,7 +30,7 @@ from orleanspy.messaging.pending import PendingCalls
 from orleanspy.messaging.remote_errors import result_of
 from orleanspy.options import MessagingOptions
 from orleanspy.reference import GrainFactory
-from orleanspy.reminders.management import ReminderManagementGrain
+from orleanspy.remindable.management import ReminderManagementGrain
 from orleanspy.serialization import Codec, DecodeLimits
 from orleanspy.tables import TableConnections, table_backend
 

@@ -18,27 +18,22 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
+from typing import Any, ClassVar, Protocol, TypeVar, overload
 
-from orleanspy.errors import ConfigurationError, UnknownGrainTypeError
-from orleanspy.identity import GrainId, GrainKey
+from orleanspy.clock import Clock
+from orleanspy.errors import ConfigurationError, ReminderError, UnknownGrainTypeError
+from orleanspy.identity import GrainId, GrainKey, SiloAddress
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, TickStatus
 from orleanspy.state import StateDeclaration
-
-if TYPE_CHECKING:
-    from orleanspy.reminders.model import (
-        MissedReminderAction,
-        ReminderEntry,
-        TickStatus,
-    )
-    from orleanspy.reminders.registry import ReminderRegistry
-    from orleanspy.runtime.activation import Activation
-    from orleanspy.runtime.timers import TimerHandle
 
 __all__ = [
     "DeclaredReminder",
     "Grain",
     "GrainDefinition",
     "GrainMethodInfo",
+    "GrainReminders",
+    "GrainRuntime",
+    "GrainTimer",
     "Remindable",
     "always_interleave",
     "definition_of",
@@ -61,6 +56,88 @@ _READ_ONLY = "__orleanspy_read_only__"
 _ONE_WAY = "__orleanspy_one_way__"
 
 
+class GrainTimer(Protocol):
+    """A running grain timer, as ``Grain.register_timer`` returns it
+    (``orleanspy.TimerHandle``)."""
+
+    ticks: int
+
+    @property
+    def disposed(self) -> bool: ...
+
+    def dispose(self) -> None:
+        """Stop the timer; a tick already running finishes its turn."""
+        ...
+
+
+class GrainReminders(Protocol):
+    """The reminder operations grain code calls, for any grain of the silo
+    (served by ``orleanspy.remindable.registry.ReminderRegistry``)."""
+
+    async def register(
+        self,
+        grain_id: GrainId,
+        name: str,
+        *,
+        due: timedelta | float | None = None,
+        period: timedelta | float | None = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        priority: int | None = None,
+        action: MissedReminderAction | None = None,
+    ) -> ReminderEntry:
+        """Validate and upsert the row (``ReminderError`` on bad input)."""
+        ...
+
+    async def unregister(self, grain_id: GrainId, name: str) -> bool:
+        """Remove the row; ``False`` if there was none."""
+        ...
+
+    async def get(self, grain_id: GrainId, name: str) -> ReminderEntry | None: ...
+
+    async def list(self, grain_id: GrainId) -> list[ReminderEntry]: ...
+
+
+class GrainRuntime(Protocol):
+    """Everything grain code reaches of the runtime that hosts it.
+
+    The runtime gives each grain instance one (its activation, in
+    ``orleanspy.runtime.activation``), so this module depends on no runtime
+    module: the runtime depends on it.
+    """
+
+    @property
+    def grain_id(self) -> GrainId: ...
+
+    @property
+    def silo_address(self) -> SiloAddress:
+        """The address of the silo the grain runs on."""
+        ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def reminders(self) -> GrainReminders:
+        """The silo's reminder registry (``RuntimeError`` if it has no reminder service)."""
+        ...
+
+    def get_grain(self, grain: Any, key: GrainKey) -> Any:
+        """A proxy for a grain, called from inside this one."""
+        ...
+
+    def register_timer(
+        self,
+        callback: Callable[[], Awaitable[None]],
+        due: timedelta | float,
+        period: timedelta | float | None,
+    ) -> GrainTimer: ...
+
+    def request_deactivation(self) -> None:
+        """Deactivate once no turn is running."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class GrainMethodInfo:
     """How one callable method may run: interleaved always, read-only, one-way."""
@@ -81,7 +158,7 @@ class DeclaredReminder:
     cron: str | None
     tz: str | None
     priority: int
-    action: int
+    action: MissedReminderAction
     #: The grain keys to create the row for; ``None``: the class's ``reminder_keys``.
     keys: tuple[GrainKey, ...] | None = None
 
@@ -229,7 +306,8 @@ class Grain:
     """
 
     __grain_definition__: ClassVar[GrainDefinition]
-    _activation: Activation
+    # Set by the runtime before ``__init__`` runs (see ``GrainRuntime``).
+    _activation: GrainRuntime
 
     def __init_subclass__(
         cls,
@@ -293,7 +371,7 @@ class Grain:
     def get_grain(self, grain: str, key: GrainKey) -> Any: ...
     def get_grain(self, grain: type[G] | str, key: GrainKey) -> Any:
         """A proxy for another grain (or this one), called from inside this grain."""
-        return self._activation.runtime.get_grain(grain, key)
+        return self._activation.get_grain(grain, key)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -313,7 +391,7 @@ class Grain:
         callback: Callable[[], Awaitable[None]],
         due: timedelta | float,
         period: timedelta | float | None = None,
-    ) -> TimerHandle:
+    ) -> GrainTimer:
         """Call ``callback`` after ``due``, then every ``period`` (``None``: once).
 
         Ticks run as turns of this activation (they never interleave with a
@@ -326,9 +404,8 @@ class Grain:
     # -- reminders ----------------------------------------------------------------------
 
     @property
-    def _orleanspy_reminders(self) -> ReminderRegistry:
-        registry: ReminderRegistry = self._activation.runtime.reminders
-        return registry
+    def _orleanspy_reminders(self) -> GrainReminders:
+        return self._activation.reminders
 
     async def register_or_update_reminder(
         self,
@@ -374,7 +451,7 @@ class Grain:
     def now(self) -> datetime:
         """The silo clock's current time (use it instead of ``datetime.now``, so
         tests with a manual clock see consistent time)."""
-        return self._activation.runtime.clock.now()
+        return self._activation.clock.now()
 
 
 class Remindable:
@@ -423,6 +500,18 @@ def _seconds(value: timedelta | float | None, what: str) -> timedelta | None:
     return timedelta(seconds=value)
 
 
+def _declared_action(cls: type, name: str, action: Any) -> MissedReminderAction:
+    if action is None:
+        return MissedReminderAction.SKIP
+    try:
+        return MissedReminderAction(action)
+    except ValueError:
+        raise ReminderError(
+            f"@register_reminder({name!r}) on {cls.__qualname__} is invalid: "
+            f"action {action!r} is not a MissedReminderAction"
+        ) from None
+
+
 def register_reminder(
     name: str,
     *,
@@ -431,7 +520,7 @@ def register_reminder(
     cron: str | None = None,
     tz: str | None = None,
     priority: int = 0,
-    action: int | None = None,
+    action: MissedReminderAction | None = None,
     keys: Iterable[GrainKey] | None = None,
 ) -> Callable[[C], C]:
     """Declare a reminder on a ``Remindable`` grain class.
@@ -453,8 +542,6 @@ def register_reminder(
             raise ConfigurationError(
                 f"@register_reminder needs a Remindable grain; {cls.__qualname__} is not"
             )
-        from orleanspy.reminders.model import MissedReminderAction
-
         declared = DeclaredReminder(
             name=name,
             due=_seconds(due, "due"),
@@ -462,7 +549,7 @@ def register_reminder(
             cron=cron,
             tz=tz,
             priority=priority,
-            action=int(action if action is not None else MissedReminderAction.SKIP),
+            action=_declared_action(cls, name, action),
             keys=None if keys is None else tuple(keys),
         )
         others = tuple(r for r in defn.reminders if r.name != name)

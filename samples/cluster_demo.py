@@ -67,7 +67,7 @@ class DemoCounterGrain(Grain):
 
     async def add(self, n: int) -> tuple[str, int]:
         self.count += n
-        return str(self._activation.runtime.address), self.count
+        return str(self._activation.silo_address), self.count
 
 
 @dataclass
@@ -86,11 +86,11 @@ class DemoBillingGrain(Grain, Remindable):
         self.account.state.plan = plan
         await self.account.write()
         await self.register_or_update_reminder("bill", period=timedelta(seconds=1))
-        return str(self._activation.runtime.address)
+        return str(self._activation.silo_address)
 
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
         self.account.state.bills += 1
-        self.account.state.last_billed_on = str(self._activation.runtime.address)
+        self.account.state.last_billed_on = str(self._activation.silo_address)
         await self.account.write()
 
     async def status(self) -> tuple[str, int, str]:

@@ -7,10 +7,10 @@ Layers, lowest first; a module may import its own layer and those below, never a
     providers  directory/* membership/* storage/* streams/* messaging/* tables
                reminders/ model table memory redis postgres _pg_feed schedule spec
     grain      state grain reference
-    services   the rest of reminders/ (the service, registry, management), observability,
-               cluster_status
+    services   the rest of reminders/ (the service), remindable/* (registry, declarations,
+               management), observability, cluster_status
     runtime    runtime/* _prometheus
-    hosts      client cli _cli_reminders run demo testing/* and the ``orleanspy`` facade
+    hosts      client cli _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
 
 An edge is every ``import`` in a module: at the top (``top``), inside a function
 (``lazy``: it runs the first time the function does, so it binds the layers as
@@ -48,9 +48,13 @@ LAYERS: list[tuple[str, str]] = [
         r"|orleanspy\.reminders(\.(model|table|memory|redis|postgres|_pg_feed|schedule|spec))?",
     ),
     ("grain", r"orleanspy\.(state|grain|reference)"),
-    ("services", r"orleanspy\.reminders\..+|orleanspy\.(observability|cluster_status)"),
+    (
+        "services",
+        r"orleanspy\.reminders\..+|orleanspy\.remindable(\..+)?"
+        r"|orleanspy\.(observability|cluster_status)",
+    ),
     ("runtime", r"orleanspy\.runtime(\..+)?|orleanspy\._prometheus"),
-    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|run|demo|testing(\..+)?))?"),
+    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|_loop|demo|testing(\..+)?))?"),
 ]
 
 # What providers must not import: the runtime, its hosts, and the grain-facing API.
@@ -66,16 +70,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # the silo), so the options stop reaching up into the providers.
     ("orleanspy.options", "orleanspy.tables"): "scheme check reaches up",
     ("orleanspy.options", "orleanspy.storage.factory"): "scheme check reaches up (lazy)",
-    # Grain code reaches the runtime through its activation, typed for mypy
-    # only. A ``GrainRuntime`` protocol defined in grain.py (implemented by the
-    # activation) removes these three edges and, with them, the import circle
-    # grain -> reminders.registry -> grain, grain -> runtime.activation -> grain.
-    ("orleanspy.grain", "orleanspy.reminders.registry"): "typing only; circle",
-    ("orleanspy.grain", "orleanspy.runtime.activation"): "typing only; circle",
-    ("orleanspy.grain", "orleanspy.runtime.timers"): "typing only; circle",
-    # Timers are run by the activation and name it in annotations only: the
-    # other half of a typing-only circle (activation imports timers).
-    ("orleanspy.runtime.timers", "orleanspy.runtime.activation"): "typing only; circle",
     # The lanes drain rows the window holds and name them in annotations only
     # (the window imports the lanes it owns).
     ("orleanspy.reminders._lanes", "orleanspy.reminders._window"): "typing only; circle",

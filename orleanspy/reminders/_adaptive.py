@@ -1,8 +1,8 @@
 """The adaptive bucket size: how many rows one silo keeps in its due window.
 
 ``bucket_size = base * max(1, cpu // 4) * max(0.25, 1 - memory_load)
-* min(1.0, 50_000 / active_grains)`` (DESIGN.md section 5). More cores buy a
-larger window; memory pressure and a crowded catalog shrink it, but never
+* min(1.0, 50_000 / active_grains)`` (docs/architecture.md, section 2, step 3).
+More cores buy a larger window; memory pressure and a crowded catalog shrink it, but never
 below a quarter of ``base`` for memory. ``window_size`` applies it as the
 options say, and keeps ``base`` when the signals cannot be read.
 """

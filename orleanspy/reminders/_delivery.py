@@ -61,7 +61,7 @@ class Delivery:
     Given at construction, all downstream of it: the window (where the row
     goes back or leaves), the persister (where the next slot is written), the
     notifier (NOTIFY skips) and the grain call ``deliver(entry, status)``. The
-    dispatcher calls ``tick(row)`` with one permit per row; nothing else calls
+    lane drainer calls ``tick(row)`` with one permit per row; nothing else calls
     it. ``metrics`` and ``history`` record each tick (default: nothing).
 
     Guarantees:
@@ -170,7 +170,8 @@ class Delivery:
                     return None
                 continue
             except Exception as exc:
-                # The grain's own receive_reminder failed: not retried (DESIGN.md 2).
+                # The grain's own receive_reminder failed: not retried
+                # (docs/architecture.md, section 2, step 6).
                 self.grain_errors += 1
                 self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), True)
                 self.history.fired(entry, plan.slot, delivered_at, FireOutcome.GRAIN_ERROR)

@@ -1,8 +1,8 @@
 """Priority lanes and delivery permits.
 
 Due rows wait in three lanes — critical (priority >= 50), normal, background
-(priority <= -50); the window owns them (``DueWindow.lanes``). One dispatcher
-task takes from critical first, then normal, then background, and starts a
+(priority <= -50); the window owns them (``DueWindow.lanes``). One drainer
+task (``LaneDrainer``) takes from critical first, then normal, then background, and starts a
 delivery task for each row while fewer than ``permits`` deliveries are in
 flight. Under overload critical rows keep their lateness low and background
 rows absorb the lag.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from orleanspy.reminders._window import DueWindow, Row
 
-__all__ = ["BACKGROUND_AT_MOST", "CRITICAL_AT_LEAST", "Dispatcher", "Lanes"]
+__all__ = ["BACKGROUND_AT_MOST", "CRITICAL_AT_LEAST", "LaneDrainer", "Lanes"]
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,9 @@ class Lanes:
         return 1
 
 
-class Dispatcher:
-    """Runs ``deliver(row)`` for the window's due rows, at most ``permits`` at a time.
+class LaneDrainer:
+    """Drains the window's lanes: runs ``deliver(row)`` for each due row, at most
+    ``permits`` at a time, critical lane first.
 
     ``deliver`` must handle its own errors; anything escaping it is logged.
     """
@@ -85,7 +86,7 @@ class Dispatcher:
         return len(self._tasks)
 
     async def run(self) -> None:
-        """Dispatch until cancelled; then cancel and reap the deliveries in flight."""
+        """Drain until cancelled; then cancel and reap the deliveries in flight."""
         window = self._window
         try:
             while True:

@@ -56,7 +56,8 @@ def plan_tick(
     *,
     reloaded: bool = False,
 ) -> TickPlan:
-    """Apply the missed-tick rule (DESIGN.md section 2) to a tick due at ``slot``.
+    """Apply the missed-tick rule to a tick due at ``slot`` (docs/architecture.md,
+    section 2, step 6).
 
     A tick is on time while ``now <= slot + grace``: it is delivered as is, even
     if late, and no slot is skipped. Past the grace the row's ``action``

@@ -1,4 +1,4 @@
-"""The adaptive reminder service (DESIGN.md section 5).
+"""The adaptive reminder service (docs/architecture.md, section 2).
 
 One per silo. It owns some ring ranges and, for those, keeps only the rows that
 fall due soon in a bounded window; one sleeper wakes when the earliest is due;
@@ -12,14 +12,14 @@ in batches. The parts live in private modules, one job each:
 - ``_window``: the rows held, their state and lane, the due-heap (all resident
   rows count against the bound);
 - ``_ticker``: the one sleeper, moving due rows into their lanes;
-- ``_lanes``: priority lanes and the dispatcher with its permits;
+- ``_lanes``: priority lanes and the lane drainer with its permits;
 - ``_delivery``: one due row's tick (the grain call, retries, next slot);
 - ``_missed``: the missed-tick rule and NOTIFY publishing;
 - ``_persist``: batched, retried CAS writes;
 - ``_adaptive``: the bucket-size formula.
 
 This module composes them. Data flows one way: table -> loader -> window ->
-ticker -> lanes -> dispatcher -> delivery -> persister -> table; the
+ticker -> lanes -> lane drainer -> delivery -> persister -> table; the
 persister reports each write's outcome to the window, which owns the row. No
 part is handed another after construction, and nothing calls back up into the
 loader: it waits on the window's signals (docs/decisions.md has the diagram).
@@ -44,7 +44,7 @@ from orleanspy.options import ReminderOptions
 from orleanspy.reminders._adaptive import LoadSignals, default_load, window_size
 from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery
 from orleanspy.reminders._history import History, NoHistory
-from orleanspy.reminders._lanes import Dispatcher
+from orleanspy.reminders._lanes import LaneDrainer
 from orleanspy.reminders._loader import Loader
 from orleanspy.reminders._missed import MissedNotifier, PublishMissed
 from orleanspy.reminders._ownership import Ownership
@@ -147,7 +147,7 @@ class ReminderService:
             history=history,
         )
         self._ticker = Ticker(clock, window)
-        self._dispatcher = Dispatcher(window, options.permits, delivery.tick)
+        self._drainer = LaneDrainer(window, options.permits, delivery.tick)
         self._loader = Loader(
             table,
             clock,
@@ -166,7 +166,7 @@ class ReminderService:
     # -- public surface ---------------------------------------------------------------
 
     async def start(self, stack: AsyncExitStack) -> None:
-        """Subscribe to the change feed and start the tasks (sleeper, dispatcher,
+        """Subscribe to the change feed and start the tasks (sleeper, lane drainer,
         persister, loader). Pushes onto ``stack``: cancelling them, then a final
         flush of pending persistence bounded by ``FINAL_FLUSH_SECONDS`` and
         shielded from cancellation."""
@@ -177,7 +177,7 @@ class ReminderService:
             asyncio.create_task(coro, name=f"reminders-{part}-{self._name}")
             for part, coro in (
                 ("ticker", self._ticker.run()),
-                ("dispatcher", self._dispatcher.run()),
+                ("drainer", self._drainer.run()),
                 ("persister", self._persister.run()),
                 ("loader", self._loader.run()),
                 ("feed", self._loader.follow(feed)),
@@ -237,7 +237,7 @@ class ReminderService:
 
     @property
     def stats(self) -> ReminderServiceStats:
-        w, d, p, ld = self._window, self._dispatcher, self._persister, self._loader
+        w, d, p, ld = self._window, self._drainer, self._persister, self._loader
         dl = self._delivery
         return ReminderServiceStats(
             bucket_size=w.capacity,

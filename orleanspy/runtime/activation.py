@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orleanspy.clock import Clock
 from orleanspy.errors import ActivationError, ConfigurationError, InconsistentStateError
-from orleanspy.grain import Grain, GrainDefinition
+from orleanspy.grain import Grain, GrainDefinition, GrainReminders
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, settle
 from orleanspy.messaging.remote_errors import error_payload
@@ -68,7 +68,7 @@ class ActivationHost(Protocol):
 
     def get_grain(self, grain: Any, key: Any) -> Any: ...
     @property
-    def reminders(self) -> Any: ...
+    def reminders(self) -> GrainReminders: ...
     def send_response(self, response: Message) -> None: ...
     def reroute(self, message: Message) -> None: ...
     async def register_activation(self, activation: Activation) -> ActivationAddress | None:
@@ -93,7 +93,11 @@ _WorkItem = Message | _TimerTick
 
 
 class Activation:
-    """The in-memory instance of a grain on this silo, with its mailbox."""
+    """The in-memory instance of a grain on this silo, with its mailbox.
+
+    It is its grain's ``GrainRuntime`` (``grain._activation``): grain code
+    reaches the silo only through the members that protocol names.
+    """
 
     def __init__(
         self,
@@ -119,6 +123,23 @@ class Activation:
         self._timers: set[TimerHandle] = set()
         self._turns: set[asyncio.Task[None]] = set()
         self._lifecycle_task: asyncio.Task[None] | None = None
+
+    # -- GrainRuntime (what the grain reaches) ------------------------------------------
+
+    @property
+    def clock(self) -> Clock:
+        return self.runtime.clock
+
+    @property
+    def silo_address(self) -> SiloAddress:
+        return self.runtime.address
+
+    @property
+    def reminders(self) -> GrainReminders:
+        return self.runtime.reminders
+
+    def get_grain(self, grain: Any, key: Any) -> Any:
+        return self.runtime.get_grain(grain, key)
 
     # -- activation ---------------------------------------------------------------------
 

@@ -43,7 +43,8 @@ from orleanspy.messaging.transport import Transport
 from orleanspy.metrics import GrainMetrics
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
-from orleanspy.reminders.management import MANAGEMENT_TYPE
+from orleanspy.remindable.management import MANAGEMENT_TYPE
+from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
@@ -109,7 +110,7 @@ class Dispatcher:
             collection_age=options.collection_age,
             check_interval=options.collection_check_interval,
         )
-        self._reminders: Any = None
+        self._reminders: ReminderRegistry | None = None
         # Requests sent to other silos and not answered yet (see module docstring).
         self._sent: dict[_SentKey, Message] = {}
         self._sent_sweep_at = 1024
@@ -125,13 +126,13 @@ class Dispatcher:
         return self.factory.reference(grain_id, interface)
 
     @property
-    def reminders(self) -> Any:
+    def reminders(self) -> ReminderRegistry:
         """The reminder registry grains use (set by the silo)."""
         if self._reminders is None:
             raise RuntimeError("this silo has no reminder service")
         return self._reminders
 
-    def set_reminders(self, registry: Any) -> None:
+    def set_reminders(self, registry: ReminderRegistry) -> None:
         self._reminders = registry
 
     def get_grain(self, grain: Any, key: Any) -> Any:

@@ -34,11 +34,11 @@ from orleanspy.metrics import SiloMetrics
 from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
+from orleanspy.remindable.declarations import register_declared_reminders
+from orleanspy.remindable.management import MANAGEMENT_TYPE, ReminderManagementGrain
+from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders._adaptive import LoadSignals, default_load
-from orleanspy.reminders.management import MANAGEMENT_TYPE, ReminderManagementGrain
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
-from orleanspy.reminders.registration import register_declared_reminders
-from orleanspy.reminders.registry import ReminderRegistry
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange

@@ -6,14 +6,13 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from orleanspy.clock import Clock
 from orleanspy.errors import ConfigurationError
+from orleanspy.identity import GrainId
 
-if TYPE_CHECKING:
-    from orleanspy.runtime.activation import Activation
-
-__all__ = ["TimerHandle"]
+__all__ = ["TimerHandle", "TimerOwner"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +26,27 @@ def _as_seconds(value: timedelta | float | None, what: str) -> float | None:
     return seconds
 
 
+class TimerOwner(Protocol):
+    """What a timer needs of the activation it runs in (implemented by ``Activation``)."""
+
+    @property
+    def grain_id(self) -> GrainId: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def accepts_timer_ticks(self) -> bool:
+        """``False`` once the activation is going away: the timer stops."""
+        ...
+
+    def enqueue_timer_tick(self, callback: Callable[[], Awaitable[None]]) -> asyncio.Future[None]:
+        """Run ``callback`` as a turn; the future completes when the turn ends."""
+        ...
+
+    def forget_timer(self, handle: TimerHandle) -> None: ...
+
+
 class TimerHandle:
     """A running grain timer. ``dispose()`` stops it; it also stops with its activation.
 
@@ -37,7 +57,7 @@ class TimerHandle:
 
     def __init__(
         self,
-        activation: Activation,
+        activation: TimerOwner,
         callback: Callable[[], Awaitable[None]],
         due: timedelta | float,
         period: timedelta | float | None,
@@ -62,7 +82,7 @@ class TimerHandle:
         self._activation.forget_timer(self)
 
     async def _run(self, due: float) -> None:
-        clock = self._activation.runtime.clock
+        clock = self._activation.clock
         await clock.sleep(due)
         while self._activation.accepts_timer_ticks:
             done = self._activation.enqueue_timer_tick(self._callback)

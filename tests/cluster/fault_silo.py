@@ -78,10 +78,10 @@ class FaultTickGrain(Grain, Remindable):
 
     async def start(self, period_ms: int) -> str:
         await self.register_or_update_reminder("tick", due=period_ms * MS, period=period_ms * MS)
-        return str(self._activation.runtime.address)
+        return str(self._activation.silo_address)
 
     async def where(self) -> tuple[str, int]:
-        return str(self._activation.runtime.address), os.getpid()
+        return str(self._activation.silo_address), os.getpid()
 
     async def add_slowly(self, delay: float) -> int:
         """Read, wait, write: two turns interleaving on this grain would lose one."""

@@ -26,11 +26,11 @@ class ProcWhereGrain(Grain):
         self.calls = 0
 
     async def where(self) -> str:
-        return str(self._activation.runtime.address)
+        return str(self._activation.silo_address)
 
     async def hit(self) -> tuple[str, int, int]:
         self.calls += 1
-        return str(self._activation.runtime.address), os.getpid(), self.calls
+        return str(self._activation.silo_address), os.getpid(), self.calls
 
 
 @dataclass

@@ -46,11 +46,11 @@ class ClusterWhereGrain(Grain):
         self.calls = 0
 
     async def where(self) -> str:
-        return str(self._activation.runtime.address)
+        return str(self._activation.silo_address)
 
     async def hit(self) -> tuple[str, str, int]:
         self.calls += 1
-        return str(self._activation.runtime.address), self.activation, self.calls
+        return str(self._activation.silo_address), self.activation, self.calls
 
 
 class RelayGrain(Grain, placement=HashBasedPlacement()):
@@ -63,7 +63,7 @@ class RelayGrain(Grain, placement=HashBasedPlacement()):
 
     async def bounce(self, other_key: str, depth: int) -> list[str]:
         await asyncio.sleep(0)
-        here = str(self._activation.runtime.address)
+        here = str(self._activation.silo_address)
         if depth == 0:
             return [here]
         other = self.get_grain(RelayGrain, other_key)
@@ -411,7 +411,7 @@ class HostedElsewhereGrain(Grain):
     """Hosted by the cluster's silos, but not by a silo limited to other types."""
 
     async def where(self) -> str:
-        return str(self._activation.runtime.address)
+        return str(self._activation.silo_address)
 
 
 async def test_grains_are_placed_only_on_silos_that_host_their_type(redis_url: str) -> None:

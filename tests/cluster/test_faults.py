@@ -45,7 +45,7 @@ from orleanspy.messaging.grpc import CLIENT_HEADER, GrpcGatewayConnection
 from orleanspy.messaging.message import Message
 from orleanspy.messaging.remote_errors import rebuild_error
 from orleanspy.options import MessagingOptions
-from orleanspy.reminders.management import MANAGEMENT_TYPE
+from orleanspy.remindable.management import MANAGEMENT_TYPE
 from orleanspy.serialization import unpack
 from orleanspy.testing.cluster import wait_for
 

@@ -55,9 +55,7 @@ HOSTS: dict[tuple[str, int], str] = {}
 
 class _Recorder(Grain, Remindable):
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
-        HOSTS[(self.grain_id.type_name, int(self.grain_key))] = str(
-            self._activation.runtime.address
-        )
+        HOSTS[(self.grain_id.type_name, int(self.grain_key))] = str(self._activation.silo_address)
 
 
 class AffineGrain(_Recorder, type_name="test_reminder_placement.Affine"):

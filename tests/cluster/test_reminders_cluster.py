@@ -75,7 +75,7 @@ class ClusterTickGrain(Grain, Remindable, type_name=TYPE):
     """Records every tick with the silo it runs on."""
 
     def _host(self) -> str:
-        return str(self._activation.runtime.address)
+        return str(self._activation.silo_address)
 
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
         DELIVERIES.append(

@@ -44,14 +44,14 @@ class PgTickGrain(Grain, Remindable, type_name="pg_silo_process.Tick"):
             "INSERT INTO test_ticks (grain, name, silo) VALUES ($1, $2, $3)",
             str(self.grain_key),
             name,
-            str(self._activation.runtime.address),
+            str(self._activation.silo_address),
         )
 
     async def start(self, name: str, period_ms: int) -> str:
         await self.register_or_update_reminder(
             name, due=timedelta(milliseconds=200), period=timedelta(milliseconds=period_ms)
         )
-        return str(self._activation.runtime.address)
+        return str(self._activation.silo_address)
 
 
 async def main(url: str, name: str, expect: int) -> None:

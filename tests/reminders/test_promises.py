@@ -24,6 +24,7 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
     TickStatus,
 )
+from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
 from tests.reminders.test_service import (
     OPTIONS,
@@ -34,7 +35,6 @@ from tests.reminders.test_service import (
     advance,
     entry,
     running,
-    until,
 )
 
 
@@ -114,7 +114,7 @@ async def test_higher_priority_arrival_evicts_a_queued_lower_priority_row(table,
         assert svc.stats.loaded == 4
         late = replace(entry(clock, "crit", due=20, period=3600), priority=100)
         await table.upsert(late)  # the feed tells the service; it must make room
-        await until(lambda: svc._window.get(late.key) is not None)
+        await wait_for(lambda: svc._window.get(late.key) is not None, 5.0, interval=0)
         assert svc.stats.resident == 4 and svc.stats.evicted == 1
         await run_until(clock, lambda: len(rec.calls) == 5, 1.0, 60)
         # The evicted NORMAL row came back at a later refill and ticked too.
@@ -189,7 +189,7 @@ async def test_set_priority_on_a_held_row_applies_at_once_and_repeats_no_slot(ta
         await run_until(clock, lambda: len(rec.calls) == 1, 1.0, 20)
         # What the management grain's set_priority writes: the stored row, re-prioritised.
         await table.upsert(replace(await _stored(table, e), priority=ReminderPriority.CRITICAL))
-        await until(lambda: svc._window.get(e.key).priority == 100)
+        await wait_for(lambda: svc._window.get(e.key).priority == 100, 5.0, interval=0)
         await run_until(clock, lambda: len(rec.calls) == 3, 1.0, 30)
         await svc.wait_persisted()
         assert rec.slots() == [START + 10 * S, START + 20 * S, START + 30 * S]
@@ -208,10 +208,10 @@ async def test_set_action_while_the_tick_is_being_delivered_repeats_no_slot(tabl
         await run_until(clock, lambda: rec.blocked == 1, 1.0, 20)
         fire = MissedReminderAction.FIRE_IMMEDIATELY
         await table.upsert(replace(await _stored(table, e), action=fire))
-        await until(lambda: svc._window.get(e.key).entry.action is fire)
+        await wait_for(lambda: svc._window.get(e.key).entry.action is fire, 5.0, interval=0)
         rec.gate.set()
         rec.gate = None
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         await run_until(clock, lambda: len(rec.calls) == 3, 1.0, 30)
         await svc.wait_persisted()
         assert rec.slots() == [START + 10 * S, START + 20 * S, START + 30 * S]
@@ -228,7 +228,7 @@ async def test_reregistering_a_held_row_takes_the_new_schedule_at_once(table, cl
         await run_until(clock, lambda: len(rec.calls) == 1, 1.0, 20)
         # register_or_update_reminder with period 3 s, anchored at now (t=10).
         await table.upsert(entry(clock, due=3, period=3))
-        await until(lambda: svc._window.get(e.key).next_due == START + 13 * S)
+        await wait_for(lambda: svc._window.get(e.key).next_due == START + 13 * S, 5.0, interval=0)
         await run_until(clock, lambda: len(rec.calls) == 4, 0.5, 20)
         assert rec.slots() == [START + 10 * S, START + 13 * S, START + 16 * S, START + 19 * S]
         assert svc.stats.cas_conflicts == 0
@@ -248,10 +248,10 @@ async def test_repair_and_delete_of_held_rows_repeat_no_slot(table, clock) -> No
         stored_b = await _stored(table, b)
         assert stored_b.etag is not None
         assert await table.remove(b.grain_id, b.name, stored_b.etag)
-        await until(lambda: svc._window.get(b.key) is None)
+        await wait_for(lambda: svc._window.get(b.key) is None, 5.0, interval=0)
         rec.gate.set()
         rec.gate = None
-        await until(lambda: len(rec.calls) == 2)
+        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
         await run_until(clock, lambda: len(rec.calls) == 4, 1.0, 40)
         await svc.wait_persisted()
         by_key: dict[str, list[object]] = {}

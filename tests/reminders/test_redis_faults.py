@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta
 
 import pytest
@@ -29,6 +29,7 @@ from orleanspy import (
 )
 from orleanspy.reminders.service import ReminderService
 from orleanspy.runtime.silo import SiloState
+from orleanspy.testing import wait_for
 from orleanspy.testing.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -85,15 +86,6 @@ def silo_options(redis: RedisServer, reminders: ReminderOptions) -> SiloOptions:
     )
 
 
-async def until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
-
-
 def slots_by_key(name: str = "r") -> dict[int, list[datetime]]:
     out: dict[int, list[datetime]] = defaultdict(list)
     for key, n, slot, _ in TICKS:
@@ -138,22 +130,28 @@ async def test_redis_frozen_past_the_socket_timeout_replays_no_slot_under_skip(
     assert isinstance(service, ReminderService)
     for k in KEYS:
         await silo.client.get_grain(FaultTickGrain, k).start()
-    await until(lambda: len(slots_by_key()) == len(KEYS), 10, "first ticks")
+    await wait_for(lambda: len(slots_by_key()) == len(KEYS), 10, interval=0.02, what="first ticks")
     await service.wait_persisted()
 
     aof_redis.freeze()
     frozen_at = time.monotonic()
     # Ticks go on from memory while every write waits for the frozen store,
     # for three socket timeouts.
-    await until(
+    await wait_for(
         lambda: time.monotonic() - frozen_at > 3 * SOCKET_TIMEOUT_S and ticks_since(frozen_at),
         20,
-        "ticks while Redis is frozen",
+        interval=0.02,
+        what="ticks while Redis is frozen",
     )
     assert service.stats.persist_failures > 0, "no write timed out: the freeze proved nothing"
     aof_redis.thaw()
     thawed_at = time.monotonic()
-    await until(lambda: ticks_since(thawed_at) >= 3 * len(KEYS), 20, "ticks after the thaw")
+    await wait_for(
+        lambda: ticks_since(thawed_at) >= 3 * len(KEYS),
+        20,
+        interval=0.02,
+        what="ticks after the thaw",
+    )
     async with asyncio.timeout(20):
         await service.wait_persisted()
     await asyncio.sleep(0)
@@ -193,22 +191,23 @@ async def test_reminder_registered_after_a_redis_restart_ticks_within_a_second_o
     await silo.start()
     try:
         await silo.client.get_grain(FaultTickGrain, 0).start(period=1.0)
-        await until(lambda: len(TICKS) >= 2, 10, "ticks before the restart")
+        await wait_for(lambda: len(TICKS) >= 2, 10, interval=0.02, what="ticks before the restart")
 
         aof_redis.kill()
         down_at = time.monotonic()
         # Long enough for the loader's and the feed's backoffs to grow.
-        await until(lambda: time.monotonic() - down_at > 6, 10, "the outage")
+        await wait_for(lambda: time.monotonic() - down_at > 6, 10, interval=0.02, what="the outage")
         aof_redis.start()
 
         results: list[float] = []
         for key in (1, 2, 3):
             registered = time.monotonic()
             await silo.client.get_grain(FaultTickGrain, key).start(name="new", due=1.0, period=60)
-            await until(
-                lambda k=key: any(t[0] == k and t[1] == "new" for t in TICKS),  # type: ignore[misc]
+            await wait_for(
+                lambda k=key: any(t[0] == k and t[1] == "new" for t in TICKS),
                 15,
-                f"the first tick of reminder {key} registered after the restart",
+                interval=0.02,
+                what=f"the first tick of reminder {key} registered after the restart",
             )
             first = next(at for k_, n, _, at in TICKS if k_ == key and n == "new")
             results.append(first - (registered + 1.0))

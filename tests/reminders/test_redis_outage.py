@@ -1,4 +1,5 @@
-"""Losing Redis for a while loses no reminders and crashes no silo (DESIGN.md 6).
+"""Losing Redis for a while loses no reminders and crashes no silo
+(docs/architecture.md, section 3: a store that is away).
 
 A cluster silo whose membership, directory and reminder table live in a private
 redis-server with an fsync-always append-only file: SIGKILL is an outage, not
@@ -35,6 +36,7 @@ from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.spec import new_entry
 from orleanspy.ring import RingRange
 from orleanspy.runtime.silo import SiloState
+from orleanspy.testing import InProcessCluster, wait_for
 from orleanspy.testing.clock import ManualClock
 from orleanspy.testing.redis_server import RedisServer
 
@@ -75,8 +77,6 @@ def aof_redis() -> Iterator[RedisServer]:
 @pytest.fixture
 async def silo(aof_redis: RedisServer) -> AsyncIterator[Silo]:
     options = SiloOptions(
-        redis_url=aof_redis.url,
-        name="outage",
         grain_types=(OutageTickGrain,),
         membership=MembershipOptions(
             table_refresh_interval=timedelta(milliseconds=300),
@@ -96,21 +96,8 @@ async def silo(aof_redis: RedisServer) -> AsyncIterator[Silo]:
             adaptive=False,
         ),
     )
-    s = Silo(options)
-    await s.start()
-    try:
-        yield s
-    finally:
-        await s.stop()
-
-
-async def until(pred: Callable[[], bool], timeout: float, what: str) -> None:
-    try:
-        async with asyncio.timeout(timeout):
-            while not pred():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"timed out after {timeout}s waiting for {what}") from None
+    async with InProcessCluster(aof_redis.url, size=1, options=options) as cluster:
+        yield cluster.silos[0]
 
 
 def per_key(since: float = 0.0, before: float = float("inf")) -> dict[int, list[datetime]]:
@@ -136,13 +123,15 @@ async def test_ticks_continue_through_a_redis_outage_and_persistence_catches_up(
     assert isinstance(service, ReminderService)
     for k in KEYS:
         await silo.client.get_grain(OutageTickGrain, k).start()
-    await until(every_key_has(2), timeout=10, what="ticks before the outage")
+    await wait_for(every_key_has(2), 10, interval=0.02, what="ticks before the outage")
     await service.wait_persisted()
     failures_before = service.stats.persist_failures
 
     aof_redis.kill()
     down = time.monotonic()
-    await until(every_key_has(8, since=down), timeout=10, what="ticks while Redis is down")
+    await wait_for(
+        every_key_has(8, since=down), 10, interval=0.02, what="ticks while Redis is down"
+    )
     assert not aof_redis.running
     assert service.stats.persist_pending > 0  # updates wait for the store
     assert service.stats.persist_failures > failures_before
@@ -150,7 +139,7 @@ async def test_ticks_continue_through_a_redis_outage_and_persistence_catches_up(
 
     aof_redis.start()
     up = time.monotonic()
-    await until(every_key_has(3, since=up), timeout=10, what="ticks after the restart")
+    await wait_for(every_key_has(3, since=up), 10, interval=0.02, what="ticks after the restart")
     async with asyncio.timeout(10):
         await service.wait_persisted()
 

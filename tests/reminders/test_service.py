@@ -27,6 +27,7 @@ from orleanspy.reminders.model import (
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.spec import new_entry
 from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
 
 START = datetime(2030, 1, 1, tzinfo=UTC)
@@ -70,13 +71,6 @@ class Recorder:
 
     def keys(self) -> list[str]:
         return [e.key for e, _ in self.calls]
-
-
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll ``pred`` on every loop turn until it holds (fails after ``timeout``)."""
-    async with asyncio.timeout(timeout):
-        while not pred():
-            await asyncio.sleep(0)
 
 
 async def advance(clock: ManualClock, delta: float | timedelta) -> None:
@@ -141,7 +135,7 @@ async def test_interval_ticks_stay_on_the_grid(table, clock) -> None:
     async with running(table, clock, rec) as svc:
         for k in range(1, 31):
             await advance(clock, 10)
-            await until(lambda k=k: len(rec.calls) == k)
+            await wait_for(lambda k=k: len(rec.calls) == k, 5.0, interval=0)
         assert rec.slots() == [START + 10 * k * S for k in range(1, 31)]
         assert all(s.delivered_at == s.current_tick_time for _, s in rec.calls)
         assert all(
@@ -159,10 +153,10 @@ async def test_cron_ticks_follow_the_expression(table, clock) -> None:
     await table.upsert(entry(clock, period=None, cron="0 0 * * * *"))  # hourly, seconds first
     rec = Recorder()
     async with running(table, clock, rec):
-        await until(lambda: len(rec.calls) == 1)  # 00:00 is due at once
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)  # 00:00 is due at once
         for h in range(1, 25):
             await advance(clock, timedelta(hours=1))
-            await until(lambda h=h: len(rec.calls) == h + 1)
+            await wait_for(lambda h=h: len(rec.calls) == h + 1, 5.0, interval=0)
         assert rec.slots() == [START + timedelta(hours=h) for h in range(25)]
         assert rec.calls[0][1].cron == "0 0 * * * *" and rec.calls[0][1].period is None
 
@@ -181,7 +175,7 @@ async def test_complementary_ranges_deliver_each_row_once(table, clock) -> None:
         running(table, clock, b, ranges=(high,), name="b"),
     ):
         await advance(clock, 10)
-        await until(lambda: len(a.calls) + len(b.calls) == 60)
+        await wait_for(lambda: len(a.calls) + len(b.calls) == 60, 5.0, interval=0)
     assert a.calls and b.calls
     assert all(e.hash in low for e, _ in a.calls)
     assert all(e.hash in high for e, _ in b.calls)
@@ -200,9 +194,11 @@ async def test_set_ranges_drops_unowned_rows_and_loads_new_ones(table, clock) ->
         assert svc.stats.loaded == len(in_low)
         svc.set_ranges([high])
         assert svc.stats.loaded == 0  # dropped at once
-        await until(lambda: svc.stats.loaded == 40 - len(in_low))  # loaded without a poll
+        await wait_for(
+            lambda: svc.stats.loaded == 40 - len(in_low), 5.0, interval=0
+        )  # loaded without a poll
         await advance(clock, 60)
-        await until(lambda: len(rec.calls) == 40 - len(in_low))
+        await wait_for(lambda: len(rec.calls) == 40 - len(in_low), 5.0, interval=0)
     assert not in_low & set(rec.keys())
 
 
@@ -233,7 +229,7 @@ async def test_window_never_exceeds_bucket_size_under_a_large_backlog(table, clo
             sample()
             return len(rec.calls) == 10 * bucket
 
-        await until(done)
+        await wait_for(done, 5.0, interval=0)
         stats = svc.stats
     assert stats.high_water <= bucket
     assert max(loaded for loaded, _ in seen) <= bucket
@@ -250,7 +246,7 @@ async def test_rows_beyond_the_look_ahead_are_not_loaded(table, clock) -> None:
     async with running(table, clock, rec) as svc:
         assert svc.stats.loaded == 1
         await advance(clock, 600)
-        await until(lambda: len(rec.calls) == 2)
+        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
         assert rec.slots() == [START + 60 * S, START + 600 * S]
 
 
@@ -263,9 +259,9 @@ async def test_row_inserted_after_start_is_delivered_without_waiting_for_the_pol
     rec = Recorder()
     async with running(table, clock, rec) as svc:
         await table.upsert(entry(clock, due=20))
-        await until(lambda: svc.stats.loaded == 1)
+        await wait_for(lambda: svc.stats.loaded == 1, 5.0, interval=0)
         await advance(clock, 20)  # less than poll_interval (30 s)
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         assert rec.slots() == [START + 20 * S]
         assert svc.stats.refills == 1  # only the one at start
 
@@ -277,9 +273,9 @@ async def test_local_hint_schedules_a_row_without_the_feed(clock) -> None:
         e = entry(clock, due=5)
         await table.upsert(e)
         svc.notify_change(ReminderChange(e.grain_id, e.name, e.next_due))
-        await until(lambda: svc.stats.loaded == 1)
+        await wait_for(lambda: svc.stats.loaded == 1, 5.0, interval=0)
         await advance(clock, 5)
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
 
 
 async def test_removal_through_the_feed_stops_ticks(table, clock) -> None:
@@ -288,11 +284,11 @@ async def test_removal_through_the_feed_stops_ticks(table, clock) -> None:
     rec = Recorder()
     async with running(table, clock, rec) as svc:
         await advance(clock, 10)
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         await svc.wait_persisted()
         row = await table.read(e.grain_id, e.name)
         assert await table.remove(e.grain_id, e.name, row.etag)
-        await until(lambda: svc.stats.resident == 0)
+        await wait_for(lambda: svc.stats.resident == 0, 5.0, interval=0)
         await advance(clock, 60)
         assert len(rec.calls) == 1
 
@@ -303,9 +299,13 @@ async def test_reregistration_by_another_writer_moves_the_schedule(table, clock)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
         await table.upsert(entry(clock, due=25, period=100))  # same row, new schedule
-        await until(lambda: svc.stats.loaded == 1 and svc._window.head_due() == START + 25 * S)
+        await wait_for(
+            lambda: svc.stats.loaded == 1 and svc._window.head_due() == START + 25 * S,
+            5.0,
+            interval=0,
+        )
         await advance(clock, 30)
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         assert rec.slots() == [START + 25 * S]
 
 
@@ -323,7 +323,7 @@ async def test_missed_fire_immediately_coalesces_then_resumes_the_grid(table, cl
     e = await _late_start(table, clock, MissedReminderAction.FIRE_IMMEDIATELY)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         status = rec.calls[0][1]
         assert status.current_tick_time == START + 10 * S  # the first missed slot
         assert status.missed_ticks == 8  # +20 .. +90 folded into it
@@ -331,7 +331,7 @@ async def test_missed_fire_immediately_coalesces_then_resumes_the_grid(table, cl
         await svc.wait_persisted()
         assert (await table.read(e.grain_id, e.name)).next_due == START + 100 * S
         await advance(clock, 5)
-        await until(lambda: len(rec.calls) == 2)
+        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
         assert rec.calls[1][1].current_tick_time == START + 100 * S
         assert rec.calls[1][1].missed_ticks == 0
         assert svc.stats.missed == 1
@@ -341,13 +341,13 @@ async def test_missed_skip_moves_to_the_next_slot(table, clock) -> None:
     e = await _late_start(table, clock, MissedReminderAction.SKIP)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
-        await until(lambda: svc.stats.skipped == 1)
+        await wait_for(lambda: svc.stats.skipped == 1, 5.0, interval=0)
         await svc.wait_persisted()
         row = await table.read(e.grain_id, e.name)
         assert row.next_due == START + 100 * S and row.last_fire is None
         assert rec.calls == []
         await advance(clock, 5)
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         assert rec.slots() == [START + 100 * S]
 
 
@@ -360,7 +360,7 @@ async def test_missed_notify_publishes_and_skips(table, clock) -> None:
         events.append(event)
 
     async with running(table, clock, rec, publish_missed=publish) as svc:
-        await until(lambda: len(events) == 1)
+        await wait_for(lambda: len(events) == 1, 5.0, interval=0)
         ev = events[0]
         assert (ev.grain_id, ev.name) == (e.grain_id, e.name)
         assert ev.scheduled == START + 10 * S
@@ -376,9 +376,9 @@ async def test_late_tick_within_grace_is_delivered_on_its_slot(table, clock) -> 
     await advance(clock, 18)  # slot +10 is 8 s late (< 30 s grace); +20 not yet due
     rec = Recorder()
     async with running(table, clock, rec) as svc:
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         await advance(clock, 2)
-        await until(lambda: len(rec.calls) == 2)
+        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
         assert rec.slots() == [START + 10 * S, START + 20 * S]
         assert svc.stats.missed == 0
 
@@ -396,17 +396,17 @@ async def test_row_loaded_several_slots_behind_after_an_outage_gets_its_action(c
         assert svc.stats.loaded == 0  # beyond the look-ahead
         table.down = True
         await advance(clock, 30)  # a poll fails
-        await until(lambda: svc.stats.load_errors >= 1)
+        await wait_for(lambda: svc.stats.load_errors >= 1, 5.0, interval=0)
         await advance(clock, 395)  # t=425
         table.down = False
         await svc.refill_now()
-        await until(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1)
+        await wait_for(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1, 5.0, interval=0)
         # FIRE_IMMEDIATELY: one catch-up for +400 with +410, +420 folded in; SKIP: nothing.
         ((caught_up, status),) = rec.calls
         assert caught_up.grain_id.key == 2
         assert (status.current_tick_time, status.missed_ticks) == (START + 400 * S, 2)
         await advance(clock, 5)
-        await until(lambda: len(rec.calls) == 3)
+        await wait_for(lambda: len(rec.calls) == 3, 5.0, interval=0)
         assert sorted(rec.slots()[1:]) == [START + 430 * S, START + 430 * S]
 
 
@@ -416,7 +416,7 @@ async def test_row_behind_its_grid_without_storage_trouble_is_just_late(table, c
     await advance(clock, 25)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
-        await until(lambda: len(rec.calls) == 2)
+        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
         assert rec.slots() == [START + 10 * S, START + 20 * S]
         assert svc.stats.missed == 0
 
@@ -428,7 +428,9 @@ async def test_repair_skips_long_overdue_rows_the_window_has_no_room_for(table, 
     for i in range(4):
         await table.upsert(entry(clock, i, name="busy", due=0, period=3600))
     async with running(table, clock, rec, options=options) as svc:
-        await until(lambda: rec.blocked == 4)  # the window is full of deliveries
+        await wait_for(
+            lambda: rec.blocked == 4, 5.0, interval=0
+        )  # the window is full of deliveries
         stale = [
             entry(clock, 100 + i, name="old", due=0, period=60, now=START - timedelta(hours=1))
             for i in range(3)
@@ -436,14 +438,14 @@ async def test_repair_skips_long_overdue_rows_the_window_has_no_room_for(table, 
         for e in stale:
             await table.upsert(e)
         await advance(clock, timedelta(minutes=1))  # one repair pass
-        await until(lambda: svc.stats.repaired == 3)
+        await wait_for(lambda: svc.stats.repaired == 3, 5.0, interval=0)
         await svc.wait_persisted()
         for e in stale:
             row = await table.read(e.grain_id, e.name)
             assert row.next_due == START + timedelta(minutes=2)
         assert svc.stats.resident == 4
         rec.gate.set()
-        await until(lambda: len(rec.calls) == 4)
+        await wait_for(lambda: len(rec.calls) == 4, 5.0, interval=0)
         assert {e.name for e, _ in rec.calls} == {"busy"}
 
 
@@ -474,7 +476,7 @@ async def test_backlog_is_delivered_critical_first_background_last(table, clock)
         await table.upsert(e)
     rec = Recorder()
     async with running(table, clock, rec, options=replace(OPTIONS, permits=1)):
-        await until(lambda: len(rec.calls) == 30)
+        await wait_for(lambda: len(rec.calls) == 30, 5.0, interval=0)
     prios = [int(e.priority) for e, _ in rec.calls]
     assert prios == [100] * 10 + [0] * 10 + [-100] * 10
 
@@ -485,7 +487,7 @@ async def test_without_priorities_the_backlog_goes_in_due_order(table, clock) ->
     rec = Recorder()
     options = replace(OPTIONS, permits=1, enable_priority=False)
     async with running(table, clock, rec, options=options):
-        await until(lambda: len(rec.calls) == 30)
+        await wait_for(lambda: len(rec.calls) == 30, 5.0, interval=0)
     prios = [int(e.priority) for e, _ in rec.calls]
     assert prios == [-100] * 10 + [0] * 10 + [100] * 10
 
@@ -500,7 +502,7 @@ async def test_transient_failure_is_retried_and_persisted_only_after_ack(table, 
     rec.failures["r"] = [SiloUnavailableError("down"), SiloUnavailableError("down")]
     async with running(table, clock, rec) as svc:
         await advance(clock, 10)
-        await until(lambda: rec.attempts == 1)
+        await wait_for(lambda: rec.attempts == 1, 5.0, interval=0)
         before = await table.read(e.grain_id, e.name)
         assert before.next_due == START + 10 * S and before.last_fire is None
         assert svc.stats.in_flight == 1
@@ -524,12 +526,12 @@ async def test_grain_error_advances_the_schedule_and_is_counted(table, clock) ->
     rec.failures["r"] = [ValueError("grain bug")]
     async with running(table, clock, rec) as svc:
         await advance(clock, 10)
-        await until(lambda: svc.stats.grain_errors == 1)
+        await wait_for(lambda: svc.stats.grain_errors == 1, 5.0, interval=0)
         await svc.wait_persisted()
         assert (await table.read(e.grain_id, e.name)).next_due == START + 20 * S
         assert svc.stats.retries == 0 and rec.attempts == 1
         await advance(clock, 10)
-        await until(lambda: len(rec.calls) == 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         assert rec.slots() == [START + 20 * S]
 
 
@@ -544,7 +546,7 @@ async def test_cas_conflict_drops_the_local_copy(clock) -> None:
         moved = START + timedelta(days=1)
         assert await table.update_schedule(e.grain_id, e.name, row.etag, moved, None)
         await advance(clock, 10)
-        await until(lambda: svc.stats.cas_conflicts == 1)
+        await wait_for(lambda: svc.stats.cas_conflicts == 1, 5.0, interval=0)
         assert svc.stats.resident == 0
         assert (await table.read(e.grain_id, e.name)).next_due == moved
         await advance(clock, 60)
@@ -560,7 +562,7 @@ async def test_storage_outage_ticks_continue_and_persistence_catches_up(clock) -
         table.down = True
         for k in range(1, 7):
             await advance(clock, 10)
-            await until(lambda k=k: len(rec.calls) == k)
+            await wait_for(lambda k=k: len(rec.calls) == k, 5.0, interval=0)
         assert svc.stats.persist_failures > 0 and svc.stats.load_errors > 0
         assert (await table.inner.read(e.grain_id, e.name)).next_due == START + 10 * S
         table.down = False
@@ -570,7 +572,7 @@ async def test_storage_outage_ticks_continue_and_persistence_catches_up(clock) -
         assert row.next_due == START + 70 * S
         assert row.last_fire == START + 60 * S
         await advance(clock, 10)
-        await until(lambda: len(rec.calls) == 7)
+        await wait_for(lambda: len(rec.calls) == 7, 5.0, interval=0)
     assert rec.slots() == [START + 10 * k * S for k in range(1, 8)]
 
 

@@ -4,7 +4,7 @@ the management grain and missed-tick notification, all on a manual clock."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -27,10 +27,11 @@ from orleanspy import (
 from orleanspy import grain as grain_module
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
+from orleanspy.remindable.registry import Registration
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.registry import Registration
 from orleanspy.reminders.spec import new_entry
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM
+from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
 
 S = timedelta(seconds=1)
@@ -96,17 +97,12 @@ async def silo(clock: ManualClock) -> AsyncIterator[Silo]:
         yield s
 
 
-async def until(pred: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Run the loop until ``pred`` holds (real-time bound, no fixed sleep)."""
-    async with asyncio.timeout(timeout):
-        while not pred():
-            await asyncio.sleep(0)
-
-
 async def _loaded(silo: Silo, n: int) -> None:
     svc = silo.reminder_service
     assert svc is not None
-    await until(lambda: svc.stats.loaded + svc.stats.queued + svc.stats.in_flight >= n)
+    await wait_for(
+        lambda: svc.stats.loaded + svc.stats.queued + svc.stats.in_flight >= n, 5.0, interval=0
+    )
 
 
 def _ticks(name: str) -> list[TickStatus]:
@@ -129,9 +125,9 @@ async def test_registered_reminder_ticks_on_its_grid_with_tick_status(
     await clock.settle()
     assert _ticks("beat") == []
     await clock.advance(1 * S)
-    await until(lambda: len(_ticks("beat")) == 1)
+    await wait_for(lambda: len(_ticks("beat")) == 1, 5.0, interval=0)
     await clock.advance(60 * S)
-    await until(lambda: len(_ticks("beat")) == 2)
+    await wait_for(lambda: len(_ticks("beat")) == 2, 5.0, interval=0)
 
     first, second = _ticks("beat")
     assert first.current_tick_time == t0 + 10 * S
@@ -156,7 +152,7 @@ async def test_unregister_stops_ticks(silo: Silo, clock: ManualClock) -> None:
     await g.register("r", {"due": 5 * S, "period": 5 * S})
     await _loaded(silo, 1)
     await clock.advance(5 * S)
-    await until(lambda: len(_ticks("r")) == 1)
+    await wait_for(lambda: len(_ticks("r")) == 1, 5.0, interval=0)
 
     assert await g.unregister("r") is True
     assert await g.unregister("r") is False
@@ -275,7 +271,7 @@ async def test_declared_reminders_are_created_at_start_without_activation(
         # The declared rows tick like any other: the grain activates on its tick.
         await _loaded(silo, 2)  # the daily rows fall outside the look-ahead
         await clock.advance(5 * S)
-        await until(lambda: len(_ticks("soon")) == 2)
+        await wait_for(lambda: len(_ticks("soon")) == 2, 5.0, interval=0)
         assert sorted(k for k, _, _ in TICKS) == ["k1", "k2"]
         assert catalog.get(gid) is not None
 
@@ -447,7 +443,7 @@ async def test_register_many_writes_every_row_and_the_service_ticks_them(
     assert await silo.client.reminders.count_all() == 1200
     await _loaded(silo, 64)  # the window (64 rows) filled from the local hints
     await clock.advance(5 * S)
-    await until(lambda: len(_ticks("r")) >= 64)
+    await wait_for(lambda: len(_ticks("r")) >= 64, 5.0, interval=0)
 
 
 async def test_register_many_validates_everything_before_writing(silo: Silo) -> None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from orleanspy.errors import ReminderError
 from orleanspy.grain import Grain, reentrant
 from orleanspy.identity import GrainId
+from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders.model import (
     FireOutcome,
     FireRecord,
@@ -24,9 +24,6 @@ from orleanspy.reminders.model import (
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.spec import new_entry
 from orleanspy.reminders.table import PausableReminderTable
-
-if TYPE_CHECKING:
-    from orleanspy.reminders.registry import ReminderRegistry
 
 __all__ = ["MANAGEMENT_TYPE", "ReminderManagementGrain"]
 
@@ -39,7 +36,11 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
 
     @property
     def _registry(self) -> ReminderRegistry:
-        registry: ReminderRegistry = self._activation.runtime.reminders
+        # The silo serves grains' reminder calls with its registry; this grain,
+        # part of the reminder service, uses the registry's table directly.
+        registry = self._activation.reminders
+        if not isinstance(registry, ReminderRegistry):
+            raise RuntimeError(f"the silo serves reminders with {registry!r}, not a registry")
         return registry
 
     async def upcoming(self, horizon: timedelta, limit: int = 1000) -> list[ReminderEntry]:
@@ -125,7 +126,7 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             priority=int(row.priority),
             triggered=True,
         )
-        grain = self._activation.runtime.get_grain(grain_id.type_name, grain_id.key)
+        grain = self._activation.get_grain(grain_id.type_name, grain_id.key)
         outcome = FireOutcome.GRAIN_ERROR
         try:
             await grain.receive_reminder(name, status)
@@ -134,7 +135,7 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             keep = self._registry.options.history_size
             table = self._registry.table
             if keep and isinstance(table, PausableReminderTable):
-                silo = str(self._activation.runtime.address)
+                silo = str(self._activation.silo_address)
                 record = FireRecord(grain_id, name, now, now, outcome, silo, triggered=True)
                 await table.append_history([record], keep)
         return status

@@ -1,4 +1,5 @@
-"""``orleanspy.run``: run a coroutine on uvloop when it is installed, else asyncio."""
+"""The event-loop runner behind ``orleanspy.run``: a coroutine on uvloop when it is
+installed, else asyncio."""
 
 from __future__ import annotations
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass, replace
 from orleanspy.errors import ReminderError
 from orleanspy.grain import DeclaredReminder, GrainDefinition
 from orleanspy.identity import GrainKey
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
-from orleanspy.reminders.registry import ReminderRegistry
+from orleanspy.remindable.registry import ReminderRegistry
+from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.spec import new_entry
 
 __all__ = ["DeclarationSync", "register_declared_reminders"]
@@ -74,7 +74,7 @@ def _desired(
             cron=declared.cron,
             tz=declared.tz,
             priority=declared.priority,
-            action=MissedReminderAction(declared.action),
+            action=declared.action,
         )
     except (ReminderError, ValueError) as exc:
         raise ReminderError(
