@@ -759,9 +759,7 @@ class PostgresReminderTable:
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         """The row's fire history, newest first (empty if none or no row)."""
         with translate_errors("reminder read_history"):
-            records = await self._p.fetch(
-                _READ_HISTORY, self.service_id, grain_id.canonical, name
-            )
+            records = await self._p.fetch(_READ_HISTORY, self.service_id, grain_id.canonical, name)
         try:
             return [
                 FireRecord(
