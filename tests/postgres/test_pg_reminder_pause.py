@@ -28,7 +28,6 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
 )
 from orleanspy.reminders.postgres import PostgresReminderTable
-from orleanspy.reminders.table import PausableReminderTable
 from orleanspy.ring import RingRange
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -68,12 +67,6 @@ async def changes_of(feed: AsyncIterator[ReminderChange], n: int) -> dict[str, R
 
 def keys(rows: list[ReminderEntry]) -> list[str]:
     return [str(e.grain_id.key) for e in rows]
-
-
-def test_is_pausable() -> None:
-    assert isinstance(
-        PostgresReminderTable("postgresql://x", service_id="s"), PausableReminderTable
-    )
 
 
 async def test_bulk_and_conditional_writes_keep_paused_rows_out_of_the_due_index(
