@@ -381,8 +381,11 @@ LIMIT $3
 # Only rows that exist take records (locked FOR KEY SHARE, so a racing remove
 # waits or wins, and its cascade never meets a record it did not see); each
 # row keeps the newest ``keep``: its newest new records, and of the old ones
-# as many as still fit. One statement: the insert and the trim see the same
-# snapshot, so the trim counts the new records in rather than seeing them.
+# as many as still fit: ``cut`` finds, walking the key's index entries newest
+# first, the first old record past that many, and the delete takes it and every
+# older one (a range of the primary key, no sort). One statement: the insert and
+# the trim see the same snapshot, so the trim counts the new records in rather
+# than seeing them.
 _APPEND_HISTORY: Final = """
 WITH u AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.grain_id, u.name ORDER BY u.i DESC) AS rn
@@ -405,16 +408,18 @@ WITH u AS (
     SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered
     FROM u JOIN r ON u.grain_id = r.grain_id AND u.name = r.name CROSS JOIN b
     WHERE u.rn <= $9
-), old AS (
-    SELECT h.grain_id, h.name, h.batch, h.i, r.cnt,
-        row_number() OVER (PARTITION BY h.grain_id, h.name ORDER BY h.batch DESC, h.i DESC) AS rn
-    FROM orleanspy_reminder_history h
-    JOIN r ON h.grain_id = r.grain_id AND h.name = r.name
-    WHERE h.service_id = $1
+), cut AS (
+    SELECT r.grain_id, r.name, c.batch, c.i FROM r
+    CROSS JOIN LATERAL (
+        SELECT h.batch, h.i FROM orleanspy_reminder_history h
+        WHERE h.service_id = $1 AND h.grain_id = r.grain_id AND h.name = r.name
+        ORDER BY h.batch DESC, h.i DESC
+        OFFSET greatest($9 - r.cnt, 0) LIMIT 1
+    ) c
 )
-DELETE FROM orleanspy_reminder_history h USING old
-WHERE h.service_id = $1 AND h.grain_id = old.grain_id AND h.name = old.name
-    AND h.batch = old.batch AND h.i = old.i AND old.rn > $9 - old.cnt
+DELETE FROM orleanspy_reminder_history h USING cut
+WHERE h.service_id = $1 AND h.grain_id = cut.grain_id AND h.name = cut.name
+    AND (h.batch, h.i) <= (cut.batch, cut.i)
 """
 
 _READ_HISTORY: Final = """
