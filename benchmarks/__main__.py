@@ -15,6 +15,7 @@ BENCHMARKS = [
     "bench_cluster_calls",
     "bench_reminder_startup",
     "bench_reminder_register",
+    "bench_reminder_history",
     "bench_reminder_ticks",
     "bench_reminder_memory",
     "bench_reminder_cluster",

@@ -1,5 +1,6 @@
 """The reminder commands of ``orleanspy``: the same operations through a gateway
-(the management grain of a running cluster) or directly on the Redis table.
+(the management grain of a running cluster) or directly on the Redis or
+PostgreSQL table (both keep paused rows and fire history).
 
 ``open_reminders`` tries a gateway first and falls back to the table when no
 silo of the cluster is up; the returned ``ReminderAccess.via`` says which. The
@@ -231,19 +232,6 @@ class _Direct:
         )
 
 
-class _DirectNoPause(_Direct):
-    """A table without pause and fire history (PostgreSQL, for now)."""
-
-    async def pause(self, grain: GrainId, name: str) -> ReminderEntry:
-        raise ReminderError(f"cannot pause {grain} {name!r}: this reminder table has no pause")
-
-    async def resume(self, grain: GrainId, name: str) -> ReminderEntry:
-        raise ReminderError(f"cannot resume {grain} {name!r}: this reminder table has no pause")
-
-    async def history(self, grain: GrainId, name: str) -> list[FireRecord]:
-        return []
-
-
 @asynccontextmanager
 async def open_reminders(
     membership_url: str,
@@ -274,15 +262,13 @@ async def open_reminders(
 
 async def _direct(stack: AsyncExitStack, url: str, service_id: str) -> ReminderAccess:
     from orleanspy._redis import key_prefix, redacted, translate_errors
-    from orleanspy.reminders.table import PausableReminderTable
     from orleanspy.tables import TableConnections, table_backend
 
     connections = TableConnections(stack)
     if table_backend(url) == "postgres":
         table = await connections.reminder_table(url, service_id=service_id, shards=1)
         await table.start(stack)
-        access = _Direct if isinstance(table, PausableReminderTable) else _DirectNoPause
-        return access(table, service_id, redacted(url), "PostgreSQL")
+        return _Direct(table, service_id, redacted(url), "PostgreSQL")
     client = connections.redis(url)
     with translate_errors("reminder table lookup"):
         shards = await client.hget(f"{key_prefix(service_id)}rem:meta", "shards")

@@ -9,15 +9,36 @@ One table holds every service's rows (``service_id`` leads every key)::
         priority    smallint           -128 .. 127, higher first
         next_due    bigint             ms since the epoch (as start_at, last_fire)
         declared    boolean            made by a @register_reminder declaration
+        paused      boolean            out of the due index (see below)
         version     bigint             the etag; every write takes a fresh value
                                        from the sequence orleanspy_reminder_version
-    index (service_id, priority, bucket, next_due)   read_due
-    index (service_id, priority, next_due)           upcoming
-    index (service_id, grain_hash)                   read_range
+    index (service_id, priority, bucket, next_due) WHERE NOT paused   read_due
+    index (service_id, priority, next_due) WHERE NOT paused           upcoming
+    index (service_id, grain_hash)                                    read_range
+
+    orleanspy_reminder_history         fire history, newest ``keep`` per row
+        service_id, grain_id, name     the row (FOREIGN KEY ... ON DELETE CASCADE)
+        batch, i                       order: the append's number (a sequence)
+                                       and the record's place in it
+        slot, at, outcome, silo, triggered
 
 The schema is versioned (``_SCHEMA``, one step per version, applied by
 ``start``): version 2 added ``declared``, the upcoming index (in place of
-v1's ``(service_id, next_due)``) and the notification with a priority.
+v1's ``(service_id, next_due)``) and the notification with a priority;
+version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
+the history table.
+
+Paused rows. The due indexes hold only rows that are not paused, and every
+due query says ``NOT paused`` (so the planner can use them): a paused row costs
+``read_due`` nothing. ``upsert``/``upsert_if``/``upsert_many`` write the flag
+with the row; a schedule CAS leaves it. Every write of a paused row notifies as
+a removal (``hash||grain|name``, no priority).
+
+Fire history. ``append_history`` is one statement: it locks the named rows
+that exist (``FOR KEY SHARE``, which no upsert or CAS waits for), inserts the
+newest ``keep`` new records per row and deletes the old ones past ``keep``.
+The foreign key makes history the row's: ``remove`` cascades to it, an upsert
+(an update in place) keeps it, and records of a missing row are never inserted.
 
 ``read_due(r, before, limit)`` orders by priority (higher first), then
 ``next_due``. A loose index scan finds the priorities in use (one index
@@ -61,7 +82,13 @@ from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import StorageError
 from orleanspy.identity import GrainId
 from orleanspy.reminders._pg_feed import Listener, PostgresChanges
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.model import (
+    FireOutcome,
+    FireRecord,
+    MissedReminderAction,
+    ReminderEntry,
+    ScheduleUpdate,
+)
 from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = ["PostgresReminderTable"]
@@ -131,37 +158,73 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
                          || coalesce(due::text, '') || '|' || g || '|' || n AS p) x
             $$""",
     ),
+    # v3: paused rows and fire history. The due and upcoming indexes become
+    # partial (paused rows are not in them; every due query says NOT paused so
+    # the planner may use them); history rows hang off their reminder row and
+    # go with it. v2 silos still running during an upgrade neither set nor
+    # read the flag: their upserts keep it, their due reads scan the table.
+    (
+        "ALTER TABLE orleanspy_reminders "
+        "ADD COLUMN IF NOT EXISTS paused boolean NOT NULL DEFAULT false",
+        "DROP INDEX IF EXISTS orleanspy_reminders_due",
+        "CREATE INDEX orleanspy_reminders_due "
+        "ON orleanspy_reminders (service_id, priority, bucket, next_due) WHERE NOT paused",
+        "DROP INDEX IF EXISTS orleanspy_reminders_upcoming",
+        "CREATE INDEX orleanspy_reminders_upcoming "
+        "ON orleanspy_reminders (service_id, priority, next_due) WHERE NOT paused",
+        "CREATE SEQUENCE IF NOT EXISTS orleanspy_reminder_history_batch",
+        """CREATE TABLE IF NOT EXISTS orleanspy_reminder_history (
+            service_id text NOT NULL,
+            grain_id text NOT NULL,
+            name text NOT NULL,
+            batch bigint NOT NULL,
+            i bigint NOT NULL,
+            slot bigint NOT NULL,
+            at bigint NOT NULL,
+            outcome text NOT NULL,
+            silo text NOT NULL,
+            triggered boolean NOT NULL,
+            PRIMARY KEY (service_id, grain_id, name, batch, i),
+            FOREIGN KEY (service_id, grain_id, name)
+                REFERENCES orleanspy_reminders (service_id, grain_id, name) ON DELETE CASCADE
+        )""",
+    ),
 )
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, declared, version"
+    "last_fire, priority, action, declared, paused, version"
 )
 
-# The columns a whole-row write sets, in the order of its parameters $2..$14.
+# The columns a whole-row write sets, in the order of its parameters $2..$15.
 _ROW_COLUMNS: Final = (
     "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
-    "period_ms, cron, tz, last_fire, action, declared"
+    "period_ms, cron, tz, last_fire, action, declared, paused"
 )
-_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14"
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
 _SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
-        action = EXCLUDED.action, declared = EXCLUDED.declared, version = EXCLUDED.version"""
+        action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
+        version = EXCLUDED.version"""
+# A paused row left the schedule: its changes are told as removals (no next_due,
+# no priority), whatever the write.
+_DUE_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.next_due END"
+_PRIORITY_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.priority END"
 # Every statement writing whole rows ends with this: the notification with the
 # row's priority, for the rows written (none when a condition failed).
-_NOTIFY_ROWS: Final = """
-SELECT w.version,
-    orleanspy_reminder_notify($15, w.grain_hash, w.next_due, w.grain_id, w.name, w.priority)
+_NOTIFY_ROWS: Final = f"""
+SELECT w.version, orleanspy_reminder_notify(
+    $16, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 _RETURNING_ROW: Final = (
-    "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority"
+    "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority, t.paused"
 )
 
-# $1 service, $2..$14 the row (_ROW_COLUMNS), $15 channel.
+# $1 service, $2..$15 the row (_ROW_COLUMNS), $16 channel.
 _UPSERT: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -184,38 +247,38 @@ WITH w AS (
 {_NOTIFY_ROWS}
 """
 
-# upsert_if with an etag: replace the row only while its version is $16.
+# upsert_if with an etag: replace the row only while its version is $17.
 _REPLACE_IF: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders AS t
     SET ({_ROW_COLUMNS}, version) =
         ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
-    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $16
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $17
     {_RETURNING_ROW}
 )
 {_NOTIFY_ROWS}
 """
 
-# upsert_many: $2..$14 parallel arrays of the rows' columns (no key twice), in
-# key order so two batches lock shared rows in one order; $15 channel.
+# upsert_many: $2..$15 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $16 channel.
 _UPSERT_MANY: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
     SELECT $1, u.*, nextval('orleanspy_reminder_version')
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                 $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
-                $12::bigint[], $13::smallint[], $14::boolean[]) AS u
+                $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
     {_RETURNING_ROW}
 )
-SELECT w.grain_id, w.name, w.version,
-    orleanspy_reminder_notify($15, w.grain_hash, w.next_due, w.grain_id, w.name, w.priority)
+SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
+    $16, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
 # Parallel arrays, one element per update; the ordinal says which update won.
-_UPDATE_MANY: Final = """
+_UPDATE_MANY: Final = f"""
 WITH u AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
         WITH ORDINALITY AS u(grain_id, name, version, next_due, last_fire, i)
@@ -226,20 +289,22 @@ WITH u AS (
     FROM u
     WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
         AND t.version = u.version
-    RETURNING u.i, t.version, t.grain_hash, t.next_due, t.grain_id, t.name
+    RETURNING u.i, t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.paused
 )
-SELECT w.i, w.version, orleanspy_reminder_notify($7, w.grain_hash, w.next_due, w.grain_id, w.name)
+SELECT w.i, w.version,
+    orleanspy_reminder_notify($7, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name)
 FROM w
 """
 
-_UPDATE_ONE: Final = """
+_UPDATE_ONE: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders
     SET next_due = $5, last_fire = $6, version = nextval('orleanspy_reminder_version')
     WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
-    RETURNING version, grain_hash, next_due, grain_id, name
+    RETURNING version, grain_hash, next_due, grain_id, name, paused
 )
-SELECT w.version, orleanspy_reminder_notify($7, w.grain_hash, w.next_due, w.grain_id, w.name)
+SELECT w.version,
+    orleanspy_reminder_notify($7, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name)
 FROM w
 """
 
@@ -257,17 +322,17 @@ SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FRO
 # in all (NULL: every row the scans return).
 _READ_DUE: Final = f"""
 WITH RECURSIVE prio(p) AS (
-    SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1
+    SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1 AND NOT paused
     UNION ALL
     SELECT (SELECT max(priority) FROM orleanspy_reminders
-            WHERE service_id = $1 AND priority < prio.p)
+            WHERE service_id = $1 AND NOT paused AND priority < prio.p)
     FROM prio WHERE prio.p IS NOT NULL
 )
 SELECT r.* FROM prio
 CROSS JOIN unnest($4::smallint[], $5::bigint[], $6::bigint[]) AS s(bucket, lo, hi)
 CROSS JOIN LATERAL (
     SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
-    WHERE service_id = $1 AND priority = prio.p AND bucket = s.bucket
+    WHERE service_id = $1 AND NOT paused AND priority = prio.p AND bucket = s.bucket
         AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
     ORDER BY next_due, grain_hash
     LIMIT $3
@@ -283,7 +348,7 @@ SELECT r.* FROM unnest($4::smallint[], $5::smallint[], $6::bigint[], $7::bigint[
     AS s(priority, bucket, lo, hi)
 CROSS JOIN LATERAL (
     SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
-    WHERE service_id = $1 AND priority = s.priority AND bucket = s.bucket
+    WHERE service_id = $1 AND NOT paused AND priority = s.priority AND bucket = s.bucket
         AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
     ORDER BY next_due, grain_hash
     LIMIT $3
@@ -294,22 +359,73 @@ CROSS JOIN LATERAL (
 # loose scan of _READ_DUE), the earliest due rows from the upcoming index.
 _UPCOMING: Final = f"""
 WITH RECURSIVE prio(p) AS (
-    SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1
+    SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1 AND NOT paused
     UNION ALL
     SELECT (SELECT max(priority) FROM orleanspy_reminders
-            WHERE service_id = $1 AND priority < prio.p)
+            WHERE service_id = $1 AND NOT paused AND priority < prio.p)
     FROM prio WHERE prio.p IS NOT NULL
 )
 SELECT r.* FROM prio
 CROSS JOIN LATERAL (
     SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
-    WHERE service_id = $1 AND priority = prio.p AND next_due <= $2
+    WHERE service_id = $1 AND NOT paused AND priority = prio.p AND next_due <= $2
     ORDER BY next_due, grain_hash
     LIMIT $3
 ) r
 WHERE prio.p IS NOT NULL
 ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $3
+"""
+
+# append_history: $2..$8 parallel arrays of the records (oldest first), $9 keep.
+# Only rows that exist take records (locked FOR KEY SHARE, so a racing remove
+# waits or wins, and its cascade never meets a record it did not see); each
+# row keeps the newest ``keep``: its newest new records, and of the old ones
+# as many as still fit: ``cut`` finds, walking the key's index entries newest
+# first, the first old record past that many, and the delete takes it and every
+# older one (a range of the primary key, no sort). One statement: the insert and
+# the trim see the same snapshot, so the trim counts the new records in rather
+# than seeing them.
+_APPEND_HISTORY: Final = """
+WITH u AS (
+    SELECT u.*, row_number() OVER (PARTITION BY u.grain_id, u.name ORDER BY u.i DESC) AS rn
+    FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[],
+                $8::boolean[]) WITH ORDINALITY AS u(grain_id, name, slot, at, outcome, silo,
+                                                   triggered, i)
+), k AS (
+    SELECT grain_id, name, count(*) AS cnt FROM u GROUP BY grain_id, name
+), r AS (
+    SELECT t.grain_id, t.name, k.cnt FROM orleanspy_reminders t
+    JOIN k ON t.grain_id = k.grain_id AND t.name = k.name
+    WHERE t.service_id = $1
+    ORDER BY t.grain_id, t.name
+    FOR KEY SHARE OF t
+), b AS MATERIALIZED (
+    SELECT nextval('orleanspy_reminder_history_batch') AS batch
+), ins AS (
+    INSERT INTO orleanspy_reminder_history
+        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered)
+    SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered
+    FROM u JOIN r ON u.grain_id = r.grain_id AND u.name = r.name CROSS JOIN b
+    WHERE u.rn <= $9
+), cut AS (
+    SELECT r.grain_id, r.name, c.batch, c.i FROM r
+    CROSS JOIN LATERAL (
+        SELECT h.batch, h.i FROM orleanspy_reminder_history h
+        WHERE h.service_id = $1 AND h.grain_id = r.grain_id AND h.name = r.name
+        ORDER BY h.batch DESC, h.i DESC
+        OFFSET greatest($9 - r.cnt, 0) LIMIT 1
+    ) c
+)
+DELETE FROM orleanspy_reminder_history h USING cut
+WHERE h.service_id = $1 AND h.grain_id = cut.grain_id AND h.name = cut.name
+    AND (h.batch, h.i) <= (cut.batch, cut.i)
+"""
+
+_READ_HISTORY: Final = """
+SELECT slot, at, outcome, silo, triggered FROM orleanspy_reminder_history
+WHERE service_id = $1 AND grain_id = $2 AND name = $3
+ORDER BY batch DESC, i DESC
 """
 
 _READ_RANGE: Final = f"""
@@ -379,6 +495,7 @@ def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
         _ms_or_none(entry.last_fire),
         int(entry.action),
         entry.declared,
+        entry.paused,
     )
 
 
@@ -400,6 +517,7 @@ def _row(rec: Any) -> ReminderEntry:
             action=MissedReminderAction(rec["action"]),
             etag=str(rec["version"]),
             declared=bool(rec["declared"]),
+            paused=bool(rec["paused"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"malformed reminder row in postgresql: {exc}") from exc
@@ -416,7 +534,8 @@ def _rank(row: ReminderEntry) -> tuple[int, int]:
 
 class PostgresReminderTable:
     """A ``ReminderTable`` in PostgreSQL; also a ``BatchingReminderTable``,
-    ``ConditionalReminderTable`` and ``BulkReminderTable``.
+    ``ConditionalReminderTable``, ``BulkReminderTable`` and
+    ``PausableReminderTable`` (paused rows and fire history).
 
     ``url_or_pool``: a ``postgresql://`` URL (the table opens a pool and a
     LISTEN connection, both closed with the start stack) or an ``asyncpg``
@@ -513,7 +632,7 @@ class PostgresReminderTable:
     async def _upsert_round(
         self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
     ) -> None:
-        columns: list[list[Any]] = [[] for _ in range(13)]
+        columns: list[list[Any]] = [[] for _ in range(14)]
         for i in indices:
             for column, value in zip(columns, _row_values(entries[i]), strict=True):
                 column.append(value)
@@ -617,6 +736,50 @@ class PostgresReminderTable:
                 _REMOVE, self.service_id, grain_id.canonical, name, version, self._channel
             )
         return bool(records)
+
+    # -- fire history ---------------------------------------------------------------
+
+    async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
+        """Append ``records`` (oldest first) to their rows' histories, keeping the
+        newest ``keep`` per row; records of missing rows are dropped. One
+        statement (``_APPEND_HISTORY``), atomic: all of it is written or none."""
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, not {keep}")
+        if not records:
+            return
+        with translate_errors("reminder append_history"):
+            await self._p.execute(
+                _APPEND_HISTORY,
+                self.service_id,
+                [r.grain_id.canonical for r in records],
+                [r.name for r in records],
+                [to_ms(r.slot) for r in records],
+                [to_ms(r.at) for r in records],
+                [r.outcome.value for r in records],
+                [r.silo for r in records],
+                [r.triggered for r in records],
+                keep,
+            )
+
+    async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
+        """The row's fire history, newest first (empty if none or no row)."""
+        with translate_errors("reminder read_history"):
+            records = await self._p.fetch(_READ_HISTORY, self.service_id, grain_id.canonical, name)
+        try:
+            return [
+                FireRecord(
+                    grain_id=grain_id,
+                    name=name,
+                    slot=from_ms(rec["slot"]),
+                    at=from_ms(rec["at"]),
+                    outcome=FireOutcome(rec["outcome"]),
+                    silo=rec["silo"],
+                    triggered=bool(rec["triggered"]),
+                )
+                for rec in records
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StorageError(f"malformed reminder history in postgresql: {exc}") from exc
 
     # -- reads ----------------------------------------------------------------------
 

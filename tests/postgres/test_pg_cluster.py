@@ -1,5 +1,7 @@
-"""Three silo processes on PostgreSQL alone (no Redis): reminders tick, rows
-written elsewhere arrive through NOTIFY, a SIGKILLed silo's reminders move on.
+"""Silo processes on PostgreSQL alone (no Redis): reminders tick, rows written
+elsewhere arrive through NOTIFY, a SIGKILLed silo's reminders move on; a paused
+reminder stays silent, resumes with its missed-tick action, and its fire
+history is kept.
 
 The silos poll the reminder table only every 10 minutes, so within this test a
 row reaches its owner only through LISTEN/NOTIFY or a ring change.
@@ -20,11 +22,11 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from orleanspy import ClusterClient
+from orleanspy import ClusterClient, MissedReminderAction
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.postgres import PostgresMembershipTable
-from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.model import FireOutcome, ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.ring import ConsistentRing
 from orleanspy.testing.cluster import wait_for
@@ -35,6 +37,11 @@ SILO = Path(__file__).with_name("pg_silo_process.py")
 ROOT = Path(__file__).resolve().parents[2]
 TYPE = "pg_silo_process.Tick"
 GRAINS = 24
+# The table pg_silo_process.py writes every tick to.
+TICKS_DDL = (
+    "CREATE TABLE test_ticks (grain text, name text, silo text, slot timestamptz, "
+    "missed integer, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+)
 
 
 def _ready(proc: subprocess.Popen[str], timeout: float = 30) -> SiloAddress:
@@ -50,7 +57,7 @@ def _ready(proc: subprocess.Popen[str], timeout: float = 30) -> SiloAddress:
 
 @contextmanager
 def silo_processes(
-    url: str, count: int
+    url: str, count: int, *extra: str
 ) -> Iterator[list[tuple[subprocess.Popen[str], SiloAddress]]]:
     procs = [
         subprocess.Popen(
@@ -63,6 +70,7 @@ def silo_processes(
                 f"pg-{i}",
                 "--expect",
                 str(count),
+                *extra,
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -89,10 +97,7 @@ def silo_processes(
 async def test_three_silos_on_postgres_only(postgres_url: str) -> None:
     conn = await asyncpg.connect(postgres_url)
     try:
-        await conn.execute(
-            "CREATE TABLE test_ticks (grain text, name text, silo text, "
-            "at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
+        await conn.execute(TICKS_DDL)
 
         async def ticked(name: str, since: datetime, silos: set[str] | None = None) -> set[str]:
             rows = await conn.fetch(
@@ -177,5 +182,102 @@ async def test_three_silos_on_postgres_only(postgres_url: str) -> None:
                     dead_at,
                 )
                 assert late == 0
+    finally:
+        await conn.close()
+
+
+async def test_pause_and_resume_with_silos_on_postgres_only(postgres_url: str) -> None:
+    """Two silo processes: a paused reminder delivers no slot while paused (its
+    neighbour keeps ticking), and on resume the missed-tick action applies to
+    the slots that passed: one coalesced catch-up tick (FIRE_IMMEDIATELY) or a
+    skip (SKIP). The fire history kept in PostgreSQL shows both outcomes."""
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        await conn.execute(TICKS_DDL)
+
+        async def ticks(name: str) -> list[tuple[datetime, int]]:
+            rows = await conn.fetch(
+                "SELECT slot, missed FROM test_ticks WHERE grain = 'g' AND name = $1 ORDER BY at",
+                name,
+            )
+            return [(r["slot"], r["missed"]) for r in rows]
+
+        async def ctrl_ticks(more: int) -> None:
+            """Wait for ``more`` ticks of the unpaused reminder: time passed with
+            the service delivering."""
+            target = len(await ticks("ctrl")) + more
+
+            async def done() -> bool:
+                return len(await ticks("ctrl")) >= target
+
+            await wait_for(done, timeout=30, what=f"{more} ctrl ticks")
+
+        with silo_processes(postgres_url, 2, "--grace-ms", "1000", "--allow-client-management"):
+            async with AsyncExitStack() as stack:
+                client = await stack.enter_async_context(ClusterClient(postgres_url))
+                await wait_for(lambda: len(client.gateways) == 2, timeout=15, what="2 gateways")
+                grain = client.get_grain(TYPE, "g")
+                gid = GrainId(TYPE, "g")
+                await grain.start("ctrl", 250)
+                await grain.start("p", 250, int(MissedReminderAction.FIRE_IMMEDIATELY))
+                await grain.start("s", 250, int(MissedReminderAction.SKIP))
+
+                async def ticking(name: str, more_than: int) -> bool:
+                    return len(await ticks(name)) > more_than
+
+                for name in ("p", "s"):
+                    await wait_for(lambda n=name: ticking(n, 1), timeout=30, what=f"{name} ticking")
+
+                mgmt = client.reminders
+                for name in ("p", "s"):
+                    assert (await mgmt.pause(gid, name)).paused
+                await ctrl_ticks(2)  # a tick already running when paused has landed
+                held = {name: await ticks(name) for name in ("p", "s")}
+                await ctrl_ticks(8)  # two seconds at least: past the grace
+                for name in ("p", "s"):
+                    assert await ticks(name) == held[name], f"paused {name} delivered a slot"
+                stopped = {r.name: r for r in await mgmt.list_for_grain(gid)}
+                assert stopped["p"].paused and stopped["s"].paused
+
+                resumed_at = datetime.now(UTC)
+                for name in ("p", "s"):
+                    assert not (await mgmt.resume(gid, name)).paused
+
+                for name in ("p", "s"):
+                    await wait_for(
+                        lambda n=name: ticking(n, len(held[n])), timeout=30, what=f"{name} again"
+                    )
+                # FIRE_IMMEDIATELY: the slot it stopped at, delivered late, standing
+                # for the slots that passed while paused.
+                slot, missed = (await ticks("p"))[len(held["p"])]
+                assert slot == stopped["p"].next_due, (slot, stopped["p"].next_due)
+                assert missed >= 3, missed
+                # SKIP: the slot it stopped at is never delivered; the grid resumes
+                # after the resume.
+                after = (await ticks("s"))[len(held["s"]) :]
+                assert all(s > resumed_at for s, _ in after), (after, resumed_at)
+
+                # History is written behind the ticks, in batches: wait for the
+                # records of the slot each row stopped at, made after the resume. (A
+                # tick delivered just as the pause landed may have lost its schedule
+                # write to it, so an older record can share that slot.)
+                async def since_resume(name: str) -> list[FireOutcome]:
+                    slot = stopped[name].next_due
+                    return [
+                        r.outcome
+                        for r in await mgmt.history(gid, name)
+                        if r.slot == slot and r.at > resumed_at
+                    ]
+
+                async def recorded() -> bool:
+                    return bool(await since_resume("p")) and bool(await since_resume("s"))
+
+                await wait_for(recorded, timeout=30, what="the resumed slots in the history")
+                assert await since_resume("p") == [FireOutcome.OK]
+                assert await since_resume("s") == [FireOutcome.MISSED_SKIPPED]
+                history = await mgmt.history(gid, "p")
+                assert 0 < len(history) <= 20  # ReminderOptions.history_size
+                assert [r.slot for r in history] == sorted((r.slot for r in history), reverse=True)
+                assert {r.silo for r in history} <= {"pg-0", "pg-1"}
     finally:
         await conn.close()

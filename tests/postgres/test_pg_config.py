@@ -4,13 +4,15 @@ the CLI on PostgreSQL, and clear errors for other schemes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 from contextlib import AsyncExitStack
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -25,7 +27,10 @@ from orleanspy import (
     TickStatus,
 )
 from orleanspy.errors import ConfigurationError
+from orleanspy.identity import GrainId
 from orleanspy.membership.redis import RedisMembershipTable
+from orleanspy.reminders.model import FireOutcome, FireRecord
+from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.tables import table_backend
 from orleanspy.testing.cluster import FAST_MEMBERSHIP, wait_for
 
@@ -138,7 +143,7 @@ async def test_cli_silo_and_reminders_on_postgres(postgres_url: str) -> None:
         assert await asyncio.to_thread(proc.wait, 30) == 0
 
         # No silo up: the reminder commands use the PostgreSQL table itself,
-        # which has no pause (yet): said plainly, and the row is left alone.
+        # pause and resume included, and show the row's fire history.
         def direct(*args: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run(
                 [sys.executable, "-m", "orleanspy.cli", "--storage-url", postgres_url,
@@ -146,15 +151,44 @@ async def test_cli_silo_and_reminders_on_postgres(postgres_url: str) -> None:
                 capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
             )  # fmt: skip
 
-        listed, paused = await asyncio.gather(
-            asyncio.to_thread(direct, "get", "CliEchoGrain/k", "hourly", "--json"),
-            asyncio.to_thread(direct, "pause", "CliEchoGrain/k", "hourly"),
-        )
-        assert listed.returncode == 0, listed.stderr
-        assert "via the PostgreSQL table at" in listed.stderr
-        assert '"paused": false' in listed.stdout and '"history": []' in listed.stdout
-        assert paused.returncode == 1
-        assert "this reminder table has no pause" in paused.stderr
+        def get() -> dict[str, Any]:
+            shown = direct("get", "CliEchoGrain/k", "hourly", "--json")
+            assert shown.returncode == 0, shown.stderr
+            assert "via the PostgreSQL table at" in shown.stderr
+            doc: dict[str, Any] = json.loads(shown.stdout)
+            return doc
+
+        gid = GrainId("CliEchoGrain", "k")
+        before = await asyncio.to_thread(get)
+        assert before["paused"] is False and before["history"] == []
+        async with AsyncExitStack() as stack:
+            table = PostgresReminderTable(postgres_url, service_id="default")
+            await table.start(stack)
+            slot = datetime(2030, 1, 1, tzinfo=UTC)
+            await table.append_history(
+                [
+                    FireRecord(
+                        gid, "hourly", slot, slot + timedelta(seconds=2), FireOutcome.OK, "s1"
+                    )
+                ],
+                5,
+            )
+            paused = await asyncio.to_thread(direct, "pause", "CliEchoGrain/k", "hourly")
+            assert paused.returncode == 0, paused.stderr
+            row = await table.read(gid, "hourly")
+            assert row is not None and row.paused, "the CLI's pause did not reach the table"
+            far = datetime.now(UTC) + timedelta(days=3650)
+            assert gid not in [e.grain_id for e in await table.upcoming(far, 100)]
+            shown = await asyncio.to_thread(get)
+            assert shown["paused"] is True
+            assert [(h["outcome"], h["silo"], h["lateness_seconds"]) for h in shown["history"]] == [
+                ("ok", "s1", 2.0)
+            ]
+            resumed = await asyncio.to_thread(direct, "resume", "CliEchoGrain/k", "hourly")
+            assert resumed.returncode == 0, resumed.stderr
+            row = await table.read(gid, "hourly")
+            assert row is not None and not row.paused
+            assert gid in [e.grain_id for e in await table.upcoming(far, 100)]
     finally:
         if proc.poll() is None:
             proc.kill()

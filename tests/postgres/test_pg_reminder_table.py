@@ -24,6 +24,7 @@ from orleanspy.reminders.table import (
     BatchingReminderTable,
     BulkReminderTable,
     ConditionalReminderTable,
+    PausableReminderTable,
     ReminderTable,
 )
 from orleanspy.ring import HASH_SPACE, RingRange
@@ -56,6 +57,8 @@ def test_has_every_optional_capability() -> None:
     assert isinstance(table, BatchingReminderTable)
     assert isinstance(table, ConditionalReminderTable)
     assert isinstance(table, BulkReminderTable)
+    # So the contract's pause and history checks run here rather than skip.
+    assert isinstance(table, PausableReminderTable)
 
 
 def entry(grain: GrainId, name: str = "r", due: datetime = T0, priority: int = 0) -> ReminderEntry:
