@@ -53,7 +53,12 @@ from orleanspy.reminders.model import (
     row_key,
 )
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.table import ChangeFeed, ReminderTable, subscribe
+from orleanspy.reminders.table import (
+    ChangeFeed,
+    ReminderTable,
+    SkippingReminderTable,
+    subscribe,
+)
 from orleanspy.ring import RingRange
 
 __all__ = ["Loader"]
@@ -266,9 +271,17 @@ class Loader:
         # Rows we hold come back from the read too (the table may lag behind us):
         # read past them so they cannot hide the rows we are looking for.
         limit = window.capacity + len(window) + len(self._persister)
-        batches, touched = await self._read(
-            [self._table.read_due(r, before, limit) for r in ranges]
-        )
+        table = self._table
+        held = len(window)
+        skipping = isinstance(table, SkippingReminderTable)
+        reads: list[Awaitable[list[ReminderEntry]]]
+        if isinstance(table, SkippingReminderTable):
+            # Held rows are left out by the table itself: they are not fetched or
+            # decoded again (they still count towards the limit).
+            reads = [table.read_due_skipping(r, before, limit, window) for r in ranges]
+        else:
+            reads = [table.read_due(r, before, limit) for r in ranges]
+        batches, touched = await self._read(reads)
         # Cheap filters first; schedules are built only for rows that can make the cut.
         found: dict[str, tuple[datetime, int, ReminderEntry, datetime | None]] = {}
         for batch in batches:
@@ -288,7 +301,11 @@ class Loader:
             best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
         fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
         loaded, evicted = window.merge(fresh)
-        self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)
+        # A skipping read may return fewer than ``limit`` rows and still have
+        # stopped at the limit: the held rows it skipped counted towards it.
+        full = limit - held if skipping else limit
+        truncated = any(len(b) >= full for b in batches)
+        self._more_available = loaded < len(found) or truncated
         window.refilled(self._more_available)
         self.refills += 1
         self.metrics.refilled(loaded)
