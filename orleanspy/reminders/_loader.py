@@ -174,6 +174,8 @@ class Loader:
             if last is None or admission_key(priority, next_due) >= last:
                 self._more_available = True
                 self._window.signal_low = True
+                if change.priority is not None:
+                    self._window.also_outside(admission_key(priority, next_due))
                 return
         self._hints[key] = (grain_id, name)
         self._wake.set()
@@ -301,6 +303,15 @@ class Loader:
             best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
         fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
         loaded, evicted = window.merge(fresh)
+        # What waits outside, for the window's rotation: the candidates that did
+        # not make it (the evicted rows wait too, but after them).
+        left = sorted(
+            [(c[1], c[0]) for c in found.values()]
+            + [(-row.priority, row.next_due) for row in evicted]
+        )[loaded:]
+        if not window.priority_first:
+            left = sorted((0, due) for _, due in left)
+        window.left_outside(len(left), left[0] if left else None)
         # A skipping read may return fewer than ``limit`` rows and still have
         # stopped at the limit: the held rows it skipped counted towards it.
         full = limit - held if skipping else limit
@@ -419,6 +430,8 @@ class Loader:
         if not loaded:
             self._more_available = True
             self._window.signal_low = True
+            priority = new.priority if self._window.priority_first else 0
+            self._window.also_outside(admission_key(priority, new.next_due))
 
     def _update_held(self, row: Row, entry: ReminderEntry) -> bool:
         """Apply a registration or management write to a held row in place, so it
