@@ -6,7 +6,11 @@ the repair pass), so that reads of the table never race each other.
 A *refill* reads every owned range with ``read_due(range, now + look_ahead,
 limit)`` and keeps the first ``bucket_size`` rows overall in the admission
 order — highest priority first, then earliest due (queued rows that lose are
-evicted; rows being delivered are never evicted). It runs at start,
+evicted; rows being delivered are never evicted). On a
+``SkippingReminderTable`` the read leaves the rows the window holds out
+(``read_due_skipping``): they are not fetched or decoded again. After each
+refill the window learns how many near-due rows it left outside and the best
+of them, for its rotation (``DueWindow.left_outside``). It runs at start,
 every ``poll_interval``, on request, when the heap falls below half (or half of
 it turned over) while the last refill left rows behind, and after the change
 feed was lost. A newly owned range is read at once. A change for an owned row
