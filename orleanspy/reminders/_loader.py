@@ -278,15 +278,16 @@ class Loader:
         # read past them so they cannot hide the rows we are looking for.
         limit = window.capacity + len(window) + len(self._persister)
         table = self._table
-        held = len(window)
-        skipping = isinstance(table, SkippingReminderTable)
         reads: list[Awaitable[list[ReminderEntry]]]
         if isinstance(table, SkippingReminderTable):
             # Held rows are left out by the table itself: they are not fetched or
-            # decoded again (they still count towards the limit).
+            # decoded again. They still count towards the limit, so an answer of
+            # ``full`` rows may have stopped at it.
             reads = [table.read_due_skipping(r, before, limit, window) for r in ranges]
+            full = limit - len(window)
         else:
             reads = [table.read_due(r, before, limit) for r in ranges]
+            full = limit
         batches, touched = await self._read(reads)
         # Cheap filters first; schedules are built only for rows that can make the cut.
         found: dict[str, tuple[datetime, int, ReminderEntry, datetime | None]] = {}
@@ -316,9 +317,6 @@ class Loader:
         if not window.priority_first:
             left = sorted((0, due) for _, due in left)
         window.left_outside(len(left), left[0] if left else None)
-        # A skipping read may return fewer than ``limit`` rows and still have
-        # stopped at the limit: the held rows it skipped counted towards it.
-        full = limit - held if skipping else limit
         truncated = any(len(b) >= full for b in batches)
         self._more_available = loaded < len(found) or truncated
         window.refilled(self._more_available)
