@@ -20,7 +20,8 @@ After its tick the row goes back to ``QUEUED`` (if its next slot is inside the
 window) or leaves. Rotation: while rows wait outside (``left_outside``: the
 loader saw near-due rows it had no room for), a row whose next slot comes
 after the best of them in the admission order is released instead of
-re-queued, and ``low`` is set, so the refill admits a waiting row in its
+re-queued, and once a batch of such rows left (an eighth of the capacity, or
+every waiting row) ``low`` is set, so a refill admits waiting rows in their
 place. A bucket smaller than the near-due set so rotates through it instead
 of keeping the rows it loaded first. It costs one comparison per tick, and
 only while something waits; at most as many rows are released as wait.
@@ -142,6 +143,8 @@ class DueWindow:
         # of the best of them (set by the loader; see the module docstring).
         self._waiting = 0
         self._outside: tuple[int, datetime] | None = None
+        self._released = 0
+        self._batch = 1
         self.rotated = 0
         self._name = name
         # Admission order: priority first (the default and the table's order), or
@@ -271,7 +274,12 @@ class DueWindow:
                 keep = False
                 self._waiting -= 1
                 self.rotated += 1
-                self.low.set()
+                self._released += 1
+                # One refill per batch of releases, not one per tick: a refill
+                # reads every near-due row outside, so refilling per release
+                # would cost a read per tick.
+                if self._released >= self._batch or not self._waiting:
+                    self.low.set()
         if not row.dropped:
             if keep:
                 self.push(row)
@@ -285,10 +293,13 @@ class DueWindow:
         a previous refill said."""
         self._waiting = waiting if best is not None else 0
         self._outside = best if waiting else None
+        self._released = 0
+        self._batch = max(1, min(self._waiting, self.capacity // 8))
 
     def also_outside(self, key: tuple[int, datetime]) -> None:
         """One more near-due row waits outside (a change the window had no room for)."""
         self._waiting += 1
+        self._batch = max(1, min(self._waiting, self.capacity // 8))
         if self._outside is None or key < self._outside:
             self._outside = key
 
