@@ -6,7 +6,11 @@ the repair pass), so that reads of the table never race each other.
 A *refill* reads every owned range with ``read_due(range, now + look_ahead,
 limit)`` and keeps the first ``bucket_size`` rows overall in the admission
 order — highest priority first, then earliest due (queued rows that lose are
-evicted; rows being delivered are never evicted). It runs at start,
+evicted; rows being delivered are never evicted). On a
+``SkippingReminderTable`` the read leaves the rows the window holds out
+(``read_due_skipping``): they are not fetched or decoded again. After each
+refill the window learns how many near-due rows it left outside and the best
+of them, for its rotation (``DueWindow.left_outside``). It runs at start,
 every ``poll_interval``, on request, when the heap falls below half (or half of
 it turned over) while the last refill left rows behind, and after the change
 feed was lost. A newly owned range is read at once. A change for an owned row
@@ -53,7 +57,12 @@ from orleanspy.reminders.model import (
     row_key,
 )
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.table import ChangeFeed, ReminderTable, subscribe
+from orleanspy.reminders.table import (
+    ChangeFeed,
+    ReminderTable,
+    SkippingReminderTable,
+    subscribe,
+)
 from orleanspy.ring import RingRange
 
 __all__ = ["Loader"]
@@ -169,6 +178,8 @@ class Loader:
             if last is None or admission_key(priority, next_due) >= last:
                 self._more_available = True
                 self._window.signal_low = True
+                if change.priority is not None:
+                    self._window.also_outside(admission_key(priority, next_due))
                 return
         self._hints[key] = (grain_id, name)
         self._wake.set()
@@ -266,9 +277,18 @@ class Loader:
         # Rows we hold come back from the read too (the table may lag behind us):
         # read past them so they cannot hide the rows we are looking for.
         limit = window.capacity + len(window) + len(self._persister)
-        batches, touched = await self._read(
-            [self._table.read_due(r, before, limit) for r in ranges]
-        )
+        table = self._table
+        reads: list[Awaitable[list[ReminderEntry]]]
+        if isinstance(table, SkippingReminderTable):
+            # Held rows are left out by the table itself: they are not fetched or
+            # decoded again. They still count towards the limit, so an answer of
+            # ``full`` rows may have stopped at it.
+            reads = [table.read_due_skipping(r, before, limit, window) for r in ranges]
+            full = limit - len(window)
+        else:
+            reads = [table.read_due(r, before, limit) for r in ranges]
+            full = limit
+        batches, touched = await self._read(reads)
         # Cheap filters first; schedules are built only for rows that can make the cut.
         found: dict[str, tuple[datetime, int, ReminderEntry, datetime | None]] = {}
         for batch in batches:
@@ -288,7 +308,17 @@ class Loader:
             best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
         fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
         loaded, evicted = window.merge(fresh)
-        self._more_available = loaded < len(found) or any(len(b) >= limit for b in batches)
+        # What waits outside, for the window's rotation: the candidates that did
+        # not make it (the evicted rows wait too, but after them).
+        left = sorted(
+            [(c[1], c[0]) for c in found.values()]
+            + [(-row.priority, row.next_due) for row in evicted]
+        )[loaded:]
+        if not window.priority_first:
+            left = sorted((0, due) for _, due in left)
+        window.left_outside(len(left), left[0] if left else None)
+        truncated = any(len(b) >= full for b in batches)
+        self._more_available = loaded < len(found) or truncated
         window.refilled(self._more_available)
         self.refills += 1
         self.metrics.refilled(loaded)
@@ -402,6 +432,8 @@ class Loader:
         if not loaded:
             self._more_available = True
             self._window.signal_low = True
+            priority = new.priority if self._window.priority_first else 0
+            self._window.also_outside(admission_key(priority, new.next_due))
 
     def _update_held(self, row: Row, entry: ReminderEntry) -> bool:
         """Apply a registration or management write to a held row in place, so it

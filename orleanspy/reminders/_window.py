@@ -17,7 +17,16 @@ for the dispatcher) and ``low`` (the heap ran low or half turned over, for the
 loader).
 
 After its tick the row goes back to ``QUEUED`` (if its next slot is inside the
-window) or leaves. The capacity bounds *all* resident rows, not only the heap:
+window) or leaves. Rotation: while rows wait outside (``left_outside``: the
+loader saw near-due rows it had no room for), a row whose next slot comes
+after the best of them in the admission order is released instead of
+re-queued, and once a batch of such rows left (an eighth of the capacity, or
+every waiting row) ``low`` is set, so a refill admits waiting rows in their
+place. A bucket smaller than the near-due set so rotates through it instead
+of keeping the rows it loaded first. It costs one comparison per tick, and
+only while something waits; at most as many rows are released as wait.
+
+The capacity bounds *all* resident rows, not only the heap:
 under a backlog the heap drains into the lanes, and a refill must not then
 load more rows behind them, or memory would grow with the table.
 
@@ -130,6 +139,13 @@ class DueWindow:
         self.signal_low = False
         self.turnover = 0
         self.cas_conflicts = 0
+        # Rotation: how many near-due rows wait outside, and the admission key
+        # of the best of them (set by the loader; see the module docstring).
+        self._waiting = 0
+        self._outside: tuple[int, datetime] | None = None
+        self._released = 0
+        self._batch = 1
+        self.rotated = 0
         self._name = name
         # Admission order: priority first (the default and the table's order), or
         # due time alone (only for measuring what priority-first admission buys).
@@ -251,12 +267,41 @@ class DueWindow:
         ``keep`` (inside the look-ahead), else release it. A dropped row stays out."""
         row.next_due = next_due
         self.turnover += 1
+        if keep and self._waiting and self._outside is not None:
+            priority = -row.priority if self._priority_first else 0
+            if (priority, next_due) > self._outside:
+                # A waiting row comes first: make room for it.
+                keep = False
+                self._waiting -= 1
+                self.rotated += 1
+                self._released += 1
+                # One refill per batch of releases, not one per tick: a refill
+                # reads every near-due row outside, so refilling per release
+                # would cost a read per tick.
+                if self._released >= self._batch or not self._waiting:
+                    self.low.set()
         if not row.dropped:
             if keep:
                 self.push(row)
             else:
                 self.release(row)
         self._check_low()
+
+    def left_outside(self, waiting: int, best: tuple[int, datetime] | None) -> None:
+        """The loader saw ``waiting`` near-due rows it could not admit, the best
+        of them with admission key ``best`` (``admission_key``); replaces what
+        a previous refill said."""
+        self._waiting = waiting if best is not None else 0
+        self._outside = best if waiting else None
+        self._released = 0
+        self._batch = max(1, min(self._waiting, self.capacity // 8))
+
+    def also_outside(self, key: tuple[int, datetime]) -> None:
+        """One more near-due row waits outside (a change the window had no room for)."""
+        self._waiting += 1
+        self._batch = max(1, min(self._waiting, self.capacity // 8))
+        if self._outside is None or key < self._outside:
+            self._outside = key
 
     def refilled(self, more_available: bool) -> None:
         """A refill ran: turnover counts from here; ``low`` is signalled again

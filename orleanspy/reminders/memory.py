@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from datetime import datetime
@@ -168,6 +168,12 @@ class InMemoryReminderTable:
         by hash, then key), at most ``limit``."""
         return self._walk_due(r, to_ms(before), limit)
 
+    async def read_due_skipping(
+        self, r: RingRange, before: datetime, limit: int, skip: Container[str]
+    ) -> list[ReminderEntry]:
+        """``read_due`` less the rows whose key is in ``skip`` (they count towards ``limit``)."""
+        return self._walk_due(r, to_ms(before), limit, skip)
+
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
         return self._walk_due(None, to_ms(before), limit)
 
@@ -244,8 +250,11 @@ class InMemoryReminderTable:
         self._publish(grain_id, name, None if moved.paused else moved.next_due)
         return new_etag
 
-    def _walk_due(self, r: RingRange | None, before_ms: int, limit: int) -> list[ReminderEntry]:
+    def _walk_due(
+        self, r: RingRange | None, before_ms: int, limit: int, skip: Container[str] = ()
+    ) -> list[ReminderEntry]:
         found: list[ReminderEntry] = []
+        taken = 0
         if limit <= 0:
             return found
         # Visit heap items in order without popping: a node's children are never
@@ -264,8 +273,10 @@ class InMemoryReminderTable:
             _, h, key, seq = item
             live = self._rows.get(key)
             if live is not None and live[1] == seq and (r is None or h in r):
-                found.append(live[0])
-                if len(found) >= limit:
+                taken += 1
+                if not skip or live[0].key not in skip:
+                    found.append(live[0])
+                if taken >= limit:
                     break
             for child in (2 * i + 1, 2 * i + 2):
                 if child < len(heap) and heap[child][0] <= before_ms:

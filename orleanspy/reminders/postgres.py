@@ -72,7 +72,7 @@ one committed after reaches the new feed.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -527,6 +527,11 @@ def _due_order(row: ReminderEntry) -> tuple[int, int, int, str]:
     return (-int(row.priority), to_ms(row.next_due), row.hash, row.key)
 
 
+def _raw_rank(rec: Any) -> tuple[int, int, int, str, str]:
+    """``_due_order`` on a record's raw columns (no decoding)."""
+    return (-rec["priority"], rec["next_due"], rec["grain_hash"], rec["grain_id"], rec["name"])
+
+
 def _rank(row: ReminderEntry) -> tuple[int, int]:
     """What a scan orders by, across scans: priority (higher first), then due time."""
     return (-int(row.priority), to_ms(row.next_due))
@@ -880,6 +885,57 @@ class PostgresReminderTable:
             rows.sort(key=_due_order)
         del rows[limit:]
         return rows
+
+    async def read_due_skipping(
+        self, r: RingRange, before: datetime, limit: int, skip: Container[str]
+    ) -> list[ReminderEntry]:
+        """``read_due`` less the rows whose key is in ``skip``: the same two-pass
+        scans, ordered on the raw columns, so that skipped rows (the ones the
+        reader holds) are never decoded into entries; they count towards ``limit``."""
+        if limit <= 0:
+            return []
+        buckets, los, his = _slices(r)
+        before_ms = to_ms(before)
+        ask = max(_MIN_FIRST_ASK, -(-2 * limit // len(buckets)))
+        first = min(ask, limit)
+        with translate_errors("reminder read_due"):
+            records = list(
+                await self._p.fetch(
+                    _READ_DUE, self.service_id, before_ms, first, buckets, los, his, None
+                )
+            )
+        records.sort(key=_raw_rank)
+        if ask < limit:
+            threshold = _raw_rank(records[limit - 1])[:2] if len(records) >= limit else None
+            groups: dict[tuple[int, int], list[Any]] = {}
+            for rec in records:
+                group = (rec["priority"], rec["grain_hash"] >> _BUCKET_SHIFT)
+                groups.setdefault(group, []).append(rec)
+            again = [
+                group
+                for group, found in groups.items()
+                if len(found) == ask
+                and (threshold is None or _raw_rank(found[-1])[:2] <= threshold)
+            ]
+            if again:
+                bounds = dict(zip(buckets, zip(los, his, strict=True), strict=True))
+                with translate_errors("reminder read_due"):
+                    more = await self._p.fetch(
+                        _READ_DUE_GROUPS,
+                        self.service_id,
+                        before_ms,
+                        limit,
+                        [p for p, _ in again],
+                        [b for _, b in again],
+                        [bounds[b][0] for _, b in again],
+                        [bounds[b][1] for _, b in again],
+                    )
+                seen = {(rec["grain_id"], rec["name"]) for rec in records}
+                records.extend(m for m in more if (m["grain_id"], m["name"]) not in seen)
+                records.sort(key=_raw_rank)
+        return [
+            _row(rec) for rec in records[:limit] if f"{rec['grain_id']}|{rec['name']}" not in skip
+        ]
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
         """``read_due`` over the whole ring: rows with ``next_due <= before``,

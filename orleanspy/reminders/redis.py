@@ -53,7 +53,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
@@ -734,6 +734,18 @@ class RedisReminderTable:
         rows = await self._collect(r, before_ms, limit, "reminder read_due")
         return [row for row in rows if to_ms(row.next_due) <= before_ms]
 
+    async def read_due_skipping(
+        self, r: RingRange, before: datetime, limit: int, skip: Container[str]
+    ) -> list[ReminderEntry]:
+        """``read_due`` less the rows whose key is in ``skip``: the index read is the
+        same, but skipped members are dropped before the row fetch, so their
+        records never leave Redis and are never decoded."""
+        if limit <= 0:
+            return []
+        before_ms = to_ms(before)
+        rows = await self._collect(r, before_ms, limit, "reminder read_due", skip)
+        return [row for row in rows if to_ms(row.next_due) <= before_ms]
+
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
         """``read_due`` over the whole ring."""
         if limit <= 0:
@@ -761,10 +773,16 @@ class RedisReminderTable:
         return sorted(plan.items())
 
     async def _collect(
-        self, r: RingRange | None, before_ms: int, limit: int, what: str
+        self,
+        r: RingRange | None,
+        before_ms: int,
+        limit: int,
+        what: str,
+        skip: Container[str] = (),
     ) -> list[ReminderEntry]:
         """Rows of ``r`` with next_due <= ``before_ms``: the first ``limit`` in the
-        due order (all when ``limit`` is 0), sorted by (score, hash, key).
+        due order (all when ``limit`` is 0), sorted by (score, hash, key), less
+        those whose key is in ``skip`` (chosen, then not fetched).
 
         The first ``limit`` across shards is a prefix of each shard's score
         order. The first pipelined round asks every shard for a short prefix;
@@ -821,7 +839,12 @@ class RedisReminderTable:
             return []
         by_shard: dict[int, list[bytes]] = {}
         for _, member, s in candidates:
-            by_shard.setdefault(s, []).append(member[9:])
+            key = member[9:]
+            if skip and key.decode() in skip:
+                continue
+            by_shard.setdefault(s, []).append(key)
+        if not by_shard:
+            return []
         with translate_errors(what):
             pipe = self._c.pipeline(transaction=False)
             for s, keys in by_shard.items():

@@ -70,7 +70,9 @@ class ReminderServiceStats:
     ``loaded``: rows in the due-heap; ``queued``: due rows waiting for a permit;
     ``in_flight``: deliveries running; ``resident``: every row held (heap and
     due), never above ``bucket_size`` except briefly for dropped rows whose
-    delivery is still finishing; ``high_water``: the most rows ever resident.
+    delivery is still finishing; ``high_water``: the most rows ever resident;
+    ``rotated``: rows released after their tick to make room for a row waiting
+    outside a full window.
     """
 
     bucket_size: int
@@ -93,6 +95,7 @@ class ReminderServiceStats:
     refills: int
     load_errors: int
     evicted: int
+    rotated: int = 0
 
 
 class ReminderService:
@@ -261,6 +264,7 @@ class ReminderService:
             refills=ld.refills,
             load_errors=ld.load_errors,
             evicted=ld.evicted,
+            rotated=w.rotated,
         )
 
     # -- shutdown ---------------------------------------------------------------------

@@ -32,6 +32,15 @@ which uses ``scoped_changes`` when the table has it and ``changes()`` otherwise,
 so a table without it keeps working unchanged. Readers still filter what they
 receive: a scope is a hint a table may honour, never a guarantee of filtering.
 
+Skipping held rows (optional). A table may also offer
+``read_due_skipping(r, before, limit, skip)`` (``SkippingReminderTable``): the
+answer of ``read_due(r, before, limit)`` less the rows whose key
+(``ReminderEntry.key``) is in ``skip``, which are neither fetched nor decoded.
+The service's refill passes the rows it already holds, so a poll costs what is
+new, not the whole window. Skipped rows still count towards ``limit`` (the
+answer is the same prefix of the due order, thinned). The service falls back
+to ``read_due`` on a table without it.
+
 Paused rows (``ReminderEntry.paused``; tables that are a
 ``PausableReminderTable``). A table stores the flag with the row
 and returns it from ``read``, ``read_grain`` and ``read_range``; ``count``
@@ -62,7 +71,7 @@ records' time, trimmed to the newest ``keep`` per row on append).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Container, Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime
 from typing import Protocol, runtime_checkable
@@ -80,6 +89,7 @@ __all__ = [
     "PausableReminderTable",
     "ReminderTable",
     "ScopedChangesTable",
+    "SkippingReminderTable",
     "subscribe",
 ]
 
@@ -245,6 +255,23 @@ class BulkReminderTable(ReminderTable, Protocol):
         """``upsert`` each entry, in order, as one batch; the new etags in order.
         Not a transaction: after a ``StorageUnavailableError`` some may have been
         written (upserting them again is harmless)."""
+        ...
+
+
+@runtime_checkable
+class SkippingReminderTable(ReminderTable, Protocol):
+    """A table that can leave rows the reader holds out of a due read (optional).
+
+    The service's refill uses it when a table provides it, and ``read_due``
+    (then drops the held rows itself) otherwise.
+    """
+
+    async def read_due_skipping(
+        self, r: RingRange, before: datetime, limit: int, skip: Container[str]
+    ) -> list[ReminderEntry]:
+        """``read_due(r, before, limit)`` without the rows whose key is in ``skip``
+        (they are not fetched or decoded, but count towards ``limit``). ``skip``
+        is consulted during the call; it may be a live view such as the window."""
         ...
 
 

@@ -25,7 +25,8 @@ wrong and right etag, range reads with random bounds over 1,000 rows including
 wrap-around) and the parts orleanspy adds: the due index, schedule CAS (single
 and batched, when the table is a ``BatchingReminderTable``), ``upsert_if`` (when
 the table is a ``ConditionalReminderTable``), ``upsert_many`` (when it is a
-``BulkReminderTable``), paused rows and fire history (when it is a
+``BulkReminderTable``), ``read_due_skipping`` (when it is a
+``SkippingReminderTable``), paused rows and fire history (when it is a
 ``PausableReminderTable``), ``upcoming``,
 ``count``, the change feed and a field-by-field round trip. Rows are written with
 the table's ``service_id`` attribute when it has one.
@@ -60,6 +61,7 @@ from orleanspy.reminders.table import (
     ConditionalReminderTable,
     PausableReminderTable,
     ReminderTable,
+    SkippingReminderTable,
 )
 from orleanspy.ring import HASH_SPACE, RingRange
 
@@ -600,6 +602,67 @@ async def check_read_due_against_brute_force(factory: TableFactory) -> None:
             )
 
 
+async def check_read_due_skipping_against_brute_force(factory: TableFactory) -> None:
+    """``read_due_skipping`` (``SkippingReminderTable`` only) answers like
+    ``read_due`` less the skipped keys, which still count towards ``limit``:
+    checked against brute force for random ranges, cut-offs, limits and skip
+    sets (empty, some, all of the due rows)."""
+    rng = random.Random(777)
+    async with factory() as table:
+        if not isinstance(table, SkippingReminderTable):
+            return
+        entries = _bulk_entries(table, rng, _BULK)
+        etags = await _upsert_all(table, entries)
+        pool = [_stored(e, etags[e.key]) for e in entries]
+        cases: list[tuple[RingRange, datetime, int]] = [
+            (RingRange(0, 0), _T0 + timedelta(hours=3), _BULK + 10),
+            (RingRange(0, 0), _T0 + timedelta(minutes=30), 50),
+            (RingRange(3 << 30, 1 << 30), _T0 + timedelta(hours=1), 100),  # wraps
+        ]
+        for _ in range(20):
+            before = _T0 + timedelta(milliseconds=rng.randrange(-1000, 2 * 3600 * 1000 + 1000))
+            cases.append((_random_range(rng), before, rng.choice([1, 7, 50, 200, 5000])))
+        for r, before, limit in cases:
+            qualifying = [e for e in pool if e.hash in r and e.next_due <= before]
+            for share in (0.0, 0.3, 1.0):
+                skip = {e.key for e in qualifying if rng.random() < share}
+                got = await table.read_due_skipping(r, before, limit, skip)
+                what = f"read_due_skipping {r} before={before} limit={limit} skip={len(skip)}"
+                got_keys = [e.key for e in got]
+                assert len(got_keys) == len(set(got_keys)), f"{what}: a row came back twice"
+                assert not skip.intersection(got_keys), f"{what}: returned a skipped row"
+                allowed = {e.key for e in qualifying}
+                assert all(k in allowed for k in got_keys), f"{what}: a row outside or not due"
+                order = [_due_order(e) for e in got]
+                assert order == sorted(order), f"{what}: rows not in the due order"
+                by_key = {p.key: p for p in pool}
+                assert all(e == by_key[e.key] for e in got[:3]), f"{what}: rows differ"
+                kept = sorted(_due_order(e) for e in qualifying if e.key not in skip)
+                if len(qualifying) <= limit:
+                    # Not cut by the limit: every row that is not skipped.
+                    assert sorted(got_keys) == sorted(
+                        e.key for e in qualifying if e.key not in skip
+                    ), f"{what}: expected every due row that is not skipped"
+                    continue
+                # Cut by the limit: a thinned prefix of ``limit`` rows in the due
+                # order. No row left out ranks strictly before the last row
+                # returned, and the skipped rows make up what is missing.
+                if got:
+                    before_last = [o for o in kept if o < order[-1]]
+                    assert order[: len(before_last)] == before_last, (
+                        f"{what}: a row that ranks before the last one returned is missing"
+                    )
+                cut = sorted(_due_order(e) for e in qualifying)[limit - 1]
+                skipped_in = sum(1 for e in qualifying if e.key in skip and _due_order(e) <= cut)
+                assert len(got) <= limit, f"{what}: more than limit rows"
+                assert not order or order[-1] <= cut, (
+                    f"{what}: returned a row past the first {limit} of the due order"
+                )
+                assert len(got) + skipped_in >= limit, (
+                    f"{what}: {len(got)} rows with {skipped_in} skipped: the answer stops short"
+                )
+
+
 async def check_due_index_follows_rewrites(factory: TableFactory) -> None:
     """After 1,500 random upserts, schedule CASes and removes over 200 rows, the
     due index, ``count`` and ``read_range`` agree with a model of the rows."""
@@ -840,6 +903,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_update_schedule_many_keeps_lanes_and_fields,
     check_read_range_random_bounds,
     check_read_due_against_brute_force,
+    check_read_due_skipping_against_brute_force,
     check_due_index_follows_rewrites,
     check_upcoming,
     check_count,
