@@ -3,7 +3,7 @@
 ``bucket_size = base * max(1, cpu // 4) * max(0.25, 1 - memory_load)
 * min(1.0, 50_000 / active_grains)`` (docs/architecture.md, section 2, step 3).
 More cores buy a larger window; memory pressure and a crowded catalog shrink it, but never
-below a quarter of ``base`` for memory. ``window_size`` applies it as the
+below a quarter of ``base`` for memory. ``adapted_bucket_size`` applies it as the
 options say, and keeps ``base`` when the signals cannot be read.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from orleanspy.options import ReminderOptions
 
-__all__ = ["LoadSignals", "bucket_size", "default_load", "read_memory_load", "window_size"]
+__all__ = ["LoadSignals", "adapted_bucket_size", "bucket_size", "default_load", "read_memory_load"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,9 @@ def bucket_size(base: int, signals: LoadSignals) -> int:
     return max(1, int(base * cpu * memory * grains))
 
 
-def window_size(options: ReminderOptions, load: Callable[[], LoadSignals], name: str = "") -> int:
+def adapted_bucket_size(
+    options: ReminderOptions, load: Callable[[], LoadSignals], name: str = ""
+) -> int:
     """The bucket size to use now: ``options.base_bucket_size``, adapted to
     ``load()`` when ``options.adaptive``; the base when the signals fail (a
     sizing failure must not stop loading)."""

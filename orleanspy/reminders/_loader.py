@@ -42,7 +42,7 @@ from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._adaptive import LoadSignals, window_size
+from orleanspy.reminders._adaptive import LoadSignals, adapted_bucket_size
 from orleanspy.reminders._history import NoHistory, skip_outcome
 from orleanspy.reminders._missed import MissedNotifier, plan_tick
 from orleanspy.reminders._ownership import Ownership
@@ -271,12 +271,12 @@ class Loader:
         Others call it only while ``run`` is not running (reads must not race).
         """
         window = self._window
-        window.capacity = window_size(self._options, self._load, self._name)
+        window.bucket_size = adapted_bucket_size(self._options, self._load, self._name)
         now = self._clock.now()
         before = now + self._options.look_ahead
         # Rows we hold come back from the read too (the table may lag behind us):
         # read past them so they cannot hide the rows we are looking for.
-        limit = window.capacity + len(window) + len(self._persister)
+        limit = window.bucket_size + len(window) + len(self._persister)
         table = self._table
         reads: list[Awaitable[list[ReminderEntry]]]
         if isinstance(table, SkippingReminderTable):
@@ -330,7 +330,7 @@ class Loader:
             loaded,
             len(evicted),
             len(window),
-            window.capacity,
+            window.bucket_size,
         )
 
     async def _full_refill(self) -> None:
@@ -477,7 +477,7 @@ class Loader:
         """Apply SKIP/NOTIFY in place to long-overdue rows not held (module docstring)."""
         now = self._clock.now()
         before = now - self._options.look_ahead
-        limit = self._window.capacity
+        limit = self._window.bucket_size
         batches, touched = await self._read(
             [self._table.read_due(r, before, limit) for r in self._ownership.ranges]
         )

@@ -20,19 +20,19 @@ After its tick the row goes back to ``QUEUED`` (if its next slot is inside the
 window) or leaves. Rotation: while rows wait outside (``left_outside``: the
 loader saw near-due rows it had no room for), a row whose next slot comes
 after the best of them in the admission order is released instead of
-re-queued, and once a batch of such rows left (an eighth of the capacity, or
+re-queued, and once a batch of such rows left (an eighth of the bucket size, or
 every waiting row) ``low`` is set, so a refill admits waiting rows in their
 place. A bucket smaller than the near-due set so rotates through it instead
 of keeping the rows it loaded first. It costs one comparison per tick, and
 only while something waits; at most as many rows are released as wait.
 
-The capacity bounds *all* resident rows, not only the heap:
+The bucket size bounds *all* resident rows, not only the heap:
 under a backlog the heap drains into the lanes, and a refill must not then
 load more rows behind them, or memory would grow with the table.
 
 The heap is one ``heapq`` min-heap keyed ``(next_due, -priority, seq)``: it
 orders firing. Admission is another order: when more rows are near due than
-the capacity, the window holds the highest-priority rows first, then the
+the bucket size, the window holds the highest-priority rows first, then the
 earliest due (``admission_key``), the order the table's ``read_due`` answers in.
 Removal is lazy: an entry is live only while its row is ``QUEUED`` with the
 same ``seq``; stale entries are compacted away when they outnumber live ones.
@@ -121,11 +121,11 @@ _WorstItem = tuple[int, int, int, Row]
 
 
 class DueWindow:
-    """At most ``capacity`` resident rows; the ``QUEUED`` ones in one min-heap,
+    """At most ``bucket_size`` resident rows; the ``QUEUED`` ones in one min-heap,
     the ``DUE`` ones waiting for a permit in ``lanes``."""
 
-    def __init__(self, capacity: int, *, enable_priority: bool = True, name: str = "") -> None:
-        self.capacity = capacity
+    def __init__(self, bucket_size: int, *, enable_priority: bool = True, name: str = "") -> None:
+        self.bucket_size = bucket_size
         self.lanes = Lanes(enable_priority)
         #: Set when the heap may have a new head (the ticker clears it).
         self.head_changed = asyncio.Event()
@@ -176,13 +176,13 @@ class DueWindow:
 
     @property
     def space(self) -> int:
-        return max(0, self.capacity - len(self._rows))
+        return max(0, self.bucket_size - len(self._rows))
 
     @property
     def room(self) -> int:
-        """Rows a merge could hold: the capacity less the DUE rows (queued rows
+        """Rows a merge could hold: the bucket size less the DUE rows (queued rows
         compete with candidates for it)."""
-        return max(0, self.capacity - (len(self._rows) - self._queued))
+        return max(0, self.bucket_size - (len(self._rows) - self._queued))
 
     def head_due(self) -> datetime | None:
         """The earliest ``next_due`` in the heap."""
@@ -212,7 +212,7 @@ class DueWindow:
         """Queue ``row`` (making it resident); ``True`` if it became the head
         (then ``head_changed`` is set).
 
-        The caller checks capacity for rows that are not yet resident; a row
+        The caller checks room for rows that are not yet resident; a row
         coming back from its tick is already counted.
         """
         if row.state is RowState.QUEUED:
@@ -294,12 +294,12 @@ class DueWindow:
         self._waiting = waiting if best is not None else 0
         self._outside = best if waiting else None
         self._released = 0
-        self._batch = max(1, min(self._waiting, self.capacity // 8))
+        self._batch = max(1, min(self._waiting, self.bucket_size // 8))
 
     def also_outside(self, key: tuple[int, datetime]) -> None:
         """One more near-due row waits outside (a change the window had no room for)."""
         self._waiting += 1
-        self._batch = max(1, min(self._waiting, self.capacity // 8))
+        self._batch = max(1, min(self._waiting, self.bucket_size // 8))
         if self._outside is None or key < self._outside:
             self._outside = key
 
@@ -386,14 +386,14 @@ class DueWindow:
         Queued rows compete with the candidates for the room left by DUE rows;
         the last in that order lose: a losing candidate is not loaded, a losing
         queued row is evicted (released; the loader reads it again once there is
-        room). Returns ``(loaded, evicted)``. Never exceeds ``capacity``, also
-        when the capacity shrank since the last merge.
+        room). Returns ``(loaded, evicted)``. Never exceeds ``bucket_size``, also
+        when the bucket size shrank since the last merge.
         """
         order = _order if self._priority_first else _due_order
         fresh = sorted((row for row in candidates if row.key not in self._rows), key=order)
         evicted: list[Row] = []
-        # A capacity that shrank: the worst queued rows go first.
-        while len(self._rows) > self.capacity:
+        # A bucket size that shrank: the worst queued rows go first.
+        while len(self._rows) > self.bucket_size:
             worst = self._peek_worst()
             if worst is None:
                 break
@@ -401,7 +401,7 @@ class DueWindow:
             evicted.append(worst)
         loaded = 0
         for row in fresh:
-            if len(self._rows) >= self.capacity:
+            if len(self._rows) >= self.bucket_size:
                 # Full: the candidate takes the place of the worst queued row if
                 # it comes strictly before it (candidates come best first, so
                 # once one loses, the rest lose too).
@@ -437,7 +437,7 @@ class DueWindow:
         # later rows in favour of the older ones).
         if not self.signal_low:
             return
-        half = self.capacity // 2
+        half = self.bucket_size // 2
         if self._queued < half or self.turnover >= half:
             self.signal_low = False
             self.low.set()

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from orleanspy.clock import Clock
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._adaptive import LoadSignals, default_load, window_size
+from orleanspy.reminders._adaptive import LoadSignals, adapted_bucket_size, default_load
 from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery
 from orleanspy.reminders._history import History, NoHistory
 from orleanspy.reminders._lanes import LaneDrainer
@@ -127,7 +127,9 @@ class ReminderService:
         load = load or default_load
         self._ownership = Ownership()
         self._window = window = DueWindow(
-            window_size(options, load, name), enable_priority=options.enable_priority, name=name
+            adapted_bucket_size(options, load, name),
+            enable_priority=options.enable_priority,
+            name=name,
         )
         self._persister = persister = Persister(
             table, clock, options, window.persisted, metrics=metrics
@@ -190,7 +192,7 @@ class ReminderService:
         stack.push_async_callback(_cancel, tasks)
         self._running = True
         log.info(
-            "reminder service started name=%s bucket_size=%d", self._name, self._window.capacity
+            "reminder service started name=%s bucket_size=%d", self._name, self._window.bucket_size
         )
 
     def set_ranges(self, ranges: Sequence[RingRange]) -> None:
@@ -243,7 +245,7 @@ class ReminderService:
         w, d, p, ld = self._window, self._drainer, self._persister, self._loader
         dl = self._delivery
         return ReminderServiceStats(
-            bucket_size=w.capacity,
+            bucket_size=w.bucket_size,
             loaded=w.queued,
             queued=len(w.lanes),
             in_flight=d.in_flight,

@@ -99,10 +99,10 @@ def test_window_keeps_the_earliest_rows_and_evicts_later_queued_ones() -> None:
     assert len(w) == 3 and w.high_water == 3
 
 
-def test_window_shrinks_to_a_lower_capacity() -> None:
+def test_window_shrinks_to_a_lower_bucket_size() -> None:
     w = DueWindow(4)
     w.merge([_row(i, i) for i in range(4)])
-    w.capacity = 2
+    w.bucket_size = 2
     _, evicted = w.merge([])
     assert [r.entry.grain_id.key for r in evicted] == [2, 3] and len(w) == 2
 
