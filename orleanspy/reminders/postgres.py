@@ -528,13 +528,9 @@ def _due_order(row: ReminderEntry) -> tuple[int, int, int, str]:
 
 
 def _raw_rank(rec: Any) -> tuple[int, int, int, str, str]:
-    """``_due_order`` on a record's raw columns (no decoding)."""
+    """``_due_order`` on a record's raw columns (no decoding); its first two items
+    are what a scan orders by across scans (priority, higher first, then due)."""
     return (-rec["priority"], rec["next_due"], rec["grain_hash"], rec["grain_id"], rec["name"])
-
-
-def _rank(row: ReminderEntry) -> tuple[int, int]:
-    """What a scan orders by, across scans: priority (higher first), then due time."""
-    return (-int(row.priority), to_ms(row.next_due))
 
 
 class PostgresReminderTable:
@@ -833,58 +829,7 @@ class PostgresReminderTable:
         rows. So a whole-ring read moves about ``2 x limit`` rows, not ``limit``
         per bucket.
         """
-        if limit <= 0:
-            return []
-        buckets, los, his = _slices(r)
-        before_ms = to_ms(before)
-        ask = max(_MIN_FIRST_ASK, -(-2 * limit // len(buckets)))
-        if ask >= limit:
-            with translate_errors("reminder read_due"):
-                records = await self._p.fetch(
-                    _READ_DUE, self.service_id, before_ms, limit, buckets, los, his, limit
-                )
-            rows = [_row(rec) for rec in records]
-            rows.sort(key=_due_order)
-            return rows
-        with translate_errors("reminder read_due"):
-            records = await self._p.fetch(
-                _READ_DUE, self.service_id, before_ms, ask, buckets, los, his, None
-            )
-        rows = [_row(rec) for rec in records]
-        rows.sort(key=_due_order)
-        threshold = _rank(rows[limit - 1]) if len(rows) >= limit else None
-        groups: dict[tuple[int, int], list[ReminderEntry]] = {}
-        for row in rows:
-            groups.setdefault((int(row.priority), row.hash >> _BUCKET_SHIFT), []).append(row)
-        # Rows a full scan did not return rank at or after its last row; ties in
-        # rank are why "at or before" (not "before") marks a scan to ask again.
-        again = [
-            group
-            for group, found in groups.items()
-            if len(found) == ask and (threshold is None or _rank(found[-1]) <= threshold)
-        ]
-        if again:
-            bounds = dict(zip(buckets, zip(los, his, strict=True), strict=True))
-            with translate_errors("reminder read_due"):
-                more = await self._p.fetch(
-                    _READ_DUE_GROUPS,
-                    self.service_id,
-                    before_ms,
-                    limit,
-                    [p for p, _ in again],
-                    [b for _, b in again],
-                    [bounds[b][0] for _, b in again],
-                    [bounds[b][1] for _, b in again],
-                )
-            seen = {row.key for row in rows}
-            for rec in more:
-                row = _row(rec)
-                if row.key not in seen:
-                    seen.add(row.key)
-                    rows.append(row)
-            rows.sort(key=_due_order)
-        del rows[limit:]
-        return rows
+        return await self.read_due_skipping(r, before, limit, ())
 
     async def read_due_skipping(
         self, r: RingRange, before: datetime, limit: int, skip: Container[str]
@@ -898,10 +843,19 @@ class PostgresReminderTable:
         before_ms = to_ms(before)
         ask = max(_MIN_FIRST_ASK, -(-2 * limit // len(buckets)))
         first = min(ask, limit)
+        # Few buckets: each scan asks for all of ``limit`` and one statement-wide
+        # LIMIT keeps the answer to ``limit`` rows; many: a fair share per scan.
         with translate_errors("reminder read_due"):
             records = list(
                 await self._p.fetch(
-                    _READ_DUE, self.service_id, before_ms, first, buckets, los, his, None
+                    _READ_DUE,
+                    self.service_id,
+                    before_ms,
+                    first,
+                    buckets,
+                    los,
+                    his,
+                    limit if ask >= limit else None,
                 )
             )
         records.sort(key=_raw_rank)
