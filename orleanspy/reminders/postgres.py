@@ -317,18 +317,22 @@ WITH w AS (
 SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FROM w
 """
 
-# $1 service, $2 before (ms), $3 rows per scan, then the planned slices as
-# parallel arrays: bucket, lowest and highest hash inside it (inclusive); $7 rows
-# in all (NULL: every row the scans return).
-_READ_DUE: Final = f"""
-WITH RECURSIVE prio(p) AS (
+# The priorities in use by unpaused rows of service $1, highest first, one
+# index probe each (a loose index scan): the lanes the due reads visit.
+_PRIORITIES_IN_USE: Final = """WITH RECURSIVE prio(p) AS (
     SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1 AND NOT paused
     UNION ALL
     SELECT (SELECT max(priority) FROM orleanspy_reminders
             WHERE service_id = $1 AND NOT paused AND priority < prio.p)
     FROM prio WHERE prio.p IS NOT NULL
 )
-SELECT r.* FROM prio
+"""
+
+# $1 service, $2 before (ms), $3 rows per scan, then the planned slices as
+# parallel arrays: bucket, lowest and highest hash inside it (inclusive); $7 rows
+# in all (NULL: every row the scans return).
+_READ_DUE: Final = f"""
+{_PRIORITIES_IN_USE}SELECT r.* FROM prio
 CROSS JOIN unnest($4::smallint[], $5::bigint[], $6::bigint[]) AS s(bucket, lo, hi)
 CROSS JOIN LATERAL (
     SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
@@ -358,14 +362,7 @@ CROSS JOIN LATERAL (
 # read_due over the whole ring, without buckets: per priority in use (the
 # loose scan of _READ_DUE), the earliest due rows from the upcoming index.
 _UPCOMING: Final = f"""
-WITH RECURSIVE prio(p) AS (
-    SELECT max(priority) FROM orleanspy_reminders WHERE service_id = $1 AND NOT paused
-    UNION ALL
-    SELECT (SELECT max(priority) FROM orleanspy_reminders
-            WHERE service_id = $1 AND NOT paused AND priority < prio.p)
-    FROM prio WHERE prio.p IS NOT NULL
-)
-SELECT r.* FROM prio
+{_PRIORITIES_IN_USE}SELECT r.* FROM prio
 CROSS JOIN LATERAL (
     SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
     WHERE service_id = $1 AND NOT paused AND priority = prio.p AND next_due <= $2

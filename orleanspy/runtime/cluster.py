@@ -180,18 +180,9 @@ class ClusterLocator:
         self._directory.invalidate_silo(silo)
         if not self._alive(silo):
             return True
-        # Every failure waits for a table read that started after it; concurrent
-        # failures share one read.
-        refreshing = self._refreshing
-        if refreshing is None or refreshing.done():
-            if time.monotonic() - self._last_refresh < _REFRESH_MIN_INTERVAL:
-                return False
-            self._last_refresh = time.monotonic()
-            refreshing = self._refreshing = asyncio.ensure_future(self._membership.refresh())
-        try:
-            await asyncio.shield(refreshing)
-        except Exception as exc:
-            log.warning("membership refresh failed error=%r", exc)
+        # Concurrent failures share one table read; within the rate limit no
+        # read starts and the silo counts as alive.
+        await self._refresh()
         return not self._alive(silo)
 
 
