@@ -42,6 +42,19 @@ def own_redis() -> Iterator[RedisServer]:
         server.close()
 
 
+@pytest.fixture
+def aof_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, append-only with fsync: a kill (or a freeze
+    past the socket timeout) is an outage, not a data loss. ``close`` thaws a frozen
+    server before stopping it."""
+    server = RedisServer(appendonly=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture(scope="session")
 def postgres_database() -> Iterator[PostgresDatabase]:
     """A database of this test session's own on the machine's PostgreSQL, dropped after."""

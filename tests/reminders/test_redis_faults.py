@@ -59,18 +59,6 @@ def _clear() -> Iterator[None]:
     TICKS.clear()
 
 
-@pytest.fixture
-def aof_redis() -> Iterator[RedisServer]:
-    # Append-only with fsync: a kill is an outage, not a data loss.
-    server = RedisServer(appendonly=True)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.thaw()
-        server.close()
-
-
 def silo_options(redis: RedisServer, reminders: ReminderOptions) -> SiloOptions:
     return SiloOptions(
         redis_url=f"{redis.url}?socket_timeout={SOCKET_TIMEOUT_S}&socket_connect_timeout=1",

@@ -65,16 +65,6 @@ def _clear() -> Iterator[None]:
 
 
 @pytest.fixture
-def aof_redis() -> Iterator[RedisServer]:
-    server = RedisServer(appendonly=True)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
 async def silo(aof_redis: RedisServer) -> AsyncIterator[Silo]:
     options = SiloOptions(
         grain_types=(OutageTickGrain,),
