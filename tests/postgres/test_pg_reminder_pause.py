@@ -29,6 +29,7 @@ from orleanspy.reminders.model import (
 )
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.ring import RingRange
+from tests.postgres.rows import copy_rows
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 LATER = T0 + timedelta(days=1)
@@ -165,14 +166,8 @@ async def test_paused_rows_cost_a_due_read_nothing(postgres_url: str) -> None:
                 ("svc", g.canonical, "r", h, h >> 24, 0 if live else 127,
                  now, now + i, 60_000, 2, not live, i)
             )  # fmt: skip
+        await copy_rows(table, records, paused=True)
         async with table._p.acquire() as conn:
-            await conn.copy_records_to_table(
-                "orleanspy_reminders",
-                records=records,
-                columns=["service_id", "grain_id", "name", "grain_hash", "bucket", "priority",
-                         "start_at", "next_due", "period_ms", "action", "paused", "version"],
-            )  # fmt: skip
-            await conn.execute("ANALYZE orleanspy_reminders")
             limit = 50
             before = now + 30_000
             looked, indexes = _looked_at(

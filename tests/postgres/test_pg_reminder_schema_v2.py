@@ -19,6 +19,7 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders import postgres as pg_reminders
 from orleanspy.reminders.model import MissedReminderAction, ReminderChange, ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
+from tests.postgres.rows import copy_rows
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -149,25 +150,8 @@ async def test_upcoming_reads_the_upcoming_index_not_the_table(postgres_url: str
                 ("svc", g.canonical, "r", h, h >> 24, rng.choice([-100, 0, 100]),
                  due, due, 60_000, 2, i)
             )  # fmt: skip
+        await copy_rows(table, records)
         async with table._p.acquire() as conn:
-            await conn.copy_records_to_table(
-                "orleanspy_reminders",
-                records=records,
-                columns=[
-                    "service_id",
-                    "grain_id",
-                    "name",
-                    "grain_hash",
-                    "bucket",
-                    "priority",
-                    "start_at",
-                    "next_due",
-                    "period_ms",
-                    "action",
-                    "version",
-                ],
-            )
-            await conn.execute("ANALYZE orleanspy_reminders")
             limit = 100
             before = now + 120_000
             raw = await conn.fetchval(

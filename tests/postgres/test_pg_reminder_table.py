@@ -29,6 +29,7 @@ from orleanspy.reminders.table import (
 )
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.testing.reminder_table import REMINDER_TABLE_CHECKS
+from tests.postgres.rows import copy_rows
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -287,25 +288,8 @@ async def test_read_due_reads_the_due_index_not_the_table(postgres_url: str) -> 
                 ("svc", GrainId("Plan", i).canonical, "r", h, h >> 24, rng.choice([0, 100]),
                  due, due, 60_000, 2, i)
             )  # fmt: skip
+        await copy_rows(table, records)
         async with table._p.acquire() as conn:
-            await conn.copy_records_to_table(
-                "orleanspy_reminders",
-                records=records,
-                columns=[
-                    "service_id",
-                    "grain_id",
-                    "name",
-                    "grain_hash",
-                    "bucket",
-                    "priority",
-                    "start_at",
-                    "next_due",
-                    "period_ms",
-                    "action",
-                    "version",
-                ],
-            )
-            await conn.execute("ANALYZE orleanspy_reminders")
             arc = RingRange(1 << 30, (1 << 30) + HASH_SPACE // 90)
             buckets, los, his = pg_reminders._slices(arc)
             before = now + 120_000
