@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -351,6 +352,59 @@ async def test_client_cannot_delete_reminders_without_authentication(redis_url: 
             assert [r.name for r in await client.reminders.list_for_grain(gid)] == ["tick"]
 
 
+@dataclass
+class Flood:
+    """What a flood of frames did: messages written before the gateway stopped
+    reading (``pushed_back``), and the silo's peak RSS, sampled as it went."""
+
+    silo: SiloProc
+    peak: float
+    written: int = 0
+    pushed_back: bool = False
+    seconds: float = 0.0
+
+    def sample(self) -> None:
+        self.peak = max(self.peak, self.silo.rss_mb())
+
+
+def flood_frame(kind: Any, method: str, key: str, body: bytes) -> bytes:
+    """One frame of 1,000 messages of ``kind`` to ``GRAIN/key``."""
+    batch = pb.Batch()
+    for i in range(1000):
+        env: Any = batch.messages.add()
+        env.id, env.kind, env.grain_type, env.s = i + 1, kind, GRAIN, key
+        env.method, env.body = method, body
+        env.expires_at_ms = int(time.time() * 1000) + 600_000
+    return bytes(batch.SerializeToString())
+
+
+@asynccontextmanager
+async def flooding(silo: SiloProc, frame: bytes, client: str) -> AsyncIterator[Flood]:
+    """Write ``frame`` to the gateway up to 1,000 times, without reading answers,
+    until a write waits 3 s (the gateway stopped reading). The stream stays open
+    inside the block, so what is checked there runs while the flood is held back."""
+    flood = Flood(silo, peak=silo.rss_mb())
+    async with grpc.aio.insecure_channel(silo.endpoint) as channel:
+        call = channel.stream_stream("/orleanspy.v1.GatewayService/Connect")(
+            metadata=((CLIENT_HEADER, client),)
+        )
+        started = time.monotonic()
+        for _ in range(1000):
+            try:
+                await asyncio.wait_for(call.write(frame), 3.0)
+            except TimeoutError:
+                flood.pushed_back = True
+                break
+            flood.written += 1000
+            flood.sample()
+        flood.seconds = time.monotonic() - started
+        flood.sample()
+        try:
+            yield flood
+        finally:
+            call.cancel()
+
+
 @pytest.mark.timeout(180)
 async def test_a_million_unread_requests_keep_rss_bounded_and_the_silo_active(
     redis_url: str,
@@ -360,45 +414,20 @@ async def test_a_million_unread_requests_keep_rss_bounded_and_the_silo_active(
     rss_bound_mb = 300
     with cluster(redis_url) as c:
         (silo,) = c.start(1)
-        baseline = silo.rss_mb()
-        batch = pb.Batch()
-        body = args()
-        for i in range(1000):
-            env: Any = batch.messages.add()
-            env.id, env.grain_type, env.s, env.method, env.body = i + 1, GRAIN, "flood", "get", body
-            env.expires_at_ms = int(time.time() * 1000) + 600_000
-        frame = batch.SerializeToString()
-        written = 0
-        peak = baseline
-        async with grpc.aio.insecure_channel(silo.endpoint) as channel:
-            call = channel.stream_stream("/orleanspy.v1.GatewayService/Connect")(
-                metadata=((CLIENT_HEADER, "flooder"),)
-            )
-            pushed_back = False
-            started = time.monotonic()
-            for _ in range(1000):
-                try:
-                    await asyncio.wait_for(call.write(frame), 3.0)
-                except TimeoutError:
-                    pushed_back = True
-                    break
-                written += 1000
-                peak = max(peak, silo.rss_mb())
-            peak = max(peak, silo.rss_mb())
+        frame = flood_frame(pb.REQUEST, "get", "flood", args())
+        async with flooding(silo, frame, "flooder") as flood:
             async with ClusterClient(redis_url) as client:
                 # Another client is served while the flood is held back.
                 assert await client.get_grain(GRAIN, "other").get() == 0
-            peak = max(peak, silo.rss_mb())
+            flood.sample()
             async with membership(redis_url) as table:
                 assert await status(table, silo) is SiloStatus.ACTIVE
-            call.cancel()
         print(
-            f"\nflood: written={written} pushed_back={pushed_back} "
-            f"in {time.monotonic() - started:.1f}s rss baseline={baseline:.0f}MB "
-            f"peak={peak:.0f}MB bound={rss_bound_mb}MB"
+            f"\nflood: written={flood.written} pushed_back={flood.pushed_back} "
+            f"in {flood.seconds:.1f}s peak={flood.peak:.0f}MB bound={rss_bound_mb}MB"
         )
-        assert pushed_back and written < 1_000_000
-        assert peak < rss_bound_mb
+        assert flood.pushed_back and flood.written < 1_000_000
+        assert flood.peak < rss_bound_mb
         assert silo.proc.poll() is None
 
 
@@ -414,45 +443,19 @@ async def test_a_flood_of_one_way_messages_keeps_rss_bounded_and_the_silo_servin
     rss_bound_mb = 300
     with cluster(redis_url) as c:
         (silo,) = c.start(1)
-        baseline = silo.rss_mb()
-        batch = pb.Batch()
-        body = args(0.5)
-        for i in range(1000):
-            env: Any = batch.messages.add()
-            env.id, env.kind, env.grain_type, env.s = i + 1, pb.ONE_WAY, GRAIN, "sink"
-            env.method, env.body = "add_slowly", body
-            env.expires_at_ms = int(time.time() * 1000) + 600_000
-        frame = batch.SerializeToString()
-        written = 0
-        peak = baseline
-        async with grpc.aio.insecure_channel(silo.endpoint) as channel:
-            call = channel.stream_stream("/orleanspy.v1.GatewayService/Connect")(
-                metadata=((CLIENT_HEADER, "one-way-flooder"),)
-            )
-            pushed_back = False
-            started = time.monotonic()
-            for _ in range(1000):
-                try:
-                    await asyncio.wait_for(call.write(frame), 3.0)
-                except TimeoutError:
-                    pushed_back = True
-                    break
-                written += 1000
-                peak = max(peak, silo.rss_mb())
-            elapsed = time.monotonic() - started
-            peak = max(peak, silo.rss_mb())
+        frame = flood_frame(pb.ONE_WAY, "add_slowly", "sink", args(0.5))
+        async with flooding(silo, frame, "one-way-flooder") as flood:
             async with ClusterClient(redis_url) as client:
                 assert await client.get_grain(GRAIN, "bystander").add_slowly(0) == 1
-            peak = max(peak, silo.rss_mb())
+            flood.sample()
             async with membership(redis_url) as table:
                 assert await status(table, silo) is SiloStatus.ACTIVE
-            call.cancel()
         print(
-            f"\none-way flood: written={written} pushed_back={pushed_back} in {elapsed:.1f}s "
-            f"rss baseline={baseline:.0f}MB peak={peak:.0f}MB bound={rss_bound_mb}MB"
+            f"\none-way flood: written={flood.written} pushed_back={flood.pushed_back} "
+            f"in {flood.seconds:.1f}s peak={flood.peak:.0f}MB bound={rss_bound_mb}MB"
         )
-        assert pushed_back and written < 1_000_000
-        assert peak < rss_bound_mb
+        assert flood.pushed_back and flood.written < 1_000_000
+        assert flood.peak < rss_bound_mb
         assert silo.proc.poll() is None
 
 
