@@ -49,6 +49,7 @@ from orleanspy.options import MessagingOptions
 from orleanspy.remindable.management import MANAGEMENT_TYPE
 from orleanspy.serialization import unpack
 from orleanspy.testing.cluster import wait_for
+from tests.ready import read_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -80,17 +81,9 @@ class SiloProc:
         self.gateway = 0
 
     def wait_ready(self, timeout: float = 30) -> None:
-        assert self.proc.stdout is not None
-        deadline = time.monotonic() + timeout
-        for line in self.proc.stdout:
-            if line.startswith("READY "):
-                _, address, gateway = line.split()
-                self.address = SiloAddress.parse(address)
-                self.gateway = int(gateway)
-                return
-            if time.monotonic() > deadline:
-                break
-        raise RuntimeError(f"{self.name} exited or never got ready (rc={self.proc.poll()})")
+        address, gateway = read_ready(self.proc, timeout)
+        self.address = SiloAddress.parse(address)
+        self.gateway = int(gateway)
 
     @property
     def endpoint(self) -> str:

@@ -24,6 +24,7 @@ from orleanspy.identity import SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.testing.cluster import wait_for
+from tests.ready import read_ready
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,15 +51,7 @@ def _start(redis_url: str, name: str, expect: int) -> subprocess.Popen[str]:
 
 
 def _ready(proc: subprocess.Popen[str], timeout: float = 20) -> SiloAddress:
-    """Read the child's READY line (blocking; the silos start in parallel)."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    for line in proc.stdout:
-        if line.startswith("READY "):
-            return SiloAddress.parse(line.split()[1])
-        if time.monotonic() > deadline:
-            break
-    raise RuntimeError(f"silo process exited or never got ready (rc={proc.poll()})")
+    return SiloAddress.parse(read_ready(proc, timeout)[0])
 
 
 @contextmanager

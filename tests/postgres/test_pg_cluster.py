@@ -13,7 +13,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
@@ -30,6 +29,7 @@ from orleanspy.reminders.model import FireOutcome, ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.ring import ConsistentRing
 from orleanspy.testing.cluster import wait_for
+from tests.ready import read_ready
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -45,14 +45,7 @@ TICKS_DDL = (
 
 
 def _ready(proc: subprocess.Popen[str], timeout: float = 30) -> SiloAddress:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    for line in proc.stdout:
-        if line.startswith("READY "):
-            return SiloAddress.parse(line.split()[1])
-        if time.monotonic() > deadline:
-            break
-    raise RuntimeError(f"silo process exited or never got ready (rc={proc.poll()})")
+    return SiloAddress.parse(read_ready(proc, timeout)[0])
 
 
 @contextmanager
