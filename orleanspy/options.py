@@ -325,17 +325,11 @@ class SiloOptions:
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"SiloOptions.{name} must be in 0..65535, got {port}")
-        if self.redis_url is not None and not self.redis_url.startswith(
-            ("redis://", "rediss://", "unix://", "postgresql://", "postgres://")
-        ):
-            raise ConfigurationError(
-                "SiloOptions.redis_url must start with redis://, rediss:// or unix:// "
-                "(or name PostgreSQL with postgresql://; storage_url is the clearer name)"
-            )
         if self.storage is not None:
             _check_storage(self.storage)
 
-        for name in ("storage_url", "membership_url", "reminder_table_url"):
+        # ``redis_url`` is the older name of ``storage_url`` and takes the same schemes.
+        for name in ("redis_url", "storage_url", "membership_url", "reminder_table_url"):
             url = getattr(self, name)
             if url is not None:
                 try:
@@ -388,7 +382,7 @@ _STORAGE_METHODS = ("start", "read", "write", "clear")
 
 
 def _check_storage(storage: Mapping[str, Any]) -> None:
-    from orleanspy.storage.factory import GRAIN_STORAGE_SCHEMES
+    from orleanspy.storage.factory import GRAIN_STORAGE_SCHEMES, storage_scheme
 
     if not isinstance(storage, Mapping):
         raise ConfigurationError(
@@ -399,8 +393,7 @@ def _check_storage(storage: Mapping[str, Any]) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"SiloOptions.storage: {name!r} is not a provider name")
         if isinstance(value, str):
-            scheme = value.partition("://")[0].lower() if "://" in value else value.lower()
-            if scheme not in GRAIN_STORAGE_SCHEMES:
+            if storage_scheme(value) not in GRAIN_STORAGE_SCHEMES:
                 raise ConfigurationError(
                     f"SiloOptions.storage[{name!r}]: {value!r} is not a storage URL; use one "
                     f"of {', '.join(s + '://' for s in GRAIN_STORAGE_SCHEMES)}"

@@ -13,18 +13,19 @@ from typing import Final
 from orleanspy.errors import ConfigurationError
 from orleanspy.storage.contract import GrainStorage
 
-__all__ = ["GRAIN_STORAGE_SCHEMES", "grain_storage_from_url"]
+__all__ = ["GRAIN_STORAGE_SCHEMES", "grain_storage_from_url", "storage_scheme"]
 
 GRAIN_STORAGE_SCHEMES: Final = ("memory", "redis", "rediss", "unix", "postgresql", "postgres")
 
 
-def _scheme(url: str) -> str:
+def storage_scheme(url: str) -> str:
+    """The scheme of a grain storage URL, lower-cased (``memory`` may stand alone)."""
     return url.partition("://")[0].lower() if "://" in url else url.lower()
 
 
 def grain_storage_from_url(url: str, *, service_id: str) -> GrainStorage:
     """A new, unstarted provider for ``url``, keyed under ``service_id``."""
-    scheme = _scheme(url)
+    scheme = storage_scheme(url)
     if scheme == "memory":
         from orleanspy.storage.memory import InMemoryGrainStorage
 
