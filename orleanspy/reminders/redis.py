@@ -137,15 +137,26 @@ redis.call('SPUBLISH', ARGV[6], ARGV[7])
 return etag
 """
 
+# A Lua function for the scripts that publish a paused row's change: the head,
+# then msgpack (grain, name, nil) written out by hand, as a Lua table cannot end
+# in nil.
+_LUA_REMOVAL: Final = """
+local function removal(head, rec)
+  return head .. string.char(0x93) .. cmsgpack.pack(rec['g']) .. cmsgpack.pack(rec['n'])
+    .. string.char(0xc0)
+end
+"""
+
 # Many upserts into one shard in one call. KEYS: rows, due, grain, etag counter.
 # ARGV: etag suffix, channel, then one msgpack array of rows, each
 # [key, due member, score, record map] and, for a paused row only, a 5th
 # element true (the row stays out of the index); ARGV[4] is the writer id. The
 # change message is built here: writer id, the row's hash (the due member's
 # 8-hex prefix), then msgpack (grain, name, due, priority) from the record, or
-# for a paused row (grain, name, nil) written out by hand, as a Lua table cannot
-# end in nil. Returns the etags in order.
-_UPSERT_MANY: Final = """
+# for a paused row ``removal`` (``_LUA_REMOVAL``). Returns the etags in order.
+_UPSERT_MANY: Final = (
+    _LUA_REMOVAL
+    + """
 local rows = cmsgpack.unpack(ARGV[3])
 local out = {}
 for i = 1, #rows do
@@ -158,8 +169,7 @@ for i = 1, #rows do
   local head = ARGV[4] .. string.sub(row[2], 1, 8)
   if row[5] then
     redis.call('ZREM', KEYS[2], row[2])
-    local removal = string.char(0x93) .. cmsgpack.pack(rec['g']) .. cmsgpack.pack(rec['n'])
-    redis.call('SPUBLISH', ARGV[2], head .. removal .. string.char(0xc0))
+    redis.call('SPUBLISH', ARGV[2], removal(head, rec))
   else
     redis.call('ZADD', KEYS[2], string.format('%.0f', row[3]), row[2])
     redis.call('SPUBLISH', ARGV[2], head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
@@ -168,6 +178,7 @@ for i = 1, #rows do
 end
 return out
 """
+)
 
 # KEYS: rows, due, etag counter.
 # ARGV: key, due member, expected etag, next_due ms, last_fire ms or '', etag
@@ -204,9 +215,10 @@ return etag
 # one string per batch, not seven per row. As in _UPDATE_SCHEDULE, the due
 # score is the lane of the row's stored priority plus next_due (``lane_score``),
 # and a paused row stays out of the index: its change is published as a
-# removal, built from the payload's 16-byte head (writer id, hash) and
-# (grain, name, nil) written out by hand.
-_UPDATE_MANY: Final = """
+# ``removal`` (``_LUA_REMOVAL``) on the payload's 16-byte head (writer id, hash).
+_UPDATE_MANY: Final = (
+    _LUA_REMOVAL
+    + """
 local channels = cmsgpack.unpack(ARGV[2])
 local u = cmsgpack.unpack(ARGV[3])
 local out = {}
@@ -223,9 +235,7 @@ for i = 1, #u, 7 do
       rec['e'] = result
       redis.call('HSET', KEYS[g + 1], u[i + 1], cmsgpack.pack(rec))
       if rec['u'] then
-        local removal = string.char(0x93) .. cmsgpack.pack(rec['g']) .. cmsgpack.pack(rec['n'])
-        local head = string.sub(u[i + 6], 1, 16)
-        redis.call('SPUBLISH', channels[u[i]], head .. removal .. string.char(0xc0))
+        redis.call('SPUBLISH', channels[u[i]], removal(string.sub(u[i + 6], 1, 16), rec))
       else
         local score = (127 - rec['r']) * 17592186044416 + u[i + 4]
         redis.call('ZADD', KEYS[g + 2], string.format('%.0f', score), u[i + 2])
@@ -237,6 +247,7 @@ for i = 1, #u, 7 do
 end
 return out
 """
+)
 
 # KEYS: rows, history. ARGV: key, keep, then msgpack records, oldest first.
 _APPEND_HISTORY: Final = """
