@@ -80,6 +80,10 @@ class FaultTickGrain(Grain, Remindable):
         await self.register_or_update_reminder("tick", due=period_ms * MS, period=period_ms * MS)
         return str(self._activation.silo_address)
 
+    async def schedule(self, name: str, cron: str, tz: str | None = None) -> None:
+        """Register a cron reminder exactly as a caller describes it."""
+        await self.register_or_update_reminder(name, cron=cron, tz=tz)
+
     async def where(self) -> tuple[str, int]:
         return str(self._activation.silo_address), os.getpid()
 

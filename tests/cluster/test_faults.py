@@ -35,6 +35,7 @@ from orleanspy import ClusterClient, GrainId, SerializationError
 from orleanspy.errors import (
     GrainMethodNotFoundError,
     MessageRejectedError,
+    ReminderError,
     SiloUnavailableError,
     UnknownGrainTypeError,
 )
@@ -343,6 +344,30 @@ async def test_client_cannot_delete_reminders_without_authentication(redis_url: 
             with pytest.raises(MessageRejectedError, match="allow_client_management"):
                 await client.reminders.delete(gid, "tick")
             assert [r.name for r in await client.reminders.list_for_grain(gid)] == ["tick"]
+
+
+async def test_oversized_schedules_are_refused_by_a_real_silo_and_stored_nowhere(
+    redis_url: str,
+) -> None:
+    """A cron string of 512 KB and a 300-character zone name, sent through the
+    gateway: each call fails with a ``ReminderError`` naming the limit, no row is
+    written, and the silo stays Active and keeps serving (it never parses the
+    oversized expression, so no owner of a row ever does)."""
+    with cluster(redis_url) as c:
+        (silo,) = c.start(1)
+        async with ClusterClient(redis_url) as client:
+            grain = client.get_grain(GRAIN, "hostile-schedule")
+            huge_cron = "0 0 " + ",".join(["1"] * 262_144) + " * * *"
+            with pytest.raises(ReminderError, match="limit is 256"):
+                await grain.schedule("huge", huge_cron)
+            with pytest.raises(ReminderError, match="limit is 64"):
+                await grain.schedule("zone", "@hourly", "A" * 300)
+            gid = GrainId(GRAIN, "hostile-schedule")
+            assert await client.reminders.list_for_grain(gid) == []
+            assert await client.get_grain(GRAIN, "bystander").get() == 0
+        async with membership(redis_url) as table:
+            assert await status(table, silo) is SiloStatus.ACTIVE
+        assert silo.proc.poll() is None
 
 
 @dataclass
