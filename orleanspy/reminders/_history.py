@@ -3,7 +3,10 @@
 ``History.fired`` is called where a slot's fate is decided (delivered, failed in
 the grain, skipped, notified); it only appends to a bounded buffer. One task
 appends the buffer to the table with ``append_history`` (one call per batch), so
-ticks never wait for history. History is best effort: a failed append is logged
+ticks never wait for history. It lets records gather for ``LINGER_S`` (real
+time) after the first one arrives: a tick stream then costs one write per
+linger, not one per handful of ticks, and a record reaches the table at most
+that much later. History is best effort: a failed append is logged
 and its records dropped (the schedule, which is what correctness rests on, is
 written by the persister); a buffer over ``MAX_BUFFERED`` drops its oldest.
 ``NoHistory`` records nothing (``ReminderOptions.history_size = 0``).
@@ -21,13 +24,15 @@ from orleanspy._tasks import raise_if_cancelled
 from orleanspy.reminders.model import FireOutcome, FireRecord, MissedReminderAction, ReminderEntry
 from orleanspy.reminders.table import PausableReminderTable
 
-__all__ = ["MAX_BUFFERED", "History", "NoHistory", "skip_outcome"]
+__all__ = ["LINGER_S", "MAX_BUFFERED", "History", "NoHistory", "skip_outcome"]
 
 log = logging.getLogger(__name__)
 
 #: Records waiting for a write; beyond this the oldest are dropped.
 MAX_BUFFERED: Final = 50_000
 _BATCH: Final = 1000
+#: How long records gather before a write.
+LINGER_S: Final = 0.05
 
 
 def skip_outcome(entry: ReminderEntry) -> FireOutcome:
@@ -69,6 +74,7 @@ class History(NoHistory):
         """Write batches until cancelled."""
         while True:
             await self._wake.wait()
+            await asyncio.sleep(LINGER_S)
             self._wake.clear()
             await self.flush()
 

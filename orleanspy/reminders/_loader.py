@@ -184,6 +184,13 @@ class Loader:
         self._hints[key] = (grain_id, name)
         self._wake.set()
 
+    def reread(self, grain_id: GrainId, name: str) -> None:
+        """Read row ``(grain_id, name)`` again soon and admit it as it is then (a
+        schedule CAS on it was lost: another writer moved it, or it is gone)."""
+        if self._ownership.owns(grain_id):
+            self._hints[row_key(grain_id, name)] = (grain_id, name)
+            self._wake.set()
+
     async def request_refill(self) -> None:
         """Return when a full refill that began after this call finished (``run`` must
         be running; it retries errors, so this waits until a refill succeeds)."""

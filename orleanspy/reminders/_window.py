@@ -337,8 +337,8 @@ class DueWindow:
 
     def persisted(self, update: ScheduleUpdate, etag: str | None) -> None:
         """The outcome of a schedule write: the held row adopts the new etag, or
-        is dropped if another writer moved it (a lost CAS; the loader reads it
-        again from the change feed)."""
+        is dropped if another writer moved it (a lost CAS; the service has the
+        loader read it again)."""
         key = row_key(update.grain_id, update.name)
         row = self._rows.get(key)
         # A held row with another etag was loaded or rewritten after this update

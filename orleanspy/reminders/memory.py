@@ -247,7 +247,6 @@ class InMemoryReminderTable:
         new_etag = str(seq)
         moved = _normalise(replace(found[0], next_due=next_due, last_fire=last_fire), new_etag)
         self._put(moved, seq)
-        self._publish(grain_id, name, None if moved.paused else moved.next_due)
         return new_etag
 
     def _walk_due(

@@ -31,8 +31,8 @@ the history table.
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
 ``read_due`` nothing. ``upsert``/``upsert_if``/``upsert_many`` write the flag
-with the row; a schedule CAS leaves it. Every write of a paused row notifies as
-a removal (``hash||grain|name``, no priority).
+with the row; a schedule CAS leaves it. Every published write of a paused row
+notifies as a removal (``hash||grain|name``, no priority).
 
 Fire history. ``append_history`` is one statement: it locks the named rows
 that exist (``FOR KEY SHARE``, which no upsert or CAS waits for), inserts the
@@ -54,12 +54,13 @@ whole ring; it skips the buckets: per priority in use, one index range scan
 of ``(service_id, priority, next_due)``.
 
 Every write is one statement: the change, checked against ``version`` where
-the contract asks for a compare-and-swap, and a ``pg_notify`` on the service's
-channel carrying ``hash:priority|next_due_ms|grain|name``. ``:priority`` is
-there only for writes of a whole row (``upsert``, ``upsert_if``,
-``upsert_many``): a schedule CAS sends ``hash|next_due_ms|grain|name``, a
-removal ``hash||grain|name``. PostgreSQL sends the notification at commit, so a
-listener never hears of a write that did not happen.
+the contract asks for a compare-and-swap, and, except for a schedule CAS (the
+owner's own write, not published: ``ReminderTable.update_schedule``), a
+``pg_notify`` on the service's channel carrying
+``hash:priority|next_due_ms|grain|name`` for writes of a whole row (``upsert``,
+``upsert_if``, ``upsert_many``) or ``hash||grain|name`` for a removal.
+PostgreSQL sends the notification at commit, so a listener never hears of a
+write that did not happen.
 
 ``changes()`` feeds are served by one LISTEN connection per table. When that
 connection is lost the table reconnects and re-LISTENs in the background; once
@@ -278,34 +279,25 @@ FROM w
 """
 
 # Parallel arrays, one element per update; the ordinal says which update won.
-_UPDATE_MANY: Final = f"""
+_UPDATE_MANY: Final = """
 WITH u AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
         WITH ORDINALITY AS u(grain_id, name, version, next_due, last_fire, i)
-), w AS (
-    UPDATE orleanspy_reminders t
-    SET next_due = u.next_due, last_fire = u.last_fire,
-        version = nextval('orleanspy_reminder_version')
-    FROM u
-    WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
-        AND t.version = u.version
-    RETURNING u.i, t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.paused
 )
-SELECT w.i, w.version,
-    orleanspy_reminder_notify($7, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name)
-FROM w
+UPDATE orleanspy_reminders t
+SET next_due = u.next_due, last_fire = u.last_fire,
+    version = nextval('orleanspy_reminder_version')
+FROM u
+WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
+    AND t.version = u.version
+RETURNING u.i, t.version
 """
 
-_UPDATE_ONE: Final = f"""
-WITH w AS (
-    UPDATE orleanspy_reminders
-    SET next_due = $5, last_fire = $6, version = nextval('orleanspy_reminder_version')
-    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
-    RETURNING version, grain_hash, next_due, grain_id, name, paused
-)
-SELECT w.version,
-    orleanspy_reminder_notify($7, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name)
-FROM w
+_UPDATE_ONE: Final = """
+UPDATE orleanspy_reminders
+SET next_due = $5, last_fire = $6, version = nextval('orleanspy_reminder_version')
+WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
+RETURNING version
 """
 
 _REMOVE: Final = """
@@ -664,7 +656,6 @@ class PostgresReminderTable:
                 version,
                 to_ms(next_due),
                 _ms_or_none(last_fire),
-                self._channel,
             )
         return None if new is None else str(new)
 
@@ -715,7 +706,6 @@ class PostgresReminderTable:
                 [_version(updates[i].etag) for i in indices],
                 [to_ms(updates[i].next_due) for i in indices],
                 [_ms_or_none(updates[i].last_fire) for i in indices],
-                self._channel,
             )
         won: set[tuple[str, str]] = set()
         for rec in records:

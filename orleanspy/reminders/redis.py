@@ -180,49 +180,20 @@ return out
 """
 )
 
-# KEYS: rows, due, etag counter.
-# ARGV: key, due member, expected etag, next_due ms, last_fire ms or '', etag
-# suffix, channel, change payload, change payload of a paused row (no next_due).
-# Returns the new etag, or nil on a lost race. A paused row stays out of the index.
-# The due score is the lane of the stored priority plus next_due (module
-# docstring); formatted with %.0f because Lua would print it with 14 digits.
-_UPDATE_SCHEDULE: Final = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then return false end
-local rec = cmsgpack.unpack(raw)
-if rec['e'] ~= ARGV[3] then return false end
-local etag = redis.call('INCR', KEYS[3]) .. ARGV[6]
-rec['d'] = tonumber(ARGV[4])
-if ARGV[5] == '' then rec['l'] = nil else rec['l'] = tonumber(ARGV[5]) end
-rec['e'] = etag
-redis.call('HSET', KEYS[1], ARGV[1], cmsgpack.pack(rec))
-if rec['u'] then
-  redis.call('SPUBLISH', ARGV[7], ARGV[9])
-else
-  local score = (127 - rec['r']) * 17592186044416 + rec['d']
-  redis.call('ZADD', KEYS[2], string.format('%.0f', score), ARGV[2])
-  redis.call('SPUBLISH', ARGV[7], ARGV[8])
-end
-return etag
-"""
-
 # KEYS: rows, due and etag counter of each shard of the batch (three per shard).
-# ARGV[1]: etag suffix. ARGV[2]: msgpack list of the shards' change channels.
-# ARGV[3]: msgpack flat list, seven items per update: the shard's position in
-# KEYS (1-based, in threes), key, due member, expected etag, next_due ms,
-# last_fire ms (-1: none), change payload. Returns per update the new etag, or
-# false on a lost race. The rows travel in one argument so the client encodes
-# one string per batch, not seven per row. As in _UPDATE_SCHEDULE, the due
-# score is the lane of the row's stored priority plus next_due (``lane_score``),
-# and a paused row stays out of the index: its change is published as a
-# ``removal`` (``_LUA_REMOVAL``) on the payload's 16-byte head (writer id, hash).
-_UPDATE_MANY: Final = (
-    _LUA_REMOVAL
-    + """
-local channels = cmsgpack.unpack(ARGV[2])
-local u = cmsgpack.unpack(ARGV[3])
+# ARGV[1]: etag suffix. ARGV[2]: msgpack flat list, six items per update: the
+# shard's position in KEYS (1-based, in threes), key, due member, expected
+# etag, next_due ms, last_fire ms (-1: none). Returns per update the new etag,
+# or false on a lost race. The rows travel in one argument so the client
+# encodes one string per batch, not six per row. The due score is the lane of
+# the row's stored priority plus next_due (``lane_score``), formatted with %.0f
+# because Lua would print it with 14 digits; a paused row stays out of the
+# index. Nothing is published: a schedule CAS is the owner's own write (the
+# module docstring).
+_UPDATE_MANY: Final = """
+local u = cmsgpack.unpack(ARGV[2])
 local out = {}
-for i = 1, #u, 7 do
+for i = 1, #u, 6 do
   local g = (u[i] - 1) * 3
   local raw = redis.call('HGET', KEYS[g + 1], u[i + 1])
   local result = false
@@ -234,12 +205,9 @@ for i = 1, #u, 7 do
       if u[i + 5] < 0 then rec['l'] = nil else rec['l'] = u[i + 5] end
       rec['e'] = result
       redis.call('HSET', KEYS[g + 1], u[i + 1], cmsgpack.pack(rec))
-      if rec['u'] then
-        redis.call('SPUBLISH', channels[u[i]], removal(string.sub(u[i + 6], 1, 16), rec))
-      else
+      if not rec['u'] then
         local score = (127 - rec['r']) * 17592186044416 + u[i + 4]
         redis.call('ZADD', KEYS[g + 2], string.format('%.0f', score), u[i + 2])
-        redis.call('SPUBLISH', channels[u[i]], u[i + 6])
       end
     end
   end
@@ -247,13 +215,31 @@ for i = 1, #u, 7 do
 end
 return out
 """
-)
 
-# KEYS: rows, history. ARGV: key, keep, then msgpack records, oldest first.
+# A whole batch of fire records in one call. KEYS: per row of the batch, its
+# shard's rows hash and its history list (two per row). ARGV[1]: keep. ARGV[2]:
+# msgpack flat list, per row: its position (1-based, in pairs of KEYS), its key,
+# how many records follow, then five items per record, oldest first: slot ms,
+# delivery ms, outcome, silo, triggered (true/false). The record map is built
+# here (``FireRecord.to_record``'s form), so the client packs one string per
+# batch, not one per record. Records of a missing row are dropped.
 _APPEND_HISTORY: Final = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
-for i = 3, #ARGV do redis.call('LPUSH', KEYS[2], ARGV[i]) end
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[2]) - 1)
+local keep = tonumber(ARGV[1])
+local u = cmsgpack.unpack(ARGV[2])
+local i = 1
+while i <= #u do
+  local k = (u[i] - 1) * 2
+  local n = u[i + 2]
+  if redis.call('HEXISTS', KEYS[k + 1], u[i + 1]) == 1 then
+    for j = i + 3, i + 3 + (n - 1) * 5, 5 do
+      local rec = {t = u[j], a = u[j + 1], o = u[j + 2], s = u[j + 3]}
+      if u[j + 4] then rec['x'] = true end
+      redis.call('LPUSH', KEYS[k + 2], cmsgpack.pack(rec))
+    end
+    redis.call('LTRIM', KEYS[k + 2], 0, keep - 1)
+  end
+  i = i + 3 + n * 5
+end
 return 1
 """
 
@@ -442,7 +428,6 @@ class RedisReminderTable:
         for name, text in (
             ("upsert", _UPSERT),
             ("upsert_many", _UPSERT_MANY),
-            ("update", _UPDATE_SCHEDULE),
             ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
@@ -561,33 +546,6 @@ class RedisReminderTable:
         ]
         return keys, args
 
-    def _update_call(
-        self,
-        grain_id: GrainId,
-        name: str,
-        etag: str,
-        next_due: datetime,
-        last_fire: datetime | None,
-    ) -> tuple[list[str], list[Any]]:
-        h = grain_id.uniform_hash()
-        s = self.shard_of(h)
-        key = row_key(grain_id, name)
-        due_ms = to_ms(next_due)
-        lane_score(0, due_ms)  # range check; the script scores with the stored priority
-        keys = [self._key(s, "rows"), self._key(s, "due"), self._key(s, "etag")]
-        args: list[Any] = [
-            key,
-            self._member(h, key),
-            etag,
-            due_ms,
-            "" if last_fire is None else to_ms(last_fire),
-            self._etag_suffix,
-            self._channel(s),
-            _change_payload(self._writer, h, grain_id, name, due_ms),
-            _change_payload(self._writer, h, grain_id, name, None),
-        ]
-        return keys, args
-
     async def update_schedule(
         self,
         grain_id: GrainId,
@@ -597,10 +555,8 @@ class RedisReminderTable:
         last_fire: datetime | None,
     ) -> str | None:
         """CAS on the etag: the new etag, or ``None`` if the row is gone or moved on."""
-        keys, args = self._update_call(grain_id, name, etag, next_due, last_fire)
-        with translate_errors("reminder update_schedule"):
-            result = await self._script("update")(keys=keys, args=args)
-        return None if result is None else str(result.decode())
+        update = ScheduleUpdate(grain_id, name, etag, next_due, last_fire)
+        return (await self.update_schedule_many([update]))[0]
 
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
         """``update_schedule`` for each update, in order, in one script call.
@@ -616,19 +572,16 @@ class RedisReminderTable:
         if not updates:
             return []
         keys: list[str] = []
-        channels: list[str] = []
         position: dict[int, int] = {}
         flat: list[Any] = []
-        writer = self._writer
         for u in updates:
             grain_id, name = u.grain_id, u.name
             h = grain_id.uniform_hash()
             s = h >> self._shift
             g = position.get(s)
             if g is None:
-                g = position[s] = len(channels) + 1
+                g = position[s] = len(position) + 1
                 keys += (self._key(s, "rows"), self._key(s, "due"), self._key(s, "etag"))
-                channels.append(self._channel(s))
             key = f"{grain_id.canonical}|{name}"
             due_ms = to_ms(u.next_due)
             lane_score(0, due_ms)  # range check; the script scores with the stored priority
@@ -639,32 +592,31 @@ class RedisReminderTable:
                 u.etag,
                 due_ms,
                 -1 if u.last_fire is None else to_ms(u.last_fire),
-                _change_payload(writer, h, grain_id, name, due_ms),
             )
         with translate_errors("reminder update_schedule_many"):
             results = await self._script("update_many")(
-                keys=keys,
-                args=[self._etag_suffix, _lua_pack(channels), _lua_pack(flat)],
+                keys=keys, args=[self._etag_suffix, _lua_pack(flat)]
             )
         return [None if r is None else r.decode() for r in results]
 
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
-        """One script per row, pipelined in one round trip; newest ``keep`` kept."""
+        """The whole batch in one script call, records packed in one argument;
+        the newest ``keep`` kept per row."""
         by_row: dict[str, list[FireRecord]] = {}
         for rec in records:
             by_row.setdefault(row_key(rec.grain_id, rec.name), []).append(rec)
         if not by_row:
             return
-        script = self._script("history")
+        keys: list[str] = []
+        flat: list[Any] = []
+        for position, (key, recs) in enumerate(by_row.items(), 1):
+            s = self.shard_of(recs[0].grain_id.uniform_hash())
+            keys += (self._key(s, "rows"), self._key(s, f"hist:{key}"))
+            flat += (position, key, len(recs))
+            for r in recs:
+                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered)
         with translate_errors("reminder append_history"):
-            pipe = self._c.pipeline(transaction=False)
-            pipe.script_load(_APPEND_HISTORY)
-            for key, recs in by_row.items():
-                s = self.shard_of(recs[0].grain_id.uniform_hash())
-                keys = [self._key(s, "rows"), self._key(s, f"hist:{key}")]
-                packed = [pack(r.to_record()) for r in recs]
-                pipe.evalsha(script.sha, 2, *keys, key, keep, *packed)
-            await pipe.execute()
+            await self._script("history")(keys=keys, args=[keep, _lua_pack(flat)])
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         key = row_key(grain_id, name)

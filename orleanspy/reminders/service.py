@@ -21,8 +21,10 @@ in batches. The parts live in private modules, one job each:
 This module composes them. Data flows one way: table -> loader -> window ->
 ticker -> lanes -> lane drainer -> delivery -> persister -> table; the
 persister reports each write's outcome to the window, which owns the row. No
-part is handed another after construction, and nothing calls back up into the
-loader: it waits on the window's signals (docs/decisions.md has the diagram).
+part is handed another after construction, and no part calls back up into the
+loader: it waits on the window's signals. Only this module tells it of things
+from outside the flow: ring changes, local change hints, and lost schedule
+CASes, whose rows it reads again (docs/decisions.md has the diagram).
 
 Storage outages. Every table error is logged and retried with backoff; the
 service never stops for one. Rows already held keep ticking on their local
@@ -51,7 +53,7 @@ from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._persist import Persister
 from orleanspy.reminders._ticker import Ticker
 from orleanspy.reminders._window import DueWindow
-from orleanspy.reminders.model import ReminderChange
+from orleanspy.reminders.model import ReminderChange, ScheduleUpdate
 from orleanspy.reminders.table import PausableReminderTable, ReminderTable, subscribe
 from orleanspy.ring import RingRange
 
@@ -132,7 +134,7 @@ class ReminderService:
             name=name,
         )
         self._persister = persister = Persister(
-            table, clock, options, window.persisted, metrics=metrics
+            table, clock, options, self._persisted, metrics=metrics
         )
         self._notifier = notifier = MissedNotifier(publish_missed, name)
         # Fire history goes to the table from its own task (``_history``).
@@ -268,6 +270,16 @@ class ReminderService:
             evicted=ld.evicted,
             rotated=w.rotated,
         )
+
+    # -- wiring -----------------------------------------------------------------------
+
+    def _persisted(self, update: ScheduleUpdate, etag: str | None) -> None:
+        """A schedule write's outcome: the window adopts it; a lost CAS also has
+        the loader read the row again (schedule CASes are not published, so no
+        change would bring it back)."""
+        self._window.persisted(update, etag)
+        if etag is None:
+            self._loader.reread(update.grain_id, update.name)
 
     # -- shutdown ---------------------------------------------------------------------
 

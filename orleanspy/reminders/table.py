@@ -50,7 +50,7 @@ with ``paused=True`` takes it out of the index, and ``upsert`` with
 ``paused=False`` puts it back at its ``next_due``. ``update_schedule`` (and
 ``update_schedule_many``) keep the stored flag: on a paused row it changes
 ``next_due``/``last_fire`` and the etag but leaves the row out of the index.
-Every change of a paused row is published with ``next_due=None``, as for a
+Every published change of a paused row carries ``next_due=None``, as for a
 removal: to the change feed's readers the row left the schedule. Storage of the
 flag is up to the backend (Redis: the record field ``"u"``, present only when
 true; SQL: a boolean column, with paused rows excluded from the due index, e.g.
@@ -161,8 +161,14 @@ class ReminderTable(Protocol):
         """Compare-and-swap ``next_due``/``last_fire`` on the row.
 
         Returns the new etag, or ``None`` if the row is gone or its etag is not
-        ``etag`` (another writer moved it). Publishes a change on success, with
-        ``priority`` left ``None``.
+        ``etag`` (another writer moved it).
+
+        Publishes nothing. A schedule CAS is the owner advancing its own row
+        after a tick: the owner knows, and nobody else holds the row. A reader
+        that held it anyway (an ownership hand-over) learns of the move when its
+        own CAS on the row loses, and reads the row again then. Announcing every
+        tick would cost each tick a publish in the store and a message the only
+        subscriber, its writer, throws away.
         """
         ...
 

@@ -553,6 +553,27 @@ async def test_cas_conflict_drops_the_local_copy(clock) -> None:
         assert len(rec.calls) == 1
 
 
+async def test_a_lost_cas_reads_the_row_again_before_the_poll(clock, table) -> None:
+    # Another writer (an earlier owner, say) moves a held row's schedule. A
+    # schedule CAS is not published, so the service learns of it when its own
+    # CAS loses; it then reads the row at once and delivers the other writer's
+    # next slot, long before its 30 s poll would have found it.
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        row = await table.read(e.grain_id, e.name)
+        moved = START + 15 * S
+        assert await table.update_schedule(e.grain_id, e.name, row.etag, moved, None)
+        await advance(clock, 10)  # the stale slot is delivered (at least once) ...
+        await wait_for(lambda: svc.stats.cas_conflicts == 1, 5.0, interval=0)
+        await wait_for(lambda: svc.stats.resident == 1, 5.0, interval=0)  # ... and re-read
+        await advance(clock, 5)
+        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
+        assert rec.slots() == [START + 10 * S, moved]
+        assert svc.stats.refills == 1  # the start's only: no poll was needed
+
+
 async def test_storage_outage_ticks_continue_and_persistence_catches_up(clock) -> None:
     table = FlakyTable()
     e = entry(clock, due=10, period=10)
