@@ -234,6 +234,44 @@ class Activation:
             if self.state is ActivationState.VALID:
                 self._pump()
 
+    def idle_and_valid(self) -> bool:
+        """Whether a turn could start right now with nothing else running or queued."""
+        return self.state is ActivationState.VALID and self._running == 0 and not self._queue
+
+    async def run_inline(self, method: str, args: tuple[Any, ...]) -> None:
+        """Run ``method(*args)`` as a turn in the calling task; the caller checked
+        ``idle_and_valid()`` just before, with no await in between.
+
+        For the silo's own reminder ticks (``Dispatcher.invoke``): the tick is
+        the turn, without a message, a response or a task of its own. Turn rules
+        hold as for a message: calls that arrive meanwhile queue behind it (or
+        interleave, as the class allows), the turn counts as activity, and an
+        ``InconsistentStateError`` deactivates. The grain's exception propagates
+        as it is. Unlike a message's turn, the turn is the caller's: cancelling
+        the caller (the reminder service stopping) cancels the turn.
+        """
+        self._running += 1
+        self._idle.clear()
+        # Held like a turn task, so that ``abandon`` (a simulated crash) cancels it.
+        task = asyncio.current_task()
+        if task is not None:
+            self._turns.add(task)
+        token = current_chain.set((*current_chain.get(), self.canonical))
+        started, failed = time.perf_counter(), True
+        try:
+            await getattr(self.grain, method)(*args)
+            failed = False
+        except InconsistentStateError:
+            self.request_deactivation()
+            raise
+        finally:
+            current_chain.reset(token)
+            elapsed = time.perf_counter() - started
+            self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed)
+            if task is not None:
+                self._turns.discard(task)
+            self._turn_done(touch=True)
+
     def enqueue_timer_tick(self, callback: Callable[[], Awaitable[None]]) -> asyncio.Future[None]:
         """Queue a timer tick as a turn; the future completes when it has run."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -350,6 +388,9 @@ class Activation:
 
     def _turn_ended(self, *, touch: bool) -> None:
         self._turns.discard(asyncio.current_task())
+        self._turn_done(touch=touch)
+
+    def _turn_done(self, *, touch: bool) -> None:
         self._running -= 1
         if touch:
             self.last_activity = self.runtime.clock.now()
