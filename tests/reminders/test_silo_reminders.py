@@ -456,3 +456,49 @@ async def test_register_many_validates_everything_before_writing(silo: Silo) -> 
     with pytest.raises(ReminderError, match="cannot have reminders"):
         await registry.register_many(plain)
     assert await silo.client.reminders.count_all() == 0
+
+
+class GatedTickGrain(Grain, Remindable, type_name="test_silo_reminders.GatedTick"):
+    """Holds its tick's turn until the test opens the gate; records what ran when."""
+
+    gate: asyncio.Event | None = None
+    events: list[str] = []
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        GatedTickGrain.events.append("tick started")
+        assert GatedTickGrain.gate is not None
+        await GatedTickGrain.gate.wait()
+        GatedTickGrain.events.append("tick ended")
+
+    async def register(self, name: str, kwargs: dict[str, Any]) -> ReminderEntry:
+        return await self.register_or_update_reminder(name, **kwargs)
+
+    async def poke(self) -> None:
+        GatedTickGrain.events.append("poke")
+
+
+async def test_a_tick_to_an_idle_local_activation_keeps_turn_rules(clock: ManualClock) -> None:
+    # The grain is active and idle here, so the tick runs as a turn in the
+    # delivery task itself (Activation.run_inline). It is still a turn: a call
+    # arriving meanwhile waits for it, and the turn counts as activity.
+    GatedTickGrain.gate, GatedTickGrain.events = asyncio.Event(), []
+    async with Silo.local(_options(GatedTickGrain), clock=clock) as silo:
+        g = silo.client.get_grain(GatedTickGrain, "g")
+        await g.register("r", {"due": 5 * S, "period": 60 * S})
+        await _loaded(silo, 1)
+        act = silo.dispatcher.catalog.get(GrainId("test_silo_reminders.GatedTick", "g"))
+        assert act is not None and act.idle_and_valid()
+        before = act.last_activity
+        await clock.advance(5 * S)
+        await wait_for(lambda: GatedTickGrain.events == ["tick started"], 5.0, interval=0)
+        assert not act.idle_and_valid()
+        poke = asyncio.ensure_future(g.poke())
+        await clock.settle()
+        assert GatedTickGrain.events == ["tick started"], "a call interleaved with the tick"
+        GatedTickGrain.gate.set()
+        await poke
+        assert GatedTickGrain.events == ["tick started", "tick ended", "poke"]
+        assert act.last_activity > before
+        svc = silo.reminder_service
+        assert svc is not None
+        await wait_for(lambda: svc.stats.delivered == 1, 5.0, interval=0)
