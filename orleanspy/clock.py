@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Clock", "SystemClock", "from_ms", "to_ms"]
+__all__ = ["Cancellable", "Clock", "SystemClock", "call_at", "from_ms", "to_ms"]
 
 
 @runtime_checkable
@@ -37,6 +38,34 @@ class Clock(Protocol):
         ...
 
 
+class Cancellable(Protocol):
+    """A scheduled callback that can be called off (``asyncio.TimerHandle`` is one)."""
+
+    def cancel(self) -> object: ...
+
+
+def call_at(clock: Clock, when: datetime, callback: Callable[[], object]) -> Cancellable:
+    """Call ``callback`` once ``clock`` reaches ``when`` (soon, if it has); the
+    result's ``cancel()`` calls it off.
+
+    Uses the clock's own ``call_at`` when it has one (``SystemClock`` and
+    ``ManualClock`` do: a timer costs no task), else a task that sleeps with
+    ``sleep_until``, so a ``Clock`` written before ``call_at`` existed still
+    works. As with sleeping, the callback may run a little early on a real
+    clock: the caller re-reads ``now()``.
+    """
+    own = getattr(clock, "call_at", None)
+    if own is not None:
+        handle: Cancellable = own(when, callback)
+        return handle
+
+    async def later() -> None:
+        await clock.sleep_until(when)
+        callback()
+
+    return asyncio.ensure_future(later())
+
+
 class SystemClock:
     """The real clock: ``time.time()`` for the date, the event loop for sleeping."""
 
@@ -51,6 +80,11 @@ class SystemClock:
 
     async def sleep_until(self, when: datetime) -> None:
         await asyncio.sleep(max(0.0, (when - self.now()).total_seconds()))
+
+    def call_at(self, when: datetime, callback: Callable[[], object]) -> asyncio.TimerHandle:
+        """An event-loop timer for ``when`` (see the module function ``call_at``)."""
+        delay = max(0.0, (when - self.now()).total_seconds())
+        return asyncio.get_running_loop().call_later(delay, callback)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

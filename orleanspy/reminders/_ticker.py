@@ -4,6 +4,11 @@ There is no timer per reminder: a single task sleeps until the heap's head is
 due (or until the window signals a new head), re-reads the clock, and moves
 every row whose ``next_due <= now`` into the window's lanes. Timers may fire a
 little early (uvloop: ~1 ms), so waking is only a hint; the clock decides.
+
+The sleep is one clock timer that sets the window's ``head_changed`` event and
+one wait on that event: under a tick stream the ticker wakes about once per
+millisecond, and a wait on several awaitables (``sleep_or_wake``: a task per
+awaitable, then reaping them) cost ten times as much per wake.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime
 
-from orleanspy.clock import Clock
+from orleanspy.clock import Clock, call_at
 from orleanspy.reminders._window import DueWindow
 
 __all__ = ["Ticker", "sleep_or_wake"]
@@ -46,8 +51,15 @@ class Ticker:
 
     async def run(self) -> None:
         """Run until cancelled."""
-        window = self._window
+        window, clock = self._window, self._clock
+        wake = window.head_changed
         while True:
-            window.head_changed.clear()
-            window.pop_due(self._clock.now())
-            await sleep_or_wake(self._clock, window.head_due(), window.head_changed)
+            wake.clear()
+            window.pop_due(clock.now())
+            head = window.head_due()
+            timer = None if head is None else call_at(clock, head, wake.set)
+            try:
+                await wake.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()

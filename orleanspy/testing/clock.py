@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from orleanspy.clock import to_ms
@@ -46,6 +47,17 @@ class ManualClock:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._sleepers, (when, next(self._seq), fut))
         await fut
+
+    def call_at(self, when: datetime, callback: Callable[[], object]) -> asyncio.Future[None]:
+        """Call ``callback`` when time reaches ``when`` (as a sleeper would wake);
+        cancelling the returned future calls it off."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.add_done_callback(lambda f: None if f.cancelled() else callback())
+        if when <= self._now:
+            fut.set_result(None)
+        else:
+            heapq.heappush(self._sleepers, (when, next(self._seq), fut))
+        return fut
 
     @property
     def sleepers(self) -> int:

@@ -1,0 +1,72 @@
+"""``call_at``: one timer on a clock, on the real clock, the manual one, and a
+clock that only knows how to sleep."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta
+
+from orleanspy.clock import SystemClock, call_at, to_ms
+from orleanspy.testing import wait_for
+from orleanspy.testing.clock import ManualClock
+
+
+async def test_manual_clock_timer_fires_at_its_time_and_can_be_called_off() -> None:
+    clock = ManualClock()
+    fired: list[datetime] = []
+    start = clock.now()
+    call_at(clock, start + timedelta(seconds=5), lambda: fired.append(clock.now()))
+    off = call_at(clock, start + timedelta(seconds=3), lambda: fired.append(start))
+    off.cancel()
+    await clock.advance(4)
+    assert fired == []
+    await clock.advance(1)
+    assert fired == [start + timedelta(seconds=5)]
+    call_at(clock, start, lambda: fired.append(clock.now()))  # already due: soon
+    await clock.settle()
+    assert fired[-1] == clock.now()
+    assert clock.sleepers == 0
+
+
+async def test_system_clock_timer_fires_and_a_cancelled_one_does_not() -> None:
+    clock = SystemClock()
+    fired: list[str] = []
+    call_at(clock, clock.now() + timedelta(milliseconds=20), lambda: fired.append("due"))
+    off = call_at(clock, clock.now() + timedelta(milliseconds=10), lambda: fired.append("off"))
+    off.cancel()
+    await wait_for(lambda: fired == ["due"], 5.0)
+    assert fired == ["due"]
+
+
+class SleepOnlyClock:
+    """A ``Clock`` written before ``call_at`` existed: it can only sleep."""
+
+    def __init__(self) -> None:
+        self._inner = ManualClock()
+
+    def now(self) -> datetime:
+        return self._inner.now()
+
+    def now_ms(self) -> int:
+        return to_ms(self._inner.now())
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+    async def sleep_until(self, when: datetime) -> None:
+        await self._inner.sleep_until(when)
+
+    async def advance(self, seconds: float) -> None:
+        await self._inner.advance(seconds)
+
+
+async def test_a_clock_without_call_at_gets_a_sleeping_task() -> None:
+    clock = SleepOnlyClock()
+    fired: list[datetime] = []
+    start = clock.now()
+    call_at(clock, clock.now() + timedelta(seconds=2), lambda: fired.append(clock.now()))
+    off = call_at(clock, clock.now() + timedelta(seconds=1), lambda: fired.append(clock.now()))
+    await asyncio.sleep(0)  # the sleeping tasks register their sleeps
+    off.cancel()
+    await clock.advance(3)
+    assert fired == [start + timedelta(seconds=2)]
