@@ -83,20 +83,23 @@ class SystemClock:
 
     def call_at(self, when: datetime, callback: Callable[[], object]) -> asyncio.TimerHandle:
         """An event-loop timer for ``when`` (see the module function ``call_at``)."""
-        delay = max(0.0, (when - self.now()).total_seconds())
+        delay = max(0.0, when.timestamp() - time.time())
         return asyncio.get_running_loop().call_later(delay, callback)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Built once: constructing a timedelta from keywords costs more than the
+# arithmetic, and these two run several times per reminder tick.
+_MS = timedelta(milliseconds=1)
 
 
 def to_ms(when: datetime) -> int:
     """A timezone-aware datetime as integer ms since the epoch (storage form)."""
     if when.tzinfo is None:
         raise ValueError("naive datetime: orleanspy timestamps are timezone-aware UTC")
-    return (when - _EPOCH) // timedelta(milliseconds=1)
+    return (when - _EPOCH) // _MS
 
 
 def from_ms(ms: int) -> datetime:
     """Integer ms since the epoch as a timezone-aware UTC datetime."""
-    return _EPOCH + timedelta(milliseconds=ms)
+    return _EPOCH + _MS * ms

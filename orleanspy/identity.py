@@ -40,6 +40,7 @@ class GrainId:
     key: GrainKey
     _hash: int = field(default=-1, init=False, compare=False, repr=False)
     _py_hash: int = field(default=0, init=False, compare=False, repr=False)
+    _canonical: str = field(default="", init=False, compare=False, repr=False)
 
     # Grain ids key every hot dictionary (catalog, directory cache, pending
     # calls): a cached hash and an identity shortcut beat the generated methods.
@@ -68,8 +69,12 @@ class GrainId:
 
     @property
     def canonical(self) -> str:
-        """``type/<tag>:key`` with tag ``s`` (str), ``i`` (int) or ``u`` (UUID)."""
-        return f"{self.type_name}/{_KEY_TAG[type(self.key)]}:{self.key}"
+        """``type/<tag>:key`` with tag ``s`` (str), ``i`` (int) or ``u`` (UUID) (cached)."""
+        text = self._canonical
+        if not text:
+            text = f"{self.type_name}/{_KEY_TAG[type(self.key)]}:{self.key}"
+            object.__setattr__(self, "_canonical", text)
+        return text
 
     @classmethod
     def parse(cls, text: str) -> GrainId:

@@ -3,8 +3,9 @@
 Due rows wait in three lanes — critical (priority >= 50), normal, background
 (priority <= -50); the window owns them (``DueWindow.lanes``). One drainer
 task (``LaneDrainer``) takes from critical first, then normal, then background, and starts a
-delivery task for each row while fewer than ``permits`` deliveries are in
-flight. Under overload critical rows keep their lateness low and background
+delivery task for a row while fewer than ``permits`` deliveries are in
+flight; a delivery task that finishes takes the next waiting row in the same
+order before it ends. Under overload critical rows keep their lateness low and background
 rows absorb the lag.
 """
 
@@ -104,10 +105,16 @@ class LaneDrainer:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _one(self, row: Row) -> None:
+    async def _one(self, row: Row | None) -> None:
+        # A delivery task keeps its permit and takes the next due row itself
+        # while rows wait: under a backlog a tick then costs no task of its own.
+        window = self._window
         try:
-            await self._deliver(row)
-        except Exception:
-            log.exception("reminder delivery failed unexpectedly key=%s", row.key)
+            while row is not None:
+                try:
+                    await self._deliver(row)
+                except Exception:
+                    log.exception("reminder delivery failed unexpectedly key=%s", row.key)
+                row = window.take()
         finally:
             self._permits.release()
