@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 _UNCERTAIN_PER_ROW = 8
 
 #: How long a partial batch waits for more updates before it is written.
-LINGER_S = 0.01
+LINGER_S = 0.025
 
 
 def update_key(update: ScheduleUpdate) -> str:

@@ -180,34 +180,42 @@ return out
 """
 )
 
-# KEYS: rows, due and etag counter of each shard of the batch (three per shard).
-# ARGV[1]: etag suffix. ARGV[2]: msgpack flat list, six items per update: the
-# shard's position in KEYS (1-based, in threes), key, due member, expected
-# etag, next_due ms, last_fire ms (-1: none). Returns per update the new etag,
-# or false on a lost race. The rows travel in one argument so the client
-# encodes one string per batch, not six per row. The due score is the lane of
-# the row's stored priority plus next_due (``lane_score``), formatted with %.0f
-# because Lua would print it with 14 digits; a paused row stays out of the
-# index. Nothing is published: a schedule CAS is the owner's own write (the
-# module docstring).
+# The two per-tick scripts (the batched schedule CAS and the history append)
+# name their keys in the arguments rather than in KEYS: each batch spans many
+# shards, and redis-py's packing of one argument per key was the largest client
+# cost of a tick. ARGV[2] is the shard key prefix ``P rem:{<service_id>:rem:``;
+# a shard's key of kind K is ``prefix .. shard .. '}:' .. K`` (``_key``). A
+# batch that spans shards runs on a single Redis instance only, as before: on
+# Redis Cluster a batch would have to be split per slot (docs/decisions.md).
+
+# ARGV[1]: etag suffix. ARGV[2]: shard key prefix. ARGV[3]: msgpack flat list,
+# six items per update: shard, key, due member, expected etag, next_due ms,
+# last_fire ms (-1: none). Returns per update the new etag, or false on a lost
+# race. The rows travel in one argument so the client encodes one string per
+# batch, not six per row. The due score is the lane of the row's stored
+# priority plus next_due (``lane_score``), formatted with %.0f because Lua
+# would print it with 14 digits; a paused row stays out of the index. Nothing
+# is published: a schedule CAS is the owner's own write (``update_schedule``).
 _UPDATE_MANY: Final = """
-local u = cmsgpack.unpack(ARGV[2])
+local prefix = ARGV[2]
+local u = cmsgpack.unpack(ARGV[3])
 local out = {}
 for i = 1, #u, 6 do
-  local g = (u[i] - 1) * 3
-  local raw = redis.call('HGET', KEYS[g + 1], u[i + 1])
+  local shard = prefix .. u[i] .. '}:'
+  local rows = shard .. 'rows'
+  local raw = redis.call('HGET', rows, u[i + 1])
   local result = false
   if raw then
     local rec = cmsgpack.unpack(raw)
     if rec['e'] == u[i + 3] then
-      result = redis.call('INCR', KEYS[g + 3]) .. ARGV[1]
+      result = redis.call('INCR', shard .. 'etag') .. ARGV[1]
       rec['d'] = u[i + 4]
       if u[i + 5] < 0 then rec['l'] = nil else rec['l'] = u[i + 5] end
       rec['e'] = result
-      redis.call('HSET', KEYS[g + 1], u[i + 1], cmsgpack.pack(rec))
+      redis.call('HSET', rows, u[i + 1], cmsgpack.pack(rec))
       if not rec['u'] then
         local score = (127 - rec['r']) * 17592186044416 + u[i + 4]
-        redis.call('ZADD', KEYS[g + 2], string.format('%.0f', score), u[i + 2])
+        redis.call('ZADD', shard .. 'due', string.format('%.0f', score), u[i + 2])
       end
     end
   end
@@ -216,27 +224,28 @@ end
 return out
 """
 
-# A whole batch of fire records in one call. KEYS: per row of the batch, its
-# shard's rows hash and its history list (two per row). ARGV[1]: keep. ARGV[2]:
-# msgpack flat list, per row: its position (1-based, in pairs of KEYS), its key,
-# how many records follow, then five items per record, oldest first: slot ms,
-# delivery ms, outcome, silo, triggered (true/false). The record map is built
-# here (``FireRecord.to_record``'s form), so the client packs one string per
-# batch, not one per record. Records of a missing row are dropped.
+# A whole batch of fire records in one call. ARGV[1]: keep. ARGV[2]: shard key
+# prefix. ARGV[3]: msgpack flat list, per row: its shard, its key, how many
+# records follow, then five items per record, oldest first: slot ms, delivery
+# ms, outcome, silo, triggered (true/false). The record map is built here
+# (``FireRecord.to_record``'s form), so the client packs one string per batch,
+# not one per record. Records of a missing row are dropped.
 _APPEND_HISTORY: Final = """
 local keep = tonumber(ARGV[1])
-local u = cmsgpack.unpack(ARGV[2])
+local prefix = ARGV[2]
+local u = cmsgpack.unpack(ARGV[3])
 local i = 1
 while i <= #u do
-  local k = (u[i] - 1) * 2
+  local shard = prefix .. u[i] .. '}:'
   local n = u[i + 2]
-  if redis.call('HEXISTS', KEYS[k + 1], u[i + 1]) == 1 then
+  if redis.call('HEXISTS', shard .. 'rows', u[i + 1]) == 1 then
+    local hist = shard .. 'hist:' .. u[i + 1]
     for j = i + 3, i + 3 + (n - 1) * 5, 5 do
       local rec = {t = u[j], a = u[j + 1], o = u[j + 2], s = u[j + 3]}
       if u[j + 4] then rec['x'] = true end
-      redis.call('LPUSH', KEYS[k + 2], cmsgpack.pack(rec))
+      redis.call('LPUSH', hist, cmsgpack.pack(rec))
     end
-    redis.call('LTRIM', KEYS[k + 2], 0, keep - 1)
+    redis.call('LTRIM', hist, 0, keep - 1)
   end
   i = i + 3 + n * 5
 end
@@ -385,6 +394,9 @@ class RedisReminderTable:
         self._url = url_or_client if isinstance(url_or_client, str) else None
         self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
         self._prefix = key_prefix(service_id)
+        # What every shard key starts with (``_key``); the per-tick scripts
+        # build their keys from it.
+        self._shard_prefix = f"{self._prefix}rem:{{{service_id}:rem:"
         self._meta = f"{self._prefix}rem:meta"
         #: Tags every change this instance writes (8 hex digits), so a scoped feed
         #: of the same instance skips them undecoded. One instance serves one silo.
@@ -448,7 +460,7 @@ class RedisReminderTable:
         return h >> self._shift
 
     def _key(self, shard: int, kind: str) -> str:
-        return f"{self._prefix}rem:{{{self.service_id}:rem:{shard}}}:{kind}"
+        return f"{self._shard_prefix}{shard}}}:{kind}"
 
     def _channel(self, shard: int) -> str:
         return self._key(shard, "changes")
@@ -571,22 +583,17 @@ class RedisReminderTable:
         """
         if not updates:
             return []
-        keys: list[str] = []
-        position: dict[int, int] = {}
         flat: list[Any] = []
+        shift = self._shift
         for u in updates:
             grain_id, name = u.grain_id, u.name
             h = grain_id.uniform_hash()
-            s = h >> self._shift
-            g = position.get(s)
-            if g is None:
-                g = position[s] = len(position) + 1
-                keys += (self._key(s, "rows"), self._key(s, "due"), self._key(s, "etag"))
             key = f"{grain_id.canonical}|{name}"
             due_ms = to_ms(u.next_due)
-            lane_score(0, due_ms)  # range check; the script scores with the stored priority
+            if not 0 <= due_ms < LANE_WIDTH:
+                lane_score(0, due_ms)  # raises: next_due is outside the storable range
             flat += (
-                g,
+                h >> shift,
                 key,
                 f"{h:08x}|{key}",
                 u.etag,
@@ -595,7 +602,7 @@ class RedisReminderTable:
             )
         with translate_errors("reminder update_schedule_many"):
             results = await self._script("update_many")(
-                keys=keys, args=[self._etag_suffix, _lua_pack(flat)]
+                args=[self._etag_suffix, self._shard_prefix, _lua_pack(flat)]
             )
         return [None if r is None else r.decode() for r in results]
 
@@ -607,16 +614,14 @@ class RedisReminderTable:
             by_row.setdefault(row_key(rec.grain_id, rec.name), []).append(rec)
         if not by_row:
             return
-        keys: list[str] = []
         flat: list[Any] = []
-        for position, (key, recs) in enumerate(by_row.items(), 1):
-            s = self.shard_of(recs[0].grain_id.uniform_hash())
-            keys += (self._key(s, "rows"), self._key(s, f"hist:{key}"))
-            flat += (position, key, len(recs))
+        shift = self._shift
+        for key, recs in by_row.items():
+            flat += (recs[0].grain_id.uniform_hash() >> shift, key, len(recs))
             for r in recs:
                 flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered)
         with translate_errors("reminder append_history"):
-            await self._script("history")(keys=keys, args=[keep, _lua_pack(flat)])
+            await self._script("history")(args=[keep, self._shard_prefix, _lua_pack(flat)])
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         key = row_key(grain_id, name)
