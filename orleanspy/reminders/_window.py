@@ -151,8 +151,13 @@ class DueWindow:
         # due time alone (only for measuring what priority-first admission buys).
         self._priority_first = True
         # The queued rows again, worst admission key first (lowest priority,
-        # latest due): who is evicted next, in O(log n). Lazy like the heap.
+        # latest due): who is evicted next, in O(log n). Lazy like the heap, and
+        # kept only while it is needed: it is built (O(n)) the first time the
+        # window is asked who to evict, maintained from then on, and dropped
+        # when the window is less than half full again, so a window that holds
+        # its whole near-due set pays nothing for it per tick.
         self._worst: list[_WorstItem] = []
+        self._worst_kept = False
         self._rows: dict[str, Row] = {}
         self._heap: list[_HeapItem] = []
         self._queued = 0
@@ -197,8 +202,7 @@ class DueWindow:
     @priority_first.setter
     def priority_first(self, value: bool) -> None:
         self._priority_first = value
-        self._worst = [self._worst_item(item[3]) for item in self._heap if _live(item)]
-        heapq.heapify(self._worst)
+        self._worst, self._worst_kept = [], False
 
     def last_admitted(self) -> tuple[int, datetime] | None:
         """The admission key (``-priority, next_due``) of the queued row that would
@@ -222,7 +226,8 @@ class DueWindow:
         row.state = RowState.QUEUED
         row.seq = next(self._seq)
         heapq.heappush(self._heap, (row.next_due, -row.priority, row.seq, row))
-        heapq.heappush(self._worst, self._worst_item(row))
+        if self._worst_kept:
+            heapq.heappush(self._worst, self._worst_item(row))
         self._queued += 1
         self.high_water = max(self.high_water, len(self._rows))
         self._maybe_compact()
@@ -422,6 +427,9 @@ class DueWindow:
         return (priority, -to_ms(row.next_due), -row.seq, row)
 
     def _peek_worst(self) -> Row | None:
+        if not self._worst_kept:
+            self._rebuild_worst()
+            self._worst_kept = True
         worst = self._worst
         while worst:
             row = worst[0][3]
@@ -457,9 +465,14 @@ class DueWindow:
         if len(self._heap) > 64 and len(self._heap) > 2 * self._queued:
             self._heap = [item for item in self._heap if _live(item)]
             heapq.heapify(self._heap)
-        if len(self._worst) > 64 and len(self._worst) > 2 * self._queued:
-            self._worst = [self._worst_item(item[3]) for item in self._heap if _live(item)]
-            heapq.heapify(self._worst)
+        if self._worst_kept and 2 * len(self._rows) < self.bucket_size:
+            self._worst, self._worst_kept = [], False
+        elif len(self._worst) > 64 and len(self._worst) > 2 * self._queued:
+            self._rebuild_worst()
+
+    def _rebuild_worst(self) -> None:
+        self._worst = [self._worst_item(item[3]) for item in self._heap if _live(item)]
+        heapq.heapify(self._worst)
 
 
 def _live(item: _HeapItem) -> bool:

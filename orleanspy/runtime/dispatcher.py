@@ -152,17 +152,20 @@ class Dispatcher:
     ) -> Any:
         """Send a call from this silo and wait for its result (see ``CallInvoker``).
 
-        ``reminder_tick``: the call is a tick of a reminder this silo owns; it is
-        routed by ``route_reminder_tick`` (reminder-affine placement), or, when
-        the grain is active here and idle, run at once as a turn in the calling
-        task (its result is not returned: a tick's is discarded anyway).
+        ``reminder_tick``: the call is a tick of a reminder this silo owns (its
+        arguments, name and ``TickStatus``, are immutable); it is routed by
+        ``route_reminder_tick`` (reminder-affine placement), or, when the grain
+        is active here and idle, run at once as a turn in the calling task (its
+        result is not returned: a tick's is discarded anyway).
 
         Immutable arguments (``runtime.immutable``) are not encoded here: a local
         activation gets them as they are, and ``_send_to`` encodes them only if
         the call leaves the process. Anything mutable is copied through the codec.
         """
-        local = all_immutable(args, kwargs)
-        if reminder_tick and local and not kwargs:
+        # A tick's arguments are the reminder's name and a TickStatus, both
+        # immutable by construction: no need to walk them.
+        local = reminder_tick or all_immutable(args, kwargs)
+        if reminder_tick and not kwargs:
             act = self.catalog.get(grain_id)
             if act is not None and act.idle_and_valid() and method in act.definition.methods:
                 # The grain is here and idle: the tick runs as a turn in this task
