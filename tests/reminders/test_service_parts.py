@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -97,6 +98,37 @@ def test_window_keeps_the_earliest_rows_and_evicts_later_queued_ones() -> None:
     loaded, evicted = w.merge([_row(6, 1), _row(7, 2)])
     assert loaded == 1 and [r.entry.grain_id.key for r in evicted] == [1]
     assert len(w) == 3 and w.high_water == 3
+
+
+def test_window_evicts_the_worst_queued_row_as_it_fills_and_empties_again() -> None:
+    # Random admissions, ticks and releases that cross "full" and "under half
+    # full" many times (the eviction heap is built on demand and dropped below
+    # half): every eviction must take the worst queued row by brute force.
+    rnd = random.Random(7)
+    window = DueWindow(16)
+    rows = [_row(i, rnd.uniform(0, 100), priority=rnd.choice([-60, 0, 0, 60])) for i in range(400)]
+    fresh = iter(rows)
+    for step in range(2_000):
+        queued = [r for r in rows if r.state is RowState.QUEUED]
+        if step % 200 < 120:  # filling: admit candidates, checking who loses
+            candidate = next(fresh, None)
+            if candidate is None:
+                break
+
+            def key(r: Row) -> tuple[int, datetime]:
+                return (-r.priority, r.next_due)
+
+            worst = max(queued, key=key, default=None)
+            full = len(window) >= window.bucket_size
+            loaded, evicted = window.merge([candidate])
+            if full and worst is not None:
+                better = key(candidate) < key(worst)
+                assert (loaded, evicted) == ((1, [worst]) if better else (0, []))
+            else:
+                assert (loaded, evicted) == (1, [])
+        elif queued:  # emptying: release rows as their ticks would
+            window.release(rnd.choice(queued))
+        assert len(window) <= window.bucket_size
 
 
 def test_window_shrinks_to_a_lower_bucket_size() -> None:
