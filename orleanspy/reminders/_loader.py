@@ -13,7 +13,19 @@ refill the window learns how many near-due rows it left outside and the best
 of them, for its rotation (``DueWindow.left_outside``). It runs at start,
 every ``poll_interval``, on request, when the heap falls below half (or half of
 it turned over) while the last refill left rows behind, and after the change
-feed was lost. A newly owned range is read at once. A change for an owned row
+feed was lost.
+
+Incremental polls. A refill over all owned ranges that left nothing outside
+(every near-due row was admitted) sets a *horizon*: its ``before``. Every owned
+row due by then is held, or left for a reason the loader sees (an eviction, a
+rotation, a lost CAS, a repair, a change it had no room for). While none of
+those happened since, the next poll reads only rows due after the horizon
+(``read_due_skipping(..., after=horizon)``): rows that entered the look-ahead
+since, whatever their lane. A row moves past the horizon only forward (a tick,
+a repair), and any other write is published and read as a hint, so nothing
+due by the horizon can appear unseen. Every ``FULL_REFILL_EVERY``-th poll, and
+any refill asked for (start, the window running low, a lost feed), reads the
+whole look-ahead again. A newly owned range is read at once. A change for an owned row
 that is not held (or that another writer moved) is read with ``table.read`` and
 admitted if it is inside the window and would make the cut; a removal drops
 the row.
@@ -65,7 +77,10 @@ from orleanspy.reminders.table import (
 )
 from orleanspy.ring import RingRange
 
-__all__ = ["Loader"]
+__all__ = ["FULL_REFILL_EVERY", "Loader"]
+
+#: Every this many polls, one reads the whole look-ahead even with a valid horizon.
+FULL_REFILL_EVERY = 10
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +131,11 @@ class Loader:
         self._new_ranges: list[RingRange] = []
         self._hints: dict[str, tuple[GrainId, str]] = {}
         self._more_available = False
+        # The incremental poll's horizon (module docstring), and the counters
+        # whose change since it was set makes it unusable.
+        self._horizon: datetime | None = None
+        self._horizon_seen: tuple[int, ...] = ()
+        self._polls = 0
         # When the store last failed (reads here, writes in the persister).
         self._failures_seen = 0
         self._trouble_at: datetime | None = None
@@ -272,8 +292,9 @@ class Loader:
 
     # -- reading ----------------------------------------------------------------------
 
-    async def refill(self, ranges: Sequence[RingRange]) -> None:
-        """Read ``ranges`` and keep the earliest ``bucket_size`` rows overall.
+    async def refill(self, ranges: Sequence[RingRange], *, after: datetime | None = None) -> None:
+        """Read ``ranges`` and keep the earliest ``bucket_size`` rows overall; with
+        ``after`` (a valid horizon), only rows due after it.
 
         Others call it only while ``run`` is not running (reads must not race).
         """
@@ -290,7 +311,7 @@ class Loader:
             # Held rows are left out by the table itself: they are not fetched or
             # decoded again. They still count towards the limit, so an answer of
             # ``full`` rows may have stopped at it.
-            reads = [table.read_due_skipping(r, before, limit, window) for r in ranges]
+            reads = [table.read_due_skipping(r, before, limit, window, after=after) for r in ranges]
             full = limit - len(window)
         else:
             reads = [table.read_due(r, before, limit) for r in ranges]
@@ -327,6 +348,10 @@ class Loader:
         truncated = any(len(b) >= full for b in batches)
         self._more_available = loaded < len(found) or truncated
         window.refilled(self._more_available)
+        if self._more_available:
+            self._horizon = None
+        elif ranges == self._ownership.ranges and isinstance(table, SkippingReminderTable):
+            self._horizon, self._horizon_seen = before, self._horizon_counters()
         self.refills += 1
         self.metrics.refilled(loaded)
         self.evicted += len(evicted)
@@ -340,12 +365,27 @@ class Loader:
             window.bucket_size,
         )
 
+    def _horizon_counters(self) -> tuple[int, ...]:
+        w = self._window
+        return (self.evicted, self.repaired, w.rotated, w.cas_conflicts, self.load_errors)
+
+    def _usable_horizon(self) -> datetime | None:
+        """The horizon an incremental poll may read from, or ``None``."""
+        if self._more_available or self._horizon_seen != self._horizon_counters():
+            self._horizon = None
+        return self._horizon
+
     async def _full_refill(self) -> None:
         waiters, self._refill_waiters = self._refill_waiters, []
+        # A poll nobody asked for may be incremental (module docstring).
+        after = None
+        if not self._refill_wanted and self._polls % FULL_REFILL_EVERY:
+            after = self._usable_horizon()
+        self._polls += 1
         self._refill_wanted = False
         self._new_ranges.clear()
         try:
-            await self.refill(self._ownership.ranges)
+            await self.refill(self._ownership.ranges, after=after)
         except BaseException:
             self._refill_wanted = True
             self._refill_waiters[:0] = waiters

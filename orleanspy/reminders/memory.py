@@ -169,10 +169,18 @@ class InMemoryReminderTable:
         return self._walk_due(r, to_ms(before), limit)
 
     async def read_due_skipping(
-        self, r: RingRange, before: datetime, limit: int, skip: Container[str]
+        self,
+        r: RingRange,
+        before: datetime,
+        limit: int,
+        skip: Container[str],
+        *,
+        after: datetime | None = None,
     ) -> list[ReminderEntry]:
-        """``read_due`` less the rows whose key is in ``skip`` (they count towards ``limit``)."""
-        return self._walk_due(r, to_ms(before), limit, skip)
+        """``read_due`` less the rows whose key is in ``skip`` (they count towards
+        ``limit``), of rows due after ``after`` only (the walk still visits the
+        earlier ones: this table is for tests and embedding)."""
+        return self._walk_due(r, to_ms(before), limit, skip, -1 if after is None else to_ms(after))
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
         return self._walk_due(None, to_ms(before), limit)
@@ -250,7 +258,12 @@ class InMemoryReminderTable:
         return new_etag
 
     def _walk_due(
-        self, r: RingRange | None, before_ms: int, limit: int, skip: Container[str] = ()
+        self,
+        r: RingRange | None,
+        before_ms: int,
+        limit: int,
+        skip: Container[str] = (),
+        after_ms: int = -1,
     ) -> list[ReminderEntry]:
         found: list[ReminderEntry] = []
         taken = 0
@@ -269,9 +282,9 @@ class InMemoryReminderTable:
         heapify(frontier)
         while frontier:
             neg_priority, item, i, heap = heappop(frontier)
-            _, h, key, seq = item
+            due_ms, h, key, seq = item
             live = self._rows.get(key)
-            if live is not None and live[1] == seq and (r is None or h in r):
+            if live is not None and live[1] == seq and due_ms > after_ms and (r is None or h in r):
                 taken += 1
                 if not skip or live[0].key not in skip:
                     found.append(live[0])

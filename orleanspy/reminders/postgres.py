@@ -322,14 +322,15 @@ _PRIORITIES_IN_USE: Final = """WITH RECURSIVE prio(p) AS (
 
 # $1 service, $2 before (ms), $3 rows per scan, then the planned slices as
 # parallel arrays: bucket, lowest and highest hash inside it (inclusive); $7 rows
-# in all (NULL: every row the scans return).
+# in all (NULL: every row the scans return); $8 the exclusive lower bound of
+# next_due (ms; -1: none).
 _READ_DUE: Final = f"""
 {_PRIORITIES_IN_USE}SELECT r.* FROM prio
 CROSS JOIN unnest($4::smallint[], $5::bigint[], $6::bigint[]) AS s(bucket, lo, hi)
 CROSS JOIN LATERAL (
     SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
     WHERE service_id = $1 AND NOT paused AND priority = prio.p AND bucket = s.bucket
-        AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
+        AND next_due <= $2 AND next_due > $8 AND grain_hash BETWEEN s.lo AND s.hi
     ORDER BY next_due, grain_hash
     LIMIT $3
 ) r
@@ -338,14 +339,15 @@ ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $7
 """
 
-# The second pass of read_due: named (priority, bucket) scans, $3 rows each.
+# The second pass of read_due: named (priority, bucket) scans, $3 rows each,
+# next_due above $8.
 _READ_DUE_GROUPS: Final = f"""
 SELECT r.* FROM unnest($4::smallint[], $5::smallint[], $6::bigint[], $7::bigint[])
     AS s(priority, bucket, lo, hi)
 CROSS JOIN LATERAL (
     SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
     WHERE service_id = $1 AND NOT paused AND priority = s.priority AND bucket = s.bucket
-        AND next_due <= $2 AND grain_hash BETWEEN s.lo AND s.hi
+        AND next_due <= $2 AND next_due > $8 AND grain_hash BETWEEN s.lo AND s.hi
     ORDER BY next_due, grain_hash
     LIMIT $3
 ) r
@@ -819,7 +821,13 @@ class PostgresReminderTable:
         return await self.read_due_skipping(r, before, limit, ())
 
     async def read_due_skipping(
-        self, r: RingRange, before: datetime, limit: int, skip: Container[str]
+        self,
+        r: RingRange,
+        before: datetime,
+        limit: int,
+        skip: Container[str],
+        *,
+        after: datetime | None = None,
     ) -> list[ReminderEntry]:
         """``read_due`` less the rows whose key is in ``skip``: the same two-pass
         scans, ordered on the raw columns, so that skipped rows (the ones the
@@ -828,6 +836,7 @@ class PostgresReminderTable:
             return []
         buckets, los, his = _slices(r)
         before_ms = to_ms(before)
+        after_ms = -1 if after is None else to_ms(after)
         ask = max(_MIN_FIRST_ASK, -(-2 * limit // len(buckets)))
         first = min(ask, limit)
         # Few buckets: each scan asks for all of ``limit`` and one statement-wide
@@ -843,6 +852,7 @@ class PostgresReminderTable:
                     los,
                     his,
                     limit if ask >= limit else None,
+                    after_ms,
                 )
             )
         records.sort(key=_raw_rank)
@@ -870,6 +880,7 @@ class PostgresReminderTable:
                         [b for _, b in again],
                         [bounds[b][0] for _, b in again],
                         [bounds[b][1] for _, b in again],
+                        after_ms,
                     )
                 seen = {(rec["grain_id"], rec["name"]) for rec in records}
                 records.extend(m for m in more if (m["grain_id"], m["name"]) not in seen)

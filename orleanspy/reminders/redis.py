@@ -267,9 +267,10 @@ return 1
 """
 
 # KEYS: due. ARGV: min score, max score, before (next_due ms), limit (0 = all),
-# page, then inclusive hash intervals as pairs of 8-hex-digit bounds. Returns
-# [member, score, ...] of members with min <= score <= max, next_due <= before,
-# inside the intervals, in score order (the due order). Lanes are visited in
+# page, after (next_due ms, exclusive; -1: none), then inclusive hash intervals
+# as pairs of 8-hex-digit bounds. Returns [member, score, ...] of members with
+# min <= score <= max, after < next_due <= before, inside the intervals, in
+# score order (the due order). Lanes are visited in
 # order; an empty stretch between lanes costs one ZRANGEBYSCORE LIMIT 0 1.
 # Fixed-width lowercase hex compares as strings in numeric order.
 _READ_DUE: Final = """
@@ -278,6 +279,7 @@ local max = tonumber(ARGV[2])
 local before = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local page = tonumber(ARGV[5])
+local after = tonumber(ARGV[6])
 local want = 2 * limit
 local out = {}
 local cur = tonumber(ARGV[1])
@@ -286,7 +288,7 @@ while cur <= max do
                           string.format('%.0f', max), 'WITHSCORES', 'LIMIT', 0, 1)
   if #head == 0 then return out end
   local lane = math.floor(tonumber(head[2]) / W)
-  local lo = math.max(cur, lane * W)
+  local lo = math.max(cur, lane * W + after + 1)
   local hi = math.min(max, lane * W + before)
   local offset = 0
   while lo <= hi do
@@ -294,7 +296,7 @@ while cur <= max do
                              string.format('%.0f', hi), 'WITHSCORES', 'LIMIT', offset, page)
     for i = 1, #batch, 2 do
       local h = string.sub(batch[i], 1, 8)
-      for j = 6, #ARGV, 2 do
+      for j = 7, #ARGV, 2 do
         if h >= ARGV[j] and h <= ARGV[j + 1] then
           out[#out + 1] = batch[i]
           out[#out + 1] = batch[i + 1]
@@ -703,16 +705,26 @@ class RedisReminderTable:
         return [row for row in rows if to_ms(row.next_due) <= before_ms]
 
     async def read_due_skipping(
-        self, r: RingRange, before: datetime, limit: int, skip: Container[str]
+        self,
+        r: RingRange,
+        before: datetime,
+        limit: int,
+        skip: Container[str],
+        *,
+        after: datetime | None = None,
     ) -> list[ReminderEntry]:
         """``read_due`` less the rows whose key is in ``skip``: the index read is the
         same, but skipped members are dropped before the row fetch, so their
-        records never leave Redis and are never decoded."""
+        records never leave Redis and are never decoded. With ``after`` the read
+        script starts each lane's scan past it, so earlier members are not read."""
         if limit <= 0:
             return []
         before_ms = to_ms(before)
-        rows = await self._collect(r, before_ms, limit, "reminder read_due", skip)
-        return [row for row in rows if to_ms(row.next_due) <= before_ms]
+        after_ms = -1 if after is None else to_ms(after)
+        rows = await self._collect(
+            r, before_ms, limit, "reminder read_due", skip, after_ms=after_ms
+        )
+        return [row for row in rows if after_ms < to_ms(row.next_due) <= before_ms]
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
         """``read_due`` over the whole ring."""
@@ -747,9 +759,11 @@ class RedisReminderTable:
         limit: int,
         what: str,
         skip: Container[str] = (),
+        *,
+        after_ms: int = -1,
     ) -> list[ReminderEntry]:
-        """Rows of ``r`` with next_due <= ``before_ms``: the first ``limit`` in the
-        due order (all when ``limit`` is 0), sorted by (score, hash, key), less
+        """Rows of ``r`` with ``after_ms`` < next_due <= ``before_ms``: the first
+        ``limit`` in the due order (all when ``limit`` is 0), sorted by (score, hash, key), less
         those whose key is in ``skip`` (chosen, then not fetched).
 
         The first ``limit`` across shards is a prefix of each shard's score
@@ -765,12 +779,12 @@ class RedisReminderTable:
         plan = self._plan(r)
         if limit <= 0:
             found = await self._scan(
-                plan, 0, max_score=top, before_ms=before_ms, limit=0, what=what
+                plan, 0, max_score=top, before_ms=before_ms, limit=0, what=what, after_ms=after_ms
             )
         else:
             ask = min(limit, max(_MIN_FIRST_ASK, -(-2 * limit // len(plan))))
             found = await self._scan(
-                plan, 0, max_score=top, before_ms=before_ms, limit=ask, what=what
+                plan, 0, max_score=top, before_ms=before_ms, limit=ask, what=what, after_ms=after_ms
             )
             best = sorted((score, member) for part in found for score, member in part)
             threshold = best[limit - 1][0] if len(best) >= limit else None
@@ -790,6 +804,7 @@ class RedisReminderTable:
                     before_ms=before_ms,
                     limit=limit,
                     what=what,
+                    after_ms=after_ms,
                 )
                 for i, part in zip(again, more, strict=True):
                     # The second ask starts at the last score seen (inclusive, for
@@ -833,6 +848,7 @@ class RedisReminderTable:
         before_ms: int,
         limit: int,
         what: str,
+        after_ms: int = -1,
     ) -> list[list[tuple[int, bytes]]]:
         """Per planned shard, up to ``limit`` (0: all) due members inside the
         shard's intervals with min <= score <= max and next_due <= ``before_ms``,
@@ -855,6 +871,7 @@ class RedisReminderTable:
                     before_ms,
                     limit,
                     page,
+                    after_ms,
                     *bounds,
                 )
             replies = (await pipe.execute())[1:]

@@ -273,11 +273,20 @@ class SkippingReminderTable(ReminderTable, Protocol):
     """
 
     async def read_due_skipping(
-        self, r: RingRange, before: datetime, limit: int, skip: Container[str]
+        self,
+        r: RingRange,
+        before: datetime,
+        limit: int,
+        skip: Container[str],
+        *,
+        after: datetime | None = None,
     ) -> list[ReminderEntry]:
         """``read_due(r, before, limit)`` without the rows whose key is in ``skip``
         (they are not fetched or decoded, but count towards ``limit``). ``skip``
-        is consulted during the call; it may be a live view such as the window."""
+        is consulted during the call; it may be a live view such as the window.
+        With ``after``, only rows with ``after < next_due`` are read at all
+        (they neither come back nor count): the index is scanned from there, so
+        rows due before it cost nothing."""
         ...
 
 

@@ -604,9 +604,10 @@ async def check_read_due_against_brute_force(factory: TableFactory) -> None:
 
 async def check_read_due_skipping_against_brute_force(factory: TableFactory) -> None:
     """``read_due_skipping`` (``SkippingReminderTable`` only) answers like
-    ``read_due`` less the skipped keys, which still count towards ``limit``:
-    checked against brute force for random ranges, cut-offs, limits and skip
-    sets (empty, some, all of the due rows)."""
+    ``read_due`` less the skipped keys, which still count towards ``limit``, and
+    with ``after`` only rows due after it: checked against brute force for
+    random ranges, cut-offs, lower bounds, limits and skip sets (empty, some,
+    all of the due rows)."""
     rng = random.Random(777)
     async with factory() as table:
         if not isinstance(table, SkippingReminderTable):
@@ -623,11 +624,20 @@ async def check_read_due_skipping_against_brute_force(factory: TableFactory) -> 
             before = _T0 + timedelta(milliseconds=rng.randrange(-1000, 2 * 3600 * 1000 + 1000))
             cases.append((_random_range(rng), before, rng.choice([1, 7, 50, 200, 5000])))
         for r, before, limit in cases:
-            qualifying = [e for e in pool if e.hash in r and e.next_due <= before]
+            # Half the cases also bound next_due from below (``after``, exclusive).
+            after = rng.choice([None, before - timedelta(minutes=rng.randrange(1, 90))])
+            qualifying = [
+                e
+                for e in pool
+                if e.hash in r and e.next_due <= before and (after is None or e.next_due > after)
+            ]
             for share in (0.0, 0.3, 1.0):
                 skip = {e.key for e in qualifying if rng.random() < share}
-                got = await table.read_due_skipping(r, before, limit, skip)
-                what = f"read_due_skipping {r} before={before} limit={limit} skip={len(skip)}"
+                got = await table.read_due_skipping(r, before, limit, skip, after=after)
+                what = (
+                    f"read_due_skipping {r} after={after} before={before} limit={limit} "
+                    f"skip={len(skip)}"
+                )
                 got_keys = [e.key for e in got]
                 assert len(got_keys) == len(set(got_keys)), f"{what}: a row came back twice"
                 assert not skip.intersection(got_keys), f"{what}: returned a skipped row"

@@ -187,6 +187,7 @@ async def test_paused_rows_cost_a_due_read_nothing(postgres_url: str) -> None:
                     los,
                     his,
                     None,
+                    -1,
                 )
             )
             assert "orleanspy_reminders_due" in indexes, indexes

@@ -295,7 +295,7 @@ async def test_read_due_reads_the_due_index_not_the_table(postgres_url: str) -> 
             before = now + 120_000
             raw = await conn.fetchval(
                 "EXPLAIN (ANALYZE, FORMAT JSON) " + pg_reminders._READ_DUE,
-                "svc", before, 1000, buckets, los, his, 1000,
+                "svc", before, 1000, buckets, los, his, 1000, -1,
             )  # fmt: skip
         (plan,) = json.loads(raw)
         nodes = list(_nodes(plan["Plan"]))

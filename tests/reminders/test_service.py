@@ -15,6 +15,7 @@ from orleanspy.clock import to_ms
 from orleanspy.errors import SiloUnavailableError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders._loader import FULL_REFILL_EVERY
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import (
     MissedReminder,
@@ -574,6 +575,39 @@ async def test_a_lost_cas_reads_the_row_again_before_the_poll(clock, table) -> N
         assert svc.stats.refills == 1  # the start's only: no poll was needed
 
 
+async def test_polls_read_past_the_horizon_and_still_find_rows_entering_the_look_ahead(
+    clock,
+) -> None:
+    # After a complete refill, a poll reads only rows due after the previous
+    # refill's horizon. A row far beyond the look-ahead at start (and, on a quiet
+    # feed, never announced) is found by such a poll once it comes near, and
+    # delivered on time; every FULL_REFILL_EVERY-th poll reads everything again.
+    table = ReadCountingTable()
+    near = entry(clock, 1, due=10, period=10)
+    far = entry(clock, 2, due=OPTIONS.look_ahead + 45 * S, period=3600)
+    for e in (near, far):
+        await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        assert table.afters == [None]  # the start reads everything
+        assert svc.stats.resident == 1
+        for _ in range(4):  # two polls (30 s each), ticking the near row
+            await advance(clock, 15)
+        await wait_for(lambda: len(table.afters) == 3, 5.0, interval=0)
+        assert table.afters[1] == START + OPTIONS.look_ahead
+        assert table.afters[2] == START + OPTIONS.look_ahead + 30 * S
+        assert svc.stats.resident == 2  # the far row entered with the second poll
+        await clock.set(far.next_due)
+        await wait_for(
+            lambda: len(rec.slots(far.name)) > 0 and far.key in set(rec.keys()), 5.0, interval=0
+        )
+        late = next(s for e, s in rec.calls if e.key == far.key)
+        assert late.current_tick_time == far.next_due and late.missed_ticks == 0
+        while len(table.afters) < FULL_REFILL_EVERY + 1:
+            await advance(clock, 30)
+        assert table.afters[FULL_REFILL_EVERY] is None  # the periodic full read
+
+
 async def test_storage_outage_ticks_continue_and_persistence_catches_up(clock) -> None:
     table = FlakyTable()
     e = entry(clock, due=10, period=10)
@@ -643,6 +677,18 @@ class QuietTable(_Delegate):
         return _Silent()
 
 
+class ReadCountingTable(QuietTable):
+    """A quiet table that records the ``after`` bound of every due read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.afters: list[datetime | None] = []
+
+    async def read_due_skipping(self, *a: Any, after: datetime | None = None) -> Any:
+        self.afters.append(after)
+        return await self.inner.read_due_skipping(*a, after=after)
+
+
 class FlakyTable(_Delegate):
     """The in-memory table that raises ``StorageUnavailableError`` while ``down``."""
 
@@ -662,9 +708,9 @@ class FlakyTable(_Delegate):
         self._check()
         return await self.inner.read_due(*a)
 
-    async def read_due_skipping(self, *a: Any) -> Any:
+    async def read_due_skipping(self, *a: Any, **kw: Any) -> Any:
         self._check()
-        return await self.inner.read_due_skipping(*a)
+        return await self.inner.read_due_skipping(*a, **kw)
 
     async def update_schedule(self, *a: Any) -> Any:
         self._check()
