@@ -13,22 +13,23 @@ refill the window learns how many near-due rows it left outside and the best
 of them, for its rotation (``DueWindow.left_outside``). It runs at start,
 every ``poll_interval``, on request, when the heap falls below half (or half of
 it turned over) while the last refill left rows behind, and after the change
-feed was lost.
-
-Incremental polls. A refill over all owned ranges that left nothing outside
-(every near-due row was admitted) sets a *horizon*: its ``before``. Every owned
-row due by then is held, or left for a reason the loader sees (an eviction, a
-rotation, a lost CAS, a repair, a change it had no room for). While none of
-those happened since, the next poll reads only rows due after the horizon
-(``read_due_skipping(..., after=horizon)``): rows that entered the look-ahead
-since, whatever their lane. A row moves past the horizon only forward (a tick,
-a repair), and any other write is published and read as a hint, so nothing
-due by the horizon can appear unseen. Every ``FULL_REFILL_EVERY``-th poll, and
-any refill asked for (start, the window running low, a lost feed), reads the
-whole look-ahead again. A newly owned range is read at once. A change for an owned row
+feed was lost. A newly owned range is read at once. A change for an owned row
 that is not held (or that another writer moved) is read with ``table.read`` and
 admitted if it is inside the window and would make the cut; a removal drops
-the row.
+the row. So is a row whose schedule CAS was lost (``reread``): schedule CASes
+are not published, so that is how a row another writer moved comes back.
+
+Incremental polls. A refill over all owned ranges that left nothing outside
+(every near-due row was admitted, none evicted) sets a *horizon*: its
+``before``. Every owned row due by then is held, or left for a reason the
+loader sees (an eviction, a rotation, a lost CAS, a repair, a change it had no
+room for, a load error). While none of those happened since, the next poll
+reads only rows due after the horizon (``read_due_skipping(...,
+after=horizon)``): rows that entered the look-ahead since, whatever their
+lane. A row moves past the horizon only forward (a tick, a repair), and any
+other write is published and read as a hint, so nothing due by the horizon can
+appear unseen. Every ``FULL_REFILL_EVERY``-th poll, and any refill asked for
+(start, the window running low, a lost feed), reads the whole look-ahead again.
 
 Repair. Normal loading already takes overdue rows first (``read_due`` returns
 the earliest first), so an overdue row is only starved while the window is
@@ -348,13 +349,13 @@ class Loader:
         truncated = any(len(b) >= full for b in batches)
         self._more_available = loaded < len(found) or truncated
         window.refilled(self._more_available)
-        if self._more_available:
-            self._horizon = None
-        elif ranges == self._ownership.ranges and isinstance(table, SkippingReminderTable):
-            self._horizon, self._horizon_seen = before, self._horizon_counters()
         self.refills += 1
         self.metrics.refilled(loaded)
         self.evicted += len(evicted)
+        if self._more_available or evicted:
+            self._horizon = None
+        elif ranges == self._ownership.ranges and isinstance(table, SkippingReminderTable):
+            self._horizon, self._horizon_seen = before, self._horizon_counters()
         log.debug(
             "reminder refill name=%s ranges=%d loaded=%d evicted=%d resident=%d bucket_size=%d",
             self._name,

@@ -15,16 +15,18 @@ hash tag ``{<service_id>:rem:<s>}``, so each shard can live on its own node)::
 
 A change message is ``<writer: 8 hex><hash: 8 hex><msgpack [grain, name,
 next_due_ms | nil]>`` or, from upserts, ``... [grain, name, next_due_ms,
-priority]``. The fixed-width head lets a reader drop its own writes and rows
-outside its ranges before decoding anything. ``writer`` is the ``writer_id`` of
-the table instance that wrote the row.
+priority]``. Schedule CASes publish nothing (``ReminderTable.update_schedule``).
+The fixed-width head lets a reader drop its own writes and rows outside its
+ranges before decoding anything. ``writer`` is the ``writer_id`` of the table
+instance that wrote the row.
 
 A row lives in shard ``hash >> (32 - log2(shards))`` (the top bits), so a ring
 range maps onto a run of consecutive shards. Writes are Lua scripts over one
 shard. ``read_due`` asks every shard that overlaps the range, in one pipelined
 round trip, for due members whose 8-hex-digit hash prefix lies in the range (the
 filtering runs in Redis, before any row is touched), merges the candidates by
-score, and fetches only the rows it returns in a second round trip.
+score, and fetches only the rows it returns in a second round trip. With a lower
+bound (``read_due_skipping(..., after=...)``) each lane's scan starts past it.
 
 The due score encodes the contract's order (priority descending, then
 ``next_due``): ``lane = 127 - priority`` (0 for priority 127, 255 for -128)
@@ -39,6 +41,8 @@ from the row's stored priority.
 
 ``update_schedule_many`` applies a whole batch in one script call whose rows
 travel packed in one argument; it scores each row from its stored priority too.
+It and ``append_history`` take the shard key prefix and build the keys of the
+shards a batch touches in Lua (see the comment above ``_UPDATE_MANY``).
 
 Change feeds use Redis 7 sharded pub/sub, one channel per shard (it lives on
 the shard's node in Redis Cluster). A scoped feed (``scoped_changes``)
