@@ -191,7 +191,7 @@ class Delivery:
     def _advance(self, row: Row, next_due: datetime, last_fire: datetime | None) -> None:
         """Record the row's next slot: persist it, and re-queue or release the row."""
         row.last_fire = last_fire
-        etag = row.entry.etag
+        etag = row.etag
         # Submitted for a dropped row too: its tick happened. The CAS against the
         # loaded etag keeps the write from landing on a row another writer moved.
         if etag is not None:

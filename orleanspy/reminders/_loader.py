@@ -182,8 +182,7 @@ class Loader:
         if row is not None:
             whole_row = change.priority is not None
             if not whole_row and (
-                next_due in (row.next_due, row.entry.next_due)
-                or self._persister.wrote(key, next_due)
+                next_due in (row.next_due, row.stored_due) or self._persister.wrote(key, next_due)
             ):
                 return
         elif next_due > self._clock.now() + self._options.look_ahead:
@@ -464,7 +463,7 @@ class Loader:
                 self._window.drop(row)
             return
         if row is not None:
-            if entry.etag == row.entry.etag or self._persister.wrote(key, entry.next_due):
+            if entry.etag == row.etag or self._persister.wrote(key, entry.next_due):
                 return  # unchanged, or our own write whose outcome is on its way
             if self._update_held(row, entry):
                 return
@@ -499,15 +498,15 @@ class Loader:
         """
         old = row.entry
         same_schedule = (
-            entry.next_due == old.next_due
+            entry.next_due == row.stored_due
             and entry.start_at == old.start_at
             and entry.period == old.period
             and entry.cron == old.cron
             and entry.tz == old.tz
         )
         if same_schedule:
-            assert old.etag is not None and entry.etag is not None
-            self._persister.rebase(row.key, old.etag, entry.etag)
+            assert row.etag is not None and entry.etag is not None
+            self._persister.rebase(row.key, row.etag, entry.etag)
             self._window.replace_entry(row, entry)
             return True
         try:

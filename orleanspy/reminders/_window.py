@@ -67,22 +67,29 @@ class RowState(enum.Enum):
 class Row:
     """One resident reminder row.
 
-    ``entry`` is the row as last known in the table; its ``etag`` is the one
-    the next schedule CAS must use. ``next_due`` is the local schedule, which
-    runs ahead of the table while persistence is pending. ``schedule`` is built
-    once per loaded row (a cron iterator is costly to construct). ``last_fire``
-    is the local delivery time of the last acknowledged tick.
+    ``entry`` is the row as loaded or last rewritten by a whole-row write: its
+    schedule fields (``start_at``, ``period``, ``cron``, ``tz``), priority and
+    action are current; its ``etag``, ``next_due`` and ``last_fire`` are not
+    kept up to date per tick. ``etag`` is the one the next schedule CAS must use
+    and ``stored_due`` the ``next_due`` the table holds, both advanced in place
+    when a schedule write lands (a tick copies no entry). ``next_due`` is the
+    local schedule, which runs ahead of the table while persistence is pending.
+    ``schedule`` is built once per loaded row (a cron iterator is costly to
+    construct). ``last_fire`` is the local delivery time of the last
+    acknowledged tick.
     """
 
     __slots__ = (
         "dropped",
         "entry",
+        "etag",
         "last_fire",
         "next_due",
         "reloaded",
         "schedule",
         "seq",
         "state",
+        "stored_due",
     )
 
     def __init__(
@@ -93,6 +100,8 @@ class Row:
         last_fire: datetime | None,
     ) -> None:
         self.entry = entry
+        self.etag = entry.etag
+        self.stored_due = entry.next_due
         self.schedule = schedule
         self.next_due = next_due
         self.last_fire = last_fire
@@ -348,21 +357,21 @@ class DueWindow:
         row = self._rows.get(key)
         # A held row with another etag was loaded or rewritten after this update
         # was made: the outcome is not about it.
-        mine = row is not None and row.entry.etag == update.etag
+        mine = row is not None and row.etag == update.etag
         if etag is None:
             self.cas_conflicts += 1
             log.info("reminder moved by another writer name=%s key=%s", self._name, key)
             if row is not None and mine:
                 self.drop(row)
         elif row is not None and mine:
-            row.entry = row.entry.with_schedule(etag, update.next_due, update.last_fire)
+            row.etag, row.stored_due = etag, update.next_due
 
     def replace_entry(self, row: Row, entry: ReminderEntry) -> None:
         """A write kept ``row``'s schedule but changed its stored copy (a new
         priority or action, a new etag): swap it in, keeping the local schedule,
         and move the row to its priority's lane or heap position."""
         waiting = row.state is RowState.DUE and self.lanes.remove(row)
-        row.entry = entry
+        row.entry, row.etag, row.stored_due = entry, entry.etag, entry.next_due
         if waiting:
             self.lanes.put(row)
         elif row.state is RowState.QUEUED:
@@ -376,6 +385,7 @@ class DueWindow:
         if row.state is RowState.DUE and not waiting:
             return False
         row.entry, row.schedule = entry, schedule
+        row.etag, row.stored_due = entry.etag, entry.next_due
         row.next_due, row.last_fire = entry.next_due, entry.last_fire
         row.reloaded = False  # the writer chose this next_due: nothing was missed
         if keep:

@@ -99,27 +99,6 @@ class ReminderEntry:
     def with_etag(self, etag: str | None) -> ReminderEntry:
         return replace(self, etag=etag)
 
-    def with_schedule(
-        self, etag: str | None, next_due: datetime, last_fire: datetime | None
-    ) -> ReminderEntry:
-        """This row after a persisted tick. Built positionally: it runs once per
-        tick, and ``dataclasses.replace`` costs several times more."""
-        return ReminderEntry(
-            self.service_id,
-            self.grain_id,
-            self.name,
-            self.start_at,
-            next_due,
-            self.period,
-            self.cron,
-            self.tz,
-            last_fire,
-            self.priority,
-            self.action,
-            etag,
-            self.declared,
-        )
-
     def to_record(self) -> dict[str, Any]:
         """Storage form: plain msgpack types, times as integer ms since the epoch.
         ``"u"`` (paused) is present only on paused rows."""

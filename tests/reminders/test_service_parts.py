@@ -205,27 +205,6 @@ def test_backoff_doubles_up_to_the_maximum_with_jitter() -> None:
     assert low.next() == pytest.approx(0.05)
 
 
-def test_with_schedule_equals_replace_of_the_three_fields() -> None:
-    from dataclasses import replace
-
-    t0 = datetime(2030, 1, 1, tzinfo=UTC)
-    entry = ReminderEntry(
-        service_id="s",
-        grain_id=GrainId("G", 1),
-        name="r",
-        start_at=t0,
-        next_due=t0,
-        period=timedelta(seconds=5),
-        priority=7,
-        action=MissedReminderAction.NOTIFY,
-        etag="1.a",
-    )
-    later = t0 + timedelta(seconds=5)
-    assert entry.with_schedule("2.a", later, t0) == replace(
-        entry, etag="2.a", next_due=later, last_fire=t0
-    )
-
-
 def test_ownership_keeps_the_feed_scope_on_the_owned_ranges() -> None:
     ownership = Ownership()
     scope = ownership.feed_scope
