@@ -34,8 +34,10 @@ The heap is one ``heapq`` min-heap keyed ``(next_due, -priority, seq)``: it
 orders firing. Admission is another order: when more rows are near due than
 the bucket size, the window holds the highest-priority rows first, then the
 earliest due (``admission_key``), the order the table's ``read_due`` answers in.
-Removal is lazy: an entry is live only while its row is ``QUEUED`` with the
-same ``seq``; stale entries are compacted away when they outnumber live ones.
+Removal is lazy: an entry is live only while its ``seq`` maps to a queued row
+(``_queued_rows``); stale entries are compacted away when they outnumber live
+ones. Entries hold no row, only atomic values, so the garbage collector
+untracks them: a tick's re-queue adds nothing that full collections walk.
 """
 
 from __future__ import annotations
@@ -124,7 +126,10 @@ class Row:
         return int(self.entry.priority)
 
 
-_HeapItem = tuple[datetime, int, int, Row]
+# (next_due, -priority, seq): only atomic values, so the collector untracks the
+# tuple and a heap entry never reaches the oldest generation (rows by seq in
+# ``DueWindow._queued_rows``).
+_HeapItem = tuple[datetime, int, int]
 # (priority, -next_due ms, -seq, row): the smallest is the worst admission key.
 _WorstItem = tuple[int, int, int, Row]
 
@@ -169,6 +174,9 @@ class DueWindow:
         self._worst_kept = False
         self._rows: dict[str, Row] = {}
         self._heap: list[_HeapItem] = []
+        # The queued rows by their heap entry's seq: an entry is live while its
+        # seq is here.
+        self._queued_rows: dict[int, Row] = {}
         self._queued = 0
         self._seq = itertools.count(1)
         self.high_water = 0
@@ -234,7 +242,8 @@ class DueWindow:
         self._rows[row.key] = row
         row.state = RowState.QUEUED
         row.seq = next(self._seq)
-        heapq.heappush(self._heap, (row.next_due, -row.priority, row.seq, row))
+        heapq.heappush(self._heap, (row.next_due, -row.priority, row.seq))
+        self._queued_rows[row.seq] = row
         if self._worst_kept:
             heapq.heappush(self._worst, self._worst_item(row))
         self._queued += 1
@@ -249,16 +258,17 @@ class DueWindow:
         """Take every queued row with ``next_due <= now``, earliest first; they
         become DUE and wait in their lanes (``ready`` is set)."""
         out: list[Row] = []
-        heap = self._heap
+        heap, queued = self._heap, self._queued_rows
         while heap:
             item = heap[0]
-            if not _live(item):
+            row = queued.get(item[2])
+            if row is None:  # stale
                 heapq.heappop(heap)
                 continue
             if item[0] > now:
                 break
             heapq.heappop(heap)
-            row = item[3]
+            del queued[item[2]]
             row.state = RowState.DUE
             self._queued -= 1
             out.append(row)
@@ -462,18 +472,19 @@ class DueWindow:
 
     def _unqueue(self, row: Row) -> None:
         # Invalidates the row's heap entry; the entry itself is dropped lazily.
+        self._queued_rows.pop(row.seq, None)
         row.seq = -1
         row.state = RowState.GONE
         self._queued -= 1
 
     def _skip_stale(self) -> None:
-        heap = self._heap
-        while heap and not _live(heap[0]):
+        heap, queued = self._heap, self._queued_rows
+        while heap and heap[0][2] not in queued:
             heapq.heappop(heap)
 
     def _maybe_compact(self) -> None:
         if len(self._heap) > 64 and len(self._heap) > 2 * self._queued:
-            self._heap = [item for item in self._heap if _live(item)]
+            self._heap = [item for item in self._heap if item[2] in self._queued_rows]
             heapq.heapify(self._heap)
         if self._worst_kept and 2 * len(self._rows) < self.bucket_size:
             self._worst, self._worst_kept = [], False
@@ -481,13 +492,8 @@ class DueWindow:
             self._rebuild_worst()
 
     def _rebuild_worst(self) -> None:
-        self._worst = [self._worst_item(item[3]) for item in self._heap if _live(item)]
+        self._worst = [self._worst_item(row) for row in self._queued_rows.values()]
         heapq.heapify(self._worst)
-
-
-def _live(item: _HeapItem) -> bool:
-    row = item[3]
-    return row.state is RowState.QUEUED and row.seq == item[2]
 
 
 def admission_key(priority: int, next_due: datetime) -> tuple[int, datetime]:
