@@ -79,9 +79,13 @@ class History(NoHistory):
             await self.flush()
 
     async def flush(self) -> None:
-        """Write everything buffered now (a failed batch is dropped, not retried)."""
-        while self._buffer:
-            n = min(len(self._buffer), _BATCH)
+        """Write the records buffered when called (a failed batch is dropped, not
+        retried). Records that arrive meanwhile wait for the next linger: draining
+        them too would write a handful per round trip under a tick stream."""
+        left = len(self._buffer)
+        while left and self._buffer:
+            n = min(left, len(self._buffer), _BATCH)
+            left -= n
             batch = [self._buffer.popleft() for _ in range(n)]
             try:
                 await self._table.append_history(batch, self._keep)
