@@ -233,7 +233,7 @@ class Loader:
             now = self._clock.now()
             try:
                 if self._refill_wanted or now >= next_poll:
-                    await self._full_refill()
+                    await self._refill_all()
                     next_poll = now + opts.poll_interval
                 elif self._new_ranges:
                     ranges, self._new_ranges = self._new_ranges, []
@@ -375,7 +375,7 @@ class Loader:
             self._horizon = None
         return self._horizon
 
-    async def _full_refill(self) -> None:
+    async def _refill_all(self) -> None:
         waiters, self._refill_waiters = self._refill_waiters, []
         # A poll nobody asked for may be incremental (module docstring).
         after = None

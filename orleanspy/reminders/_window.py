@@ -177,7 +177,6 @@ class DueWindow:
         # The queued rows by their heap entry's seq: an entry is live while its
         # seq is here.
         self._queued_rows: dict[int, Row] = {}
-        self._queued = 0
         self._seq = itertools.count(1)
         self.high_water = 0
 
@@ -194,7 +193,7 @@ class DueWindow:
     @property
     def queued(self) -> int:
         """Rows in the heap."""
-        return self._queued
+        return len(self._queued_rows)
 
     @property
     def space(self) -> int:
@@ -204,7 +203,7 @@ class DueWindow:
     def room(self) -> int:
         """Rows a merge could hold: the bucket size less the DUE rows (queued rows
         compete with candidates for it)."""
-        return max(0, self.bucket_size - (len(self._rows) - self._queued))
+        return max(0, self.bucket_size - (len(self._rows) - len(self._queued_rows)))
 
     def head_due(self) -> datetime | None:
         """The earliest ``next_due`` in the heap."""
@@ -246,7 +245,6 @@ class DueWindow:
         self._queued_rows[row.seq] = row
         if self._worst_kept:
             heapq.heappush(self._worst, self._worst_item(row))
-        self._queued += 1
         self.high_water = max(self.high_water, len(self._rows))
         self._maybe_compact()
         new_head = head is None or row.next_due < head
@@ -270,7 +268,6 @@ class DueWindow:
             heapq.heappop(heap)
             del queued[item[2]]
             row.state = RowState.DUE
-            self._queued -= 1
             out.append(row)
         if out:
             for row in out:
@@ -466,7 +463,7 @@ class DueWindow:
         if not self.signal_low:
             return
         half = self.bucket_size // 2
-        if self._queued < half or self.turnover >= half:
+        if len(self._queued_rows) < half or self.turnover >= half:
             self.signal_low = False
             self.low.set()
 
@@ -475,7 +472,6 @@ class DueWindow:
         self._queued_rows.pop(row.seq, None)
         row.seq = -1
         row.state = RowState.GONE
-        self._queued -= 1
 
     def _skip_stale(self) -> None:
         heap, queued = self._heap, self._queued_rows
@@ -483,12 +479,13 @@ class DueWindow:
             heapq.heappop(heap)
 
     def _maybe_compact(self) -> None:
-        if len(self._heap) > 64 and len(self._heap) > 2 * self._queued:
+        queued = len(self._queued_rows)
+        if len(self._heap) > 64 and len(self._heap) > 2 * queued:
             self._heap = [item for item in self._heap if item[2] in self._queued_rows]
             heapq.heapify(self._heap)
         if self._worst_kept and 2 * len(self._rows) < self.bucket_size:
             self._worst, self._worst_kept = [], False
-        elif len(self._worst) > 64 and len(self._worst) > 2 * self._queued:
+        elif len(self._worst) > 64 and len(self._worst) > 2 * queued:
             self._rebuild_worst()
 
     def _rebuild_worst(self) -> None:

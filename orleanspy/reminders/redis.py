@@ -596,8 +596,7 @@ class RedisReminderTable:
             h = grain_id.uniform_hash()
             key = f"{grain_id.canonical}|{name}"
             due_ms = to_ms(u.next_due)
-            if not 0 <= due_ms < LANE_WIDTH:
-                lane_score(0, due_ms)  # raises: next_due is outside the storable range
+            lane_score(0, due_ms)  # range check; the script scores with the stored priority
             flat += (
                 h >> shift,
                 key,
