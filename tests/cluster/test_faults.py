@@ -50,7 +50,7 @@ from orleanspy.options import MessagingOptions
 from orleanspy.remindable.management import MANAGEMENT_TYPE
 from orleanspy.serialization import unpack
 from orleanspy.testing.cluster import wait_for
-from tests.ready import read_ready
+from tests.ready import read_ready, stop_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -99,16 +99,8 @@ class SiloProc:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            if self.proc.returncode is None:
-                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped child cannot terminate
-            self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(5)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
+            os.kill(self.proc.pid, signal.SIGCONT)  # a stopped child cannot terminate
+        stop_processes([self.proc], 10)
 
 
 class Cluster:

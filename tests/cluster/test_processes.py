@@ -24,7 +24,7 @@ from orleanspy.identity import SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.testing.cluster import wait_for
-from tests.ready import read_ready
+from tests.ready import read_ready, stop_processes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -62,17 +62,7 @@ def silo_processes(redis_url: str, count: int) -> Iterator[list[SiloProcess]]:
     try:
         yield [SiloProcess(p, _ready(p)) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-            if p.stdout is not None:
-                p.stdout.close()
+        stop_processes(procs, 10)
 
 
 async def test_sigkilled_silo_process_is_declared_dead_and_calls_keep_working(

@@ -29,7 +29,7 @@ from orleanspy.reminders.model import FireOutcome, ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.ring import ConsistentRing
 from orleanspy.testing.cluster import wait_for
-from tests.ready import read_ready
+from tests.ready import read_ready, stop_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -74,17 +74,7 @@ def silo_processes(
     try:
         yield [(p, _ready(p)) for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
-            if p.stdout is not None:
-                p.stdout.close()
+        stop_processes(procs, 15)
 
 
 async def test_three_silos_on_postgres_only(postgres_url: str) -> None:
