@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
+import pytest
+import uvloop
+
 from orleanspy.clock import SystemClock, call_at, to_ms
 from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
@@ -70,3 +73,27 @@ async def test_a_clock_without_call_at_gets_a_sleeping_task() -> None:
     off.cancel()
     await clock.advance(3)
     assert fired == [start + timedelta(seconds=2)]
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_system_clock_timer_never_fires_before_its_time(loop: str) -> None:
+    # uvloop keeps timers in whole milliseconds, rounded to the nearest, so an
+    # exact sub-millisecond delay fired early and a ticker that re-checks the
+    # clock and re-arms spun until the instant came (about 80 wake-ups each).
+    clock = SystemClock()
+    early: list[timedelta] = []
+
+    async def main() -> None:
+        for i in range(60):
+            when = clock.now() + timedelta(microseconds=100 + 37 * i)
+            fired = asyncio.Event()
+            call_at(clock, when, fired.set)
+            await fired.wait()
+            if (now := clock.now()) < when:
+                early.append(when - now)
+
+    if loop == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+    assert early == []

@@ -2,8 +2,8 @@
 
 There is no timer per reminder: a single task sleeps until the heap's head is
 due (or until the window signals a new head), re-reads the clock, and moves
-every row whose ``next_due <= now`` into the window's lanes. Timers may fire a
-little early (uvloop: ~1 ms), so waking is only a hint; the clock decides.
+every row whose ``next_due <= now`` into the window's lanes. Waking is only a
+hint (a timer on another ``Clock`` may fire early); the clock decides.
 
 The sleep is one clock timer that sets the window's ``head_changed`` event and
 one wait on that event: under a tick stream the ticker wakes about once per
