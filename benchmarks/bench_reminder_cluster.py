@@ -17,7 +17,11 @@ its fair share of the delivered ticks, total / K; ``cpu_us_mean`` is all silos'
 CPU over all ticks), and the redis-server's CPU per tick. The 1-silo row is the baseline of the
 ratios. Reference rows run one silo at ``N/K``, a K-silo cluster's per-silo
 share: a silo's fixed costs (membership probes, table polls) weigh more per tick
-at a lower rate, whatever the cluster does.
+at a lower rate, whatever the cluster does. The ``loop.call_at`` rows fire the
+same schedules, at ``N/K``, on bare event-loop timers in this process (as
+``bench_reminder_ticks``' baseline does; their ratios are to ``N/1``): the CPU a
+process spends per event grows as events thin out (fewer per wake-up) before any
+silo work is done.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from benchmarks.bench_reminder_ticks import (
     BenchTickGrain,
     CpuMeter,
     percentiles,
+    timers_run,
 )
 from orleanspy import ReminderOptions, Silo, SiloOptions
 from orleanspy.identity import GrainId
@@ -214,11 +219,20 @@ def main(args: argparse.Namespace) -> list[dict[str, Any]]:
                     row = _one(server, args.reminders // k, 1, args.seconds)
                     row["kind"] = f"reference: 1 silo, N/{k}"
                     rows.append(row)
+            # The event loop alone at the same rates: how much CPU per event a
+            # process spends at a lower rate before any silo work is done.
+            for k in args.silos:
+                row = run(timers_run(args.reminders // k, args.seconds))
+                row["kind"] = f"loop.call_at, N/{k}"
+                row["cpu_us_mean"] = row.pop("silo_cpu_us")
+                rows.append(row)
     base = rows[0] if rows and rows[0]["silos"] == 1 else None
+    loop_base = next((r for r in rows if r["kind"] == "loop.call_at, N/1"), None)
     for row in rows:
-        if base is not None:
-            row["cpu_vs_1"] = ratio(row["cpu_us_mean"], base["cpu_us_mean"])
-            row["ticks_vs_1"] = ratio(row["ticks_per_s"], base["ticks_per_s"])
+        baseline = loop_base if row["kind"].startswith("loop.call_at") else base
+        if baseline is not None:
+            row["cpu_vs_1"] = ratio(row["cpu_us_mean"], baseline["cpu_us_mean"])
+            row["ticks_vs_1"] = ratio(row["ticks_per_s"], baseline["ticks_per_s"])
     return rows
 
 

@@ -2,7 +2,7 @@
 
 Due rows wait in three lanes — critical (priority >= 50), normal, background
 (priority <= -50); the window owns them (``DueWindow.lanes``). One drainer
-task (``LaneDrainer``) takes from critical first, then normal, then background, and starts a
+``LaneDrainer`` takes from critical first, then normal, then background, and starts a
 delivery task for a row while fewer than ``permits`` deliveries are in
 flight; a delivery task that finishes takes the next waiting row in the same
 order before it ends. Under overload critical rows keep their lateness low and background
@@ -71,6 +71,10 @@ class LaneDrainer:
     """Drains the window's lanes: runs ``deliver(row)`` for each due row, at most
     ``permits`` at a time, critical lane first.
 
+    ``kick()`` starts deliveries for waiting rows while permits are free; the
+    ticker calls it right after it moved rows into the lanes, so a tick costs
+    no wake-up of a drainer task. A delivery that finishes takes the next
+    waiting row itself, so rows left waiting for a permit are not forgotten.
     ``deliver`` must handle its own errors; anything escaping it is logged.
     """
 
@@ -78,28 +82,35 @@ class LaneDrainer:
         self, window: DueWindow, permits: int, deliver: Callable[[Row], Awaitable[None]]
     ) -> None:
         self._window = window
-        self._permits = asyncio.Semaphore(permits)
+        self._free = permits
         self._deliver = deliver
         self._tasks: set[asyncio.Task[None]] = set()
+        self._stopped = False
 
     @property
     def in_flight(self) -> int:
         return len(self._tasks)
 
-    async def run(self) -> None:
-        """Drain until cancelled; then cancel and reap the deliveries in flight."""
+    def kick(self) -> None:
+        """Start a delivery task for each waiting row while permits are free."""
         window = self._window
+        while self._free > 0 and not self._stopped:
+            row = window.take()
+            if row is None:
+                return
+            self._free -= 1
+            task = asyncio.create_task(self._one(row))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def run(self) -> None:
+        """Start what waits, then hold until cancelled; then cancel and reap the
+        deliveries in flight."""
         try:
-            while True:
-                await self._permits.acquire()
-                row = window.take()
-                while row is None:
-                    await window.ready.wait()
-                    row = window.take()
-                task = asyncio.create_task(self._one(row))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+            self.kick()
+            await asyncio.Future()  # until cancelled
         finally:
+            self._stopped = True
             tasks = list(self._tasks)
             for task in tasks:
                 task.cancel()
@@ -115,6 +126,6 @@ class LaneDrainer:
                     await self._deliver(row)
                 except Exception:
                     log.exception("reminder delivery failed unexpectedly key=%s", row.key)
-                row = window.take()
+                row = None if self._stopped else window.take()
         finally:
-            self._permits.release()
+            self._free += 1

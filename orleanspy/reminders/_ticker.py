@@ -1,22 +1,27 @@
 """The one sleeper.
 
-There is no timer per reminder: a single task sleeps until the heap's head is
-due (or until the window signals a new head), re-reads the clock, and moves
-every row whose ``next_due <= now`` into the window's lanes. Waking is only a
-hint (a timer on another ``Clock`` may fire early); the clock decides.
+There is no timer per reminder: one clock timer is armed for the heap's head.
+When it fires, its callback re-reads the clock, moves every row whose
+``next_due <= now`` into the window's lanes, hands them to ``on_due`` (the lane
+drainer starts their deliveries), and re-arms for the new head. Waking is only
+a hint (a timer on another ``Clock`` may fire early); the clock decides.
 
-The sleep is one clock timer that sets the window's ``head_changed`` event and
-one wait on that event: under a tick stream the ticker wakes about once per
-millisecond, and a wait on several awaitables (``sleep_or_wake``: a task per
-awaitable, then reaping them) cost ten times as much per wake.
+The work runs in the timer callback itself, not in a task the timer wakes,
+and the drainer starts deliveries when kicked, not from a task woken by an
+event: each hop (timer -> ticker task -> drainer task -> delivery task) was a
+loop iteration of its own when ticks come one or two per wake-up (measured at
+3,000 ticks/s on one silo: 43 -> 40 us CPU per tick). The ticker's task only
+waits for ``head_changed`` (a new row may come due before the armed instant)
+and re-arms.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import datetime
 
-from orleanspy.clock import Clock, call_at
+from orleanspy.clock import Cancellable, Clock, call_at
 from orleanspy.reminders._window import DueWindow
 
 __all__ = ["Ticker", "sleep_or_wake"]
@@ -43,23 +48,52 @@ async def sleep_or_wake(clock: Clock, deadline: datetime | None, *wake: asyncio.
 
 
 class Ticker:
-    """Moves due rows from the window's heap to its lanes; see the module docstring."""
+    """Moves due rows from the window's heap to its lanes; see the module docstring.
 
-    def __init__(self, clock: Clock, window: DueWindow) -> None:
+    ``on_due`` is called (synchronously) after rows were moved into the lanes.
+    """
+
+    def __init__(
+        self, clock: Clock, window: DueWindow, on_due: Callable[[], None] = lambda: None
+    ) -> None:
         self._clock = clock
         self._window = window
+        self._on_due = on_due
+        self._timer: Cancellable | None = None
+        self._failed: BaseException | None = None
 
     async def run(self) -> None:
-        """Run until cancelled."""
-        window, clock = self._window, self._clock
-        wake = window.head_changed
-        while True:
-            wake.clear()
-            window.pop_due(clock.now())
-            head = window.head_due()
-            timer = None if head is None else call_at(clock, head, wake.set)
-            try:
+        """Run until cancelled (or until moving rows raised: then raise that)."""
+        wake = self._window.head_changed
+        try:
+            while True:
+                wake.clear()
+                if self._failed is not None:
+                    raise self._failed
+                self._fire()
                 await wake.wait()
-            finally:
-                if timer is not None:
-                    timer.cancel()
+        finally:
+            self._disarm()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        try:
+            self._fire()
+        except Exception as exc:
+            # Not into the loop's exception handler: the task raises it.
+            self._failed = exc
+            self._window.head_changed.set()
+
+    def _fire(self) -> None:
+        window = self._window
+        if window.pop_due(self._clock.now()):
+            self._on_due()
+        self._disarm()
+        head = window.head_due()
+        if head is not None:
+            self._timer = call_at(self._clock, head, self._on_timer)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

@@ -12,9 +12,9 @@ Every change of a row's state goes through the window: admission and eviction
 (``drop``, also out of its lane), a persisted schedule (``persisted``), and a
 registration or management write applied in place (``replace_entry``,
 ``reschedule``). The window signals, and never calls, the parts that wait on
-it: ``head_changed`` (the ticker's sleep), ``ready`` (due rows in the lanes,
-for the dispatcher) and ``low`` (the heap ran low or half turned over, for the
-loader).
+it: ``head_changed`` (the ticker's sleep) and ``low`` (the heap ran low or
+half turned over, for the loader). Rows that ``pop_due`` moved into the lanes
+are the ticker's to hand on (``LaneDrainer.kick``).
 
 After its tick the row goes back to ``QUEUED`` (if its next slot is inside the
 window) or leaves. Rotation: while rows wait outside (``left_outside``: the
@@ -143,8 +143,6 @@ class DueWindow:
         self.lanes = Lanes(enable_priority)
         #: Set when the heap may have a new head (the ticker clears it).
         self.head_changed = asyncio.Event()
-        #: Set while due rows wait in the lanes.
-        self.ready = asyncio.Event()
         #: Set when the heap fell below half, or half of it turned over (ticks
         #: finished since ``refilled``): the loader may want to refill.
         self.low = asyncio.Event()
@@ -254,7 +252,7 @@ class DueWindow:
 
     def pop_due(self, now: datetime) -> list[Row]:
         """Take every queued row with ``next_due <= now``, earliest first; they
-        become DUE and wait in their lanes (``ready`` is set)."""
+        become DUE and wait in their lanes."""
         out: list[Row] = []
         heap, queued = self._heap, self._queued_rows
         while heap:
@@ -272,16 +270,12 @@ class DueWindow:
         if out:
             for row in out:
                 self.lanes.put(row)
-            self.ready.set()
             self._check_low()
         return out
 
     def take(self) -> Row | None:
         """The next due row to deliver: the oldest of the highest non-empty lane."""
-        row = self.lanes.pop()
-        if not self.lanes:
-            self.ready.clear()
-        return row
+        return self.lanes.pop()
 
     def ticked(self, row: Row, next_due: datetime, *, keep: bool) -> None:
         """``row``'s tick is done and its next slot is ``next_due``: re-queue it if

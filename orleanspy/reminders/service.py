@@ -153,8 +153,8 @@ class ReminderService:
             metrics=metrics,
             history=history,
         )
-        self._ticker = Ticker(clock, window)
         self._drainer = LaneDrainer(window, options.permits, delivery.tick)
+        self._ticker = Ticker(clock, window, self._drainer.kick)
         self._loader = Loader(
             table,
             clock,
