@@ -114,14 +114,20 @@ class Activation:
         self.state = ActivationState.ACTIVATING
         self.grain: Grain | None = None
         self.last_activity: datetime = host.clock.now()
-        self._queue: deque[_WorkItem] = deque()
+        # The mailbox: made on the first message that must wait, dropped when it
+        # empties (see below).
+        self._queue: deque[_WorkItem] | None = None
         self._running = 0
         self._running_read_only = 0
         self._deactivate_requested = False
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._timers: set[TimerHandle] = set()
-        self._turns: set[asyncio.Task[None]] = set()
+        # Made only when needed: a silo holds many activations, and every
+        # container object here is one more for each full garbage collection to
+        # walk. An idle activation that takes reminder ticks has none of
+        # these four.
+        self._idle_waiter: asyncio.Future[None] | None = None  # deactivation's wait
+        self._timers: set[TimerHandle] | None = None
+        self._turns: set[asyncio.Task[None]] | None = None  # message and timer turns
+        self._inline: asyncio.Task[None] | None = None  # the task of a run_inline turn
         self._lifecycle_task: asyncio.Task[None] | None = None
 
     # -- GrainRuntime (what the grain reaches) ------------------------------------------
@@ -234,7 +240,7 @@ class Activation:
         if self.state is ActivationState.VALID and self._may_bypass(message):
             self._start(message)
         else:
-            self._queue.append(message)
+            self._mailbox().append(message)
             if self.state is ActivationState.VALID:
                 self._pump()
 
@@ -255,11 +261,9 @@ class Activation:
         the caller (the reminder service stopping) cancels the turn.
         """
         self._running += 1
-        self._idle.clear()
-        # Held like a turn task, so that ``abandon`` (a simulated crash) cancels it.
-        task = asyncio.current_task()
-        if task is not None:
-            self._turns.add(task)
+        # Held like a turn task, so that ``abandon`` (a simulated crash) cancels
+        # it. One at most: an inline turn starts only when no turn runs.
+        self._inline = asyncio.current_task()
         token = current_chain.set((*current_chain.get(), self.canonical))
         started, failed = time.perf_counter(), True
         try:
@@ -272,14 +276,13 @@ class Activation:
             current_chain.reset(token)
             elapsed = time.perf_counter() - started
             self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed)
-            if task is not None:
-                self._turns.discard(task)
+            self._inline = None
             self._turn_done(touch=True)
 
     def enqueue_timer_tick(self, callback: Callable[[], Awaitable[None]]) -> asyncio.Future[None]:
         """Queue a timer tick as a turn; the future completes when it has run."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(_TimerTick(callback, done))
+        self._mailbox().append(_TimerTick(callback, done))
         if self.state is ActivationState.VALID:
             self._pump()
         return done
@@ -317,13 +320,22 @@ class Activation:
             return True
         return self.canonical in decode_chain(item.headers.get(CHAIN_HEADER))
 
+    def _mailbox(self) -> deque[_WorkItem]:
+        if self._queue is None:
+            self._queue = deque()
+        return self._queue
+
     def _pump(self) -> None:
-        while self._queue and self.state is ActivationState.VALID and self._can_run(self._queue[0]):
-            self._start(self._queue.popleft())
+        queue = self._queue
+        if queue is None:
+            return
+        while queue and self.state is ActivationState.VALID and self._can_run(queue[0]):
+            self._start(queue.popleft())
+        if not queue:
+            self._queue = None
 
     def _start(self, item: _WorkItem) -> None:
         self._running += 1
-        self._idle.clear()
         read_only = isinstance(item, Message) and self._info_flags(item)[1]
         if read_only:
             self._running_read_only += 1
@@ -335,6 +347,8 @@ class Activation:
         # The loop keeps only weak references to tasks: hold running turns here
         # (each turn lets go of its own task in _turn_ended, which costs less
         # than a done-callback, a loop round of its own per turn).
+        if self._turns is None:
+            self._turns = set()
         self._turns.add(task)
 
     async def _run_message(self, message: Message, read_only: bool) -> None:
@@ -391,7 +405,11 @@ class Activation:
             self._turn_ended(touch=False)
 
     def _turn_ended(self, *, touch: bool) -> None:
-        self._turns.discard(asyncio.current_task())
+        turns = self._turns
+        if turns is not None:
+            turns.discard(asyncio.current_task())
+            if not turns:
+                self._turns = None
         self._turn_done(touch=touch)
 
     def _turn_done(self, *, touch: bool) -> None:
@@ -399,7 +417,8 @@ class Activation:
         if touch:
             self.last_activity = self.runtime.clock.now()
         if self._running == 0:
-            self._idle.set()
+            if self._idle_waiter is not None and not self._idle_waiter.done():
+                self._idle_waiter.set_result(None)
             if self._deactivate_requested and self.state is ActivationState.VALID:
                 self.start_deactivation()
                 return
@@ -414,11 +433,14 @@ class Activation:
         period: timedelta | float | None,
     ) -> TimerHandle:
         handle = TimerHandle(self, callback, due, period)
+        if self._timers is None:
+            self._timers = set()
         self._timers.add(handle)
         return handle
 
     def forget_timer(self, handle: TimerHandle) -> None:
-        self._timers.discard(handle)
+        if self._timers is not None:
+            self._timers.discard(handle)
 
     # -- deactivation -------------------------------------------------------------------
 
@@ -453,11 +475,13 @@ class Activation:
 
     async def _deactivate(self) -> None:
         host = self.runtime
-        for handle in list(self._timers):
+        for handle in list(self._timers or ()):
             handle.dispose()
         try:
             async with asyncio.timeout(host.deactivation_timeout):
-                await self._idle.wait()
+                if self._running:
+                    self._idle_waiter = asyncio.get_running_loop().create_future()
+                    await self._idle_waiter
                 if self.grain is not None:
                     await self.grain.on_deactivate()
         except TimeoutError:
@@ -477,13 +501,13 @@ class Activation:
         """Drop everything at once, as a crash would: cancel turns, timers and the
         lifecycle task; no ``on_deactivate``, no directory clean-up."""
         self.state = ActivationState.INVALID
-        for handle in list(self._timers):
+        for handle in list(self._timers or ()):
             handle.dispose()
-        for task in list(self._turns):
+        for task in [*(self._turns or ()), *filter(None, [self._inline])]:
             task.cancel()
         if self._lifecycle_task is not None:
             self._lifecycle_task.cancel()
-        self._queue.clear()
+        self._queue = None
 
     def __repr__(self) -> str:
         return f"<Activation {self.grain_id} {self.state.name} running={self._running}>"
