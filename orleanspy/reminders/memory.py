@@ -21,7 +21,6 @@ import logging
 from collections import deque
 from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import replace
 from datetime import datetime
 from heapq import heapify, heappop, heappush
 from typing import Any, Final
@@ -263,11 +262,8 @@ class InMemoryReminderTable:
         # The stored row is already in storage form; only these three change, so
         # they are normalised alone (a full record round trip per tick cost more
         # than the rest of the CAS).
-        moved = replace(
-            found[0],
-            next_due=_stored(next_due),
-            last_fire=None if last_fire is None else _stored(last_fire),
-            etag=new_etag,
+        moved = found[0].rescheduled(
+            _stored(next_due), None if last_fire is None else _stored(last_fire), new_etag
         )
         self._put(moved, seq)
         return new_etag

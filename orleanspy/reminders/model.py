@@ -99,6 +99,31 @@ class ReminderEntry:
     def with_etag(self, etag: str | None) -> ReminderEntry:
         return replace(self, etag=etag)
 
+    def rescheduled(
+        self, next_due: datetime, last_fire: datetime | None, etag: str | None
+    ) -> ReminderEntry:
+        """This row with a new schedule and etag (what a schedule CAS stores).
+
+        Same as ``dataclasses.replace`` with those three fields, at about half
+        its cost: a table calls it once per tick.
+        """
+        return ReminderEntry(
+            service_id=self.service_id,
+            grain_id=self.grain_id,
+            name=self.name,
+            start_at=self.start_at,
+            next_due=next_due,
+            period=self.period,
+            cron=self.cron,
+            tz=self.tz,
+            last_fire=last_fire,
+            priority=self.priority,
+            action=self.action,
+            etag=etag,
+            declared=self.declared,
+            paused=self.paused,
+        )
+
     def to_record(self) -> dict[str, Any]:
         """Storage form: plain msgpack types, times as integer ms since the epoch.
         ``"u"`` (paused) is present only on paused rows."""

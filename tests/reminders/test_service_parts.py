@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -216,3 +217,36 @@ def test_ownership_keeps_the_feed_scope_on_the_owned_ranges() -> None:
     assert scope.ranges == (RingRange(0, 10),)
     assert scope.wants_hash(5) and not scope.wants_hash(11)
     assert seen == [1]
+
+
+def test_rescheduled_keeps_every_other_field() -> None:
+    # Every field set away from its default, so a field added to ReminderEntry
+    # and forgotten in ``rescheduled`` shows up here.
+    t = datetime(2030, 1, 1, tzinfo=UTC)
+    entry = ReminderEntry(
+        service_id="svc",
+        grain_id=GrainId("t.G", 7),
+        name="r",
+        start_at=t,
+        next_due=t,
+        period=None,
+        cron="*/5 * * * * *",
+        tz="Europe/Paris",
+        last_fire=t - timedelta(seconds=5),
+        priority=60,
+        action=MissedReminderAction.NOTIFY,
+        etag="e1",
+        declared=True,
+        paused=True,
+    )
+    later = t + timedelta(seconds=5)
+    assert entry.rescheduled(later, t, "e2") == dataclasses.replace(
+        entry, next_due=later, last_fire=t, etag="e2"
+    )
+    # (``period`` stays at its default: a row has a period or a cron, not both.)
+    at_default = [
+        f.name
+        for f in dataclasses.fields(entry)
+        if f.default is not dataclasses.MISSING and getattr(entry, f.name) == f.default
+    ]
+    assert at_default == ["period"]
