@@ -65,7 +65,7 @@ POLL_INTERVAL = timedelta(seconds=5)
 LATE_GRACE_S = 0.5
 #: The saturation criterion.
 P99_LIMIT_MS = 50.0
-DEFAULT_RATES = [1000, 2000, 4000, 6000, 8000, 10000, 12000, 15000]
+DEFAULT_RATES = [1000, 2000, 4000, 6000, 8000, 10000, 12000, 15000, 18000, 21000]
 
 #: (slot, received) in epoch seconds, for ticks of the current run.
 RECEIVED: list[tuple[float, float]] = []
