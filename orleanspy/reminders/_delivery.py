@@ -131,7 +131,7 @@ class Delivery:
             delivered_at = await self._call(row, plan)
             if delivered_at is None:
                 return
-            last_fire = delivered_at
+            last_fire = now = delivered_at
             next_due = plan.resume or row.schedule.next_after(plan.slot)
         else:
             assert plan.resume is not None
@@ -140,7 +140,7 @@ class Delivery:
             if row.entry.action is MissedReminderAction.NOTIFY:
                 await self._notifier.notify(row.entry, plan.slot, now, plan.missed_ticks, next_due)
             self.history.fired(row.entry, plan.slot, now, skip_outcome(row.entry))
-        self._advance(row, next_due, last_fire)
+        self._advance(row, next_due, last_fire, now)
 
     # -- one tick ---------------------------------------------------------------------
 
@@ -188,8 +188,11 @@ class Delivery:
             self.history.fired(entry, plan.slot, delivered_at, FireOutcome.OK)
             return delivered_at
 
-    def _advance(self, row: Row, next_due: datetime, last_fire: datetime | None) -> None:
-        """Record the row's next slot: persist it, and re-queue or release the row."""
+    def _advance(
+        self, row: Row, next_due: datetime, last_fire: datetime | None, now: datetime
+    ) -> None:
+        """Record the row's next slot: persist it, and re-queue or release the row
+        (``now``: the clock when the tick was delivered or skipped)."""
         row.last_fire = last_fire
         etag = row.etag
         # Submitted for a dropped row too: its tick happened. The CAS against the
@@ -198,5 +201,5 @@ class Delivery:
             self._persister.submit(
                 ScheduleUpdate(row.entry.grain_id, row.entry.name, etag, next_due, last_fire)
             )
-        keep = next_due <= self._clock.now() + self._options.look_ahead
+        keep = next_due <= now + self._options.look_ahead
         self._window.ticked(row, next_due, keep=keep)

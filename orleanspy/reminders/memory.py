@@ -231,7 +231,8 @@ class InMemoryReminderTable:
         self._maybe_rebuild()
 
     def _maybe_rebuild(self) -> None:
-        if self._stale <= max(len(self._rows), _MIN_STALE_FOR_REBUILD):
+        stale = self._stale
+        if stale <= _MIN_STALE_FOR_REBUILD or stale <= len(self._rows):
             return
         shards: list[dict[int, list[_DueItem]]] = [{} for _ in range(1 << _SHARD_BITS)]
         for key, (row, seq) in self._rows.items():
