@@ -243,8 +243,7 @@ class DueWindow:
         self._queued_rows[row.seq] = row
         if self._worst_kept:
             heapq.heappush(self._worst, self._worst_item(row))
-        if len(self._rows) > self.high_water:
-            self.high_water = len(self._rows)
+        self.high_water = max(self.high_water, len(self._rows))
         self._maybe_compact()
         new_head = head is None or row.next_due < head
         if new_head:
