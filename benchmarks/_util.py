@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import subprocess
@@ -12,7 +13,7 @@ import sys
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
-__all__ = ["launch", "loop_name", "print_report", "ratio", "run"]
+__all__ = ["launch", "loop_name", "print_report", "ratio", "reset_collector", "run"]
 
 _T = TypeVar("_T")
 
@@ -26,6 +27,15 @@ def run(main: Coroutine[Any, Any, _T]) -> _T:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(main)
+
+
+def reset_collector() -> None:
+    """Python's default garbage-collector settings, nothing frozen, no garbage: a
+    silo run tunes the collector for the whole process (``SiloOptions.tune_gc``),
+    and each run of a benchmark should start from the same place."""
+    gc.unfreeze()
+    gc.set_threshold(700, 10, 10)
+    gc.collect()
 
 
 def loop_name() -> str:

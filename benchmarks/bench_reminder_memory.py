@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks._util import loop_name, print_report, run
+from benchmarks._util import loop_name, print_report, reset_collector, run
 from benchmarks.bench_reminder_ticks import (
     RECEIVED,
     TYPE,
@@ -65,6 +65,7 @@ async def orleanspy_run(n: int, seconds: float) -> dict[str, Any]:
     )
     t0 = time.time() + 2.0
     step = PERIOD.total_seconds() / n
+    reset_collector()  # the silo tunes it again as it starts
     async with Silo.local(options, reminder_table=table) as silo:
         for i in range(n):
             start = datetime.fromtimestamp(t0 + i * step, UTC)
@@ -121,7 +122,7 @@ async def apscheduler_run(n: int, seconds: float) -> dict[str, Any]:
         )
     scheduler.start()
     try:
-        gc.collect()
+        reset_collector()
         meter = CpuMeter(me=psutil.Process().pid)
         await measure_cpu(meter, t0, seconds)
     finally:

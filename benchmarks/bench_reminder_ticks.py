@@ -19,8 +19,10 @@ grain's receipt time minus the scheduled slot (``TickStatus.current_tick_time``)
   which every tick of the measured span was delivered with p99 lateness <= 50 ms.
 - ``window default``: the default ``base_bucket_size`` at ``--default-window``
   reminders: what a silo configured out of the box delivers.
-- ``gc.freeze off``: the 2N run at the saturation point again with the silo's
-  start-up ``gc.freeze()`` undone, to show its effect on p99.
+- ``tune_gc off``: the 2N run at the saturation point again with
+  ``SiloOptions(tune_gc=False)`` (no ``gc.freeze()``, Python's default collector
+  thresholds), beside the same run with it on, to show its effect on p99. Every
+  silo run starts from Python's default collector settings.
 
 CPU per tick is process CPU time (user + system, all threads) over the measured
 span divided by the ticks delivered in it: ``silo_cpu_us`` for this process,
@@ -36,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import statistics
 import time
 from collections.abc import Sequence
@@ -46,7 +47,7 @@ from typing import Any
 
 import psutil
 
-from benchmarks._util import loop_name, print_report, run
+from benchmarks._util import loop_name, print_report, reset_collector, run
 from orleanspy import Grain, Remindable, ReminderOptions, Silo, SiloOptions, TickStatus
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderEntry
@@ -65,7 +66,7 @@ POLL_INTERVAL = timedelta(seconds=5)
 LATE_GRACE_S = 0.5
 #: The saturation criterion.
 P99_LIMIT_MS = 50.0
-DEFAULT_RATES = [1000, 2000, 4000, 6000, 8000, 10000, 12000, 15000, 18000, 21000]
+DEFAULT_RATES = [1000, 2000, 4000, 6000, 8000, 10000, *range(15000, 50001, 5000)]
 
 #: (slot, received) in epoch seconds, for ticks of the current run.
 RECEIVED: list[tuple[float, float]] = []
@@ -156,7 +157,7 @@ async def silo_run(
     *,
     bucket: int | None,
     kind: str,
-    freeze: bool = True,
+    tune_gc: bool = True,
     postgres_url: str | None = None,
 ) -> dict[str, Any]:
     """``n`` one-second reminders on an embedded silo with a Redis table (or a
@@ -169,7 +170,10 @@ async def silo_run(
         **({} if bucket is None else {"base_bucket_size": bucket}),
     )
     options = SiloOptions(
-        grain_types=(BenchTickGrain,), collection_age=timedelta(hours=1), reminders=reminders
+        grain_types=(BenchTickGrain,),
+        collection_age=timedelta(hours=1),
+        reminders=reminders,
+        tune_gc=tune_gc,
     )
     service_id = f"bench-ticks-{n}-{time.monotonic_ns()}"
     async with AsyncExitStack() as stack:
@@ -185,11 +189,9 @@ async def silo_run(
         ]
         for i in range(0, n, 500):
             await asyncio.gather(*(table.upsert(e) for e in entries[i : i + 500]))
-        gc.collect()
+        reset_collector()
         silo = Silo.local(options, reminder_table=table)
         async with silo:
-            if not freeze:
-                gc.unfreeze()
             meter = CpuMeter(silo=psutil.Process().pid, redis=None if postgres_url else server.pid)
             await measure_cpu(meter, t0, seconds)
             # The last slots of the span are delivered a moment after it ends.
@@ -226,10 +228,10 @@ def _entry(service_id: str, i: int, start: datetime) -> ReminderEntry:
 
 async def timers_run(n: int, seconds: float) -> dict[str, Any]:
     """The same schedule on raw ``loop.call_at`` timers, one per reminder."""
-    # The silo runs before this leave garbage (and unfreeze what they froze): a
-    # full collection of it inside the span cost the baseline 170-250 ms pauses
-    # at 15,000/s. Start it as clean as silo_run starts.
-    gc.collect()
+    # The silo runs before this leave garbage: a full collection of it inside
+    # the span cost the baseline 170-250 ms pauses at 15,000/s. Start it as
+    # clean as silo_run starts.
+    reset_collector()
     loop = asyncio.get_running_loop()
     samples: list[tuple[float, float]] = []
     t0 = time.time() + 1.0
@@ -308,15 +310,15 @@ async def _sweep(
         )
     if not args.no_gc_compare and saturation["window 2N"]:
         n = saturation["window 2N"]
-        for freeze in (True, False):
+        for tune_gc in (True, False):
             rows.append(
                 await silo_run(
                     server,
                     n,
                     args.seconds,
                     bucket=2 * n,
-                    kind=f"gc.freeze {'on' if freeze else 'off'}",
-                    freeze=freeze,
+                    kind=f"tune_gc {'on' if tune_gc else 'off'}",
+                    tune_gc=tune_gc,
                 )
             )
 

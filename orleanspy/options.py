@@ -271,6 +271,11 @@ class SiloOptions:
     no metrics recorded). ``storage_start_timeout``: how long ``start`` keeps
     retrying an unreachable Redis before it fails (a compose start-up brings
     Redis up alongside the silos).
+    ``tune_gc``: once started, the silo calls ``gc.freeze()`` and raises the
+    garbage collector's young-generation threshold to 10,000 (never lowers it),
+    so full collections are rare and do not walk start-up objects
+    (``orleanspy.runtime.collector``); ``False`` leaves the collector as the
+    application set it.
     """
 
     cluster_id: str = "dev"
@@ -293,6 +298,7 @@ class SiloOptions:
     reminders: ReminderOptions = field(default_factory=ReminderOptions)
     grain_types: tuple[Any, ...] | None = None
     use_uvloop: bool = True
+    tune_gc: bool = True
     allow_client_management: bool | None = None
     storage: Mapping[str, Any] | None = None
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
-import gc
 import ipaddress
 import logging
 import time
@@ -43,6 +42,7 @@ from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
 from orleanspy.runtime.cluster import ClusterLocator, RingFollower
+from orleanspy.runtime.collector import tune_collector
 from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
 from orleanspy.storage.contract import GrainStorage
@@ -179,11 +179,8 @@ class Silo:
             await self._start()
         finally:
             reset_current_silo(token)
-        # Everything start-up allocated (modules, options, the reminder window, grain
-        # classes) lives as long as the silo: move it out of the collector's
-        # generations, so a full collection no longer walks it and stalls the loop
-        # for tens of milliseconds under load.
-        gc.freeze()
+        if self.options.tune_gc:
+            tune_collector()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
 
