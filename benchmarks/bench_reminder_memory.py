@@ -144,15 +144,15 @@ def main(jobs: list[int], seconds: float, rounds: int) -> list[dict[str, Any]]:
     from run to run, more than the difference being measured.
     """
     rows: list[dict[str, Any]] = []
-    kinds = (("asyncio", asyncio.run, apscheduler_run), (loop_name(), run, apscheduler_run))
+    loops = (("asyncio", asyncio.run), (loop_name(), run))
     for n in jobs:
         theirs: list[list[dict[str, Any]]] = [[], []]
         ours: list[dict[str, Any]] = []
         ratios: list[float] = []
         for _ in range(rounds):
             best = float("inf")
-            for i, (loop, runner, bench) in enumerate(kinds):
-                row = runner(bench(n, seconds))
+            for i, (loop, runner) in enumerate(loops):
+                row = runner(apscheduler_run(n, seconds))
                 row["kind"] += f" ({loop})"
                 theirs[i].append(row)
                 best = min(best, float(row["cpu_us_per_fire"]))
