@@ -148,7 +148,7 @@ class Delivery:
         """Deliver the tick until acknowledged; the delivery time, or ``None`` if the
         row was dropped while retrying (the new owner delivers it)."""
         entry = row.entry
-        backoff = Backoff(self._options.retry_initial, self._options.retry_max)
+        backoff: Backoff | None = None  # made on the first retry: most ticks need none
         while True:
             delivered_at = self._clock.now()
             status = TickStatus(
@@ -165,6 +165,8 @@ class Delivery:
             except TRANSIENT_ERRORS as exc:
                 self.retries += 1
                 log.info("reminder tick retry name=%s key=%s error=%r", self._name, row.key, exc)
+                if backoff is None:
+                    backoff = Backoff(self._options.retry_initial, self._options.retry_max)
                 await self._clock.sleep(backoff.next())
                 if row.dropped:
                     return None
@@ -199,7 +201,8 @@ class Delivery:
         # loaded etag keeps the write from landing on a row another writer moved.
         if etag is not None:
             self._persister.submit(
-                ScheduleUpdate(row.entry.grain_id, row.entry.name, etag, next_due, last_fire)
+                ScheduleUpdate(row.entry.grain_id, row.entry.name, etag, next_due, last_fire),
+                row.key,
             )
         keep = next_due <= now + self._options.look_ahead
         self._window.ticked(row, next_due, keep=keep)

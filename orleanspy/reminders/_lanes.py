@@ -99,9 +99,9 @@ class LaneDrainer:
             if row is None:
                 return
             self._free -= 1
-            task = asyncio.create_task(self._one(row))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            # The task drops itself from ``_tasks`` as it ends: a done callback
+            # would cost one more loop iteration per delivery.
+            self._tasks.add(asyncio.create_task(self._one(row)))
 
     async def run(self) -> None:
         """Start what waits, then hold until cancelled; then cancel and reap the
@@ -115,6 +115,8 @@ class LaneDrainer:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            # A task cancelled before its first step never ran its ``finally``.
+            self._tasks.clear()
 
     async def _one(self, row: Row | None) -> None:
         # A delivery task keeps its permit and takes the next due row itself
@@ -129,3 +131,4 @@ class LaneDrainer:
                 row = None if self._stopped else window.take()
         finally:
             self._free += 1
+            self._tasks.discard(asyncio.current_task())

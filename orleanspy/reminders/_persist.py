@@ -64,11 +64,12 @@ def update_key(update: ScheduleUpdate) -> str:
 
 
 class Persister:
-    """Writes schedule updates; reports each outcome to ``on_result(update, etag | None)``.
+    """Writes schedule updates; reports each outcome to
+    ``on_result(update, etag | None, key)``.
 
     ``on_result`` gets the new etag, or ``None`` for a lost CAS (row gone or
-    moved by another writer). It is not called for updates that are still
-    pending when the persister stops.
+    moved by another writer), and the row's key (``update_key(update)``). It is
+    not called for updates that are still pending when the persister stops.
     """
 
     def __init__(
@@ -76,7 +77,7 @@ class Persister:
         table: ReminderTable,
         clock: Clock,
         options: ReminderOptions,
-        on_result: Callable[[ScheduleUpdate, str | None], None],
+        on_result: Callable[[ScheduleUpdate, str | None, str], None],
         *,
         metrics: ReminderMetrics | None = None,
     ) -> None:
@@ -107,9 +108,13 @@ class Persister:
         """Rows with an update not yet written."""
         return len(self._pending.keys() | self._writing.keys())
 
-    def submit(self, update: ScheduleUpdate) -> None:
-        """Queue ``update``; it supersedes any pending update of the same row."""
-        self._pending[update_key(update)] = update
+    def submit(self, update: ScheduleUpdate, key: str | None = None) -> None:
+        """Queue ``update``; it supersedes any pending update of the same row.
+
+        ``key``: the row's key when the caller has it (``update_key(update)``
+        otherwise; formatting it is a measurable share of a tick).
+        """
+        self._pending[update_key(update) if key is None else key] = update
         self._idle.clear()
         self._ready.set()
 
@@ -221,19 +226,17 @@ class Persister:
             return False
         ok = True
         lost: list[ScheduleUpdate] = []
-        for update, result in zip(batch, results, strict=True):
+        for key, update, result in zip(keys, batch, results, strict=True):
             if isinstance(result, BaseException):
                 ok = False
                 self.failures += 1
-                log.warning(
-                    "reminder persistence failed key=%s error=%r", update_key(update), result
-                )
+                log.warning("reminder persistence failed key=%s error=%r", key, result)
                 self._remember([update])
                 self._requeue([update])
-            elif result is None and update_key(update) in self._uncertain:
+            elif result is None and key in self._uncertain:
                 lost.append(update)
             else:
-                self._settle(update, result)
+                self._settle(update, result, key)
         if lost:
             try:
                 ok = await self._recognise(lost) and ok
@@ -283,13 +286,13 @@ class Persister:
                 )
             if mine is None or row is None or row.etag is None:
                 self._uncertain.pop(key, None)
-                self._settle(update, None)
+                self._settle(update, None, key)
                 continue
             # Our unconfirmed write was applied: the row is ours at its new etag.
             self.recognised += 1
             log.info("reminder write recognised as applied key=%s", key)
-            self._settle(mine, row.etag)
-            if update is not mine and update_key(update) not in self._pending:
+            self._settle(mine, row.etag, key)
+            if update is not mine and key not in self._pending:
                 moved = (update.next_due, update.last_fire) != (mine.next_due, mine.last_fire)
                 if moved:
                     self._pending[key] = replace(update, etag=row.etag)
@@ -313,8 +316,7 @@ class Persister:
             # A newer update submitted meanwhile supersedes the failed one.
             self._pending.setdefault(update_key(update), update)
 
-    def _settle(self, update: ScheduleUpdate, etag: str | None) -> None:
-        key = update_key(update)
+    def _settle(self, update: ScheduleUpdate, etag: str | None, key: str) -> None:
         for touched in self._watchers:
             touched.add(key)
         rebased = self._rebased.pop(key, None)
@@ -334,7 +336,7 @@ class Persister:
             else:
                 self._pending[key] = replace(newer, etag=etag)
         self.written += etag is not None
-        self._on_result(update, etag)
+        self._on_result(update, etag, key)
 
 
 def _ms(t: datetime | None) -> int | None:

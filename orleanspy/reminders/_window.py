@@ -85,6 +85,7 @@ class Row:
         "dropped",
         "entry",
         "etag",
+        "key",
         "last_fire",
         "next_due",
         "reloaded",
@@ -102,6 +103,8 @@ class Row:
         last_fire: datetime | None,
     ) -> None:
         self.entry = entry
+        #: ``entry.key``, kept: a rewrite of the row keeps its grain and name.
+        self.key = entry.key
         self.etag = entry.etag
         self.stored_due = entry.next_due
         self.schedule = schedule
@@ -116,10 +119,6 @@ class Row:
         # storage trouble: its stored schedule may lag behind ticks already
         # delivered (_missed). The loader sets it.
         self.reloaded = False
-
-    @property
-    def key(self) -> str:
-        return self.entry.key
 
     @property
     def priority(self) -> int:
@@ -350,11 +349,12 @@ class DueWindow:
             self.drop(row)
         return gone
 
-    def persisted(self, update: ScheduleUpdate, etag: str | None) -> None:
+    def persisted(self, update: ScheduleUpdate, etag: str | None, key: str | None = None) -> None:
         """The outcome of a schedule write: the held row adopts the new etag, or
         is dropped if another writer moved it (a lost CAS; the service has the
-        loader read it again)."""
-        key = row_key(update.grain_id, update.name)
+        loader read it again). ``key``: the row's, if the caller has it."""
+        if key is None:
+            key = row_key(update.grain_id, update.name)
         row = self._rows.get(key)
         # A held row with another etag was loaded or rewritten after this update
         # was made: the outcome is not about it.

@@ -211,15 +211,20 @@ class InMemoryReminderTable:
         if key in self._rows:
             self._stale += 1
         self._rows[key] = (row, seq)
-        h = row.hash
         if not row.paused:  # paused rows stay out of the due index
-            lanes = self._due[h >> _SHIFT]
-            lane = lanes.get(int(row.priority))
-            if lane is None:
-                lane = lanes[int(row.priority)] = []
-            heappush(lane, (to_ms(row.next_due), h, key, seq))
+            self._index(row, key, seq, to_ms(row.next_due))
         self._by_grain.setdefault(key[0], {})[row.name] = row
         self._maybe_rebuild()
+
+    def _index(self, row: ReminderEntry, key: _Key, seq: int, due_ms: int) -> None:
+        """Add the due-index item of ``row`` (stored under ``key`` at ``seq``)."""
+        h = row.grain_id.uniform_hash()
+        lanes = self._due[h >> _SHIFT]
+        priority = int(row.priority)
+        lane = lanes.get(priority)
+        if lane is None:
+            lane = lanes[priority] = []
+        heappush(lane, (due_ms, h, key, seq))
 
     def _drop(self, key: _Key, row: ReminderEntry) -> None:
         del self._rows[key]
@@ -255,18 +260,26 @@ class InMemoryReminderTable:
         next_due: datetime,
         last_fire: datetime | None,
     ) -> str | None:
-        found = self._rows.get((grain_id.canonical, name))
+        key = (grain_id.canonical, name)
+        found = self._rows.get(key)
         if found is None or found[0].etag != etag:
             return None
         seq = next(self._etags)
         new_etag = str(seq)
         # The stored row is already in storage form; only these three change, so
         # they are normalised alone (a full record round trip per tick cost more
-        # than the rest of the CAS).
+        # than the rest of the CAS). Same key, same grain: ``_put``'s bookkeeping
+        # shrinks to the row itself and its new index item.
+        due_ms = to_ms(next_due)
         moved = found[0].rescheduled(
-            _stored(next_due), None if last_fire is None else _stored(last_fire), new_etag
+            from_ms(due_ms), None if last_fire is None else _stored(last_fire), new_etag
         )
-        self._put(moved, seq)
+        self._rows[key] = (moved, seq)
+        self._stale += 1
+        if not moved.paused:
+            self._index(moved, key, seq, due_ms)
+        self._by_grain[key[0]][name] = moved
+        self._maybe_rebuild()
         return new_etag
 
     def _walk_due(

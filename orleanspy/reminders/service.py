@@ -273,11 +273,11 @@ class ReminderService:
 
     # -- wiring -----------------------------------------------------------------------
 
-    def _persisted(self, update: ScheduleUpdate, etag: str | None) -> None:
+    def _persisted(self, update: ScheduleUpdate, etag: str | None, key: str) -> None:
         """A schedule write's outcome: the window adopts it; a lost CAS also has
         the loader read the row again (schedule CASes are not published, so no
         change would bring it back)."""
-        self._window.persisted(update, etag)
+        self._window.persisted(update, etag, key)
         if etag is None:
             self._loader.reread(update.grain_id, update.name)
 
