@@ -128,7 +128,7 @@ class Delivery:
             self.missed += 1
             self.metrics.missed(row.entry.action.name)
         if plan.deliver:
-            delivered_at = await self._call(row, plan)
+            delivered_at = await self._call(row, plan, now)
             if delivered_at is None:
                 return
             last_fire = now = delivered_at
@@ -144,13 +144,14 @@ class Delivery:
 
     # -- one tick ---------------------------------------------------------------------
 
-    async def _call(self, row: Row, plan: TickPlan) -> datetime | None:
+    async def _call(self, row: Row, plan: TickPlan, now: datetime) -> datetime | None:
         """Deliver the tick until acknowledged; the delivery time, or ``None`` if the
-        row was dropped while retrying (the new owner delivers it)."""
+        row was dropped while retrying (the new owner delivers it). ``now``: the
+        clock as the tick was planned, the first attempt's delivery time."""
         entry = row.entry
         backoff: Backoff | None = None  # made on the first retry: most ticks need none
+        delivered_at = now
         while True:
-            delivered_at = self._clock.now()
             status = TickStatus(
                 first_tick_time=entry.start_at,
                 period=entry.period,
@@ -170,6 +171,7 @@ class Delivery:
                 await self._clock.sleep(backoff.next())
                 if row.dropped:
                     return None
+                delivered_at = self._clock.now()
                 continue
             except Exception as exc:
                 # The grain's own receive_reminder failed: not retried

@@ -1,7 +1,9 @@
-"""The reminder service's private parts: bucket formula, ownership, window, backoff."""
+"""The reminder service's private parts: bucket formula, ownership, window, lanes and
+their drainer, backoff."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 from datetime import UTC, datetime, timedelta
@@ -12,13 +14,14 @@ import pytest
 from orleanspy._retry import Backoff
 from orleanspy.identity import GrainId
 from orleanspy.reminders._adaptive import LoadSignals, bucket_size, read_memory_load
-from orleanspy.reminders._lanes import Lanes
+from orleanspy.reminders._lanes import LaneDrainer, Lanes
 from orleanspy.reminders._missed import TickPlan, plan_tick
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._window import DueWindow, Row, RowState
 from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.testing.cluster import wait_for
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 S = timedelta(seconds=1)
@@ -197,6 +200,47 @@ def test_lanes_take_critical_first() -> None:
     order = [lanes.pop().priority for _ in range(6)]  # type: ignore[union-attr]
     assert order == [100, 50, 0, 49, -100, -50]
     assert lanes.pop() is None
+
+
+def _due_window(rows: int) -> DueWindow:
+    window = DueWindow(16)
+    for i in range(rows):
+        window.push(_row(i, 0))
+    assert len(window.pop_due(T0)) == rows
+    return window
+
+
+async def test_drainer_delivers_rows_due_together_in_one_task_when_none_suspends() -> None:
+    window = _due_window(5)
+    tasks: list[asyncio.Task[object] | None] = []
+
+    async def deliver(row: Row) -> None:
+        tasks.append(asyncio.current_task())
+
+    drainer = LaneDrainer(window, permits=4, deliver=deliver)
+    drainer.kick()
+    await wait_for(lambda: len(tasks) == 5 and drainer.in_flight == 0, 5.0, interval=0)
+    assert len(set(tasks)) == 1
+
+
+async def test_drainer_does_not_hold_rows_behind_a_delivery_that_suspends() -> None:
+    window = _due_window(5)
+    gate = asyncio.Event()
+    delivered: list[str] = []
+    first = window.lanes._lanes[1][0].key
+
+    async def deliver(row: Row) -> None:
+        if row.key == first:
+            await gate.wait()
+        delivered.append(row.key)
+
+    drainer = LaneDrainer(window, permits=2, deliver=deliver)
+    drainer.kick()
+    # The other four go through the second permit while the first row waits.
+    await wait_for(lambda: len(delivered) == 4, 5.0, interval=0)
+    assert first not in delivered and drainer.in_flight == 1
+    gate.set()
+    await wait_for(lambda: len(delivered) == 5 and drainer.in_flight == 0, 5.0, interval=0)
 
 
 def test_backoff_doubles_up_to_the_maximum_with_jitter() -> None:
