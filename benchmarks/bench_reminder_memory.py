@@ -1,6 +1,6 @@
 """CPU per fire of the in-memory reminder table beside APScheduler 3.11's MemoryJobStore.
 
-Run: ``python -m benchmarks.bench_reminder_memory [--jobs 2000 5000] [--seconds 6]
+Run: ``python -m benchmarks.bench_reminder_memory [--jobs 2000 5000] [--seconds 7]
 [--rounds 3]``
 (needs the ``bench`` extra: ``pip install 'orleanspy[bench]'``, for APScheduler).
 
@@ -178,7 +178,7 @@ def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--jobs", type=int, nargs="+", default=[2000, 5000])
-    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--seconds", type=float, default=7.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print_report(
