@@ -61,9 +61,9 @@ if TYPE_CHECKING:
 PERIOD = timedelta(seconds=1)
 TYPE = "bench_reminder_ticks.Tick"
 #: Ticks whose slot falls in the first seconds are warm-up: the first period
-#: activates one grain per reminder, and on a slower machine (Python about twice
-#: as slow as the one these figures were first taken on) catching up from it
-#: took until 1.5 s into the run at 10,000 reminders.
+#: activates one grain per reminder, and on a slower machine (about three times
+#: the CPU per tick of the one these figures were first taken on) catching up
+#: from it took until 1.5 s into the run at 10,000 reminders.
 WARMUP_S = 2.5
 #: The silo's safety-net refill period (``--poll-interval``); look-ahead is twice it.
 POLL_INTERVAL = timedelta(seconds=5)
