@@ -83,6 +83,29 @@ async def test_tables_provide_batching() -> None:
     assert isinstance(RedisReminderTable("redis://x", service_id="s"), BatchingReminderTable)
 
 
+async def test_memory_table_index_holds_no_stale_items_under_a_tick_stream() -> None:
+    # Each schedule CAS leaves the row's old index item behind; a write pops the
+    # stale items at the head of its lane, so rows ticking in due order keep the
+    # index at one item per row (no periodic full rebuild needed).
+    table = InMemoryReminderTable()
+    period = timedelta(seconds=1)
+    etags = {}
+    for i in range(300):
+        due = T0 + i * period / 300
+        e = ReminderEntry("default", GrainId("G", i), "r", due, due, period=period)
+        etags[i] = await table.upsert(e)
+    for tick in range(1, 6):
+        for i in range(300):
+            due = T0 + tick * period + i * period / 300
+            new = await table.update_schedule(GrainId("G", i), "r", etags[i], due, None)
+            assert new is not None
+            etags[i] = new
+    items = sum(len(lane) for lanes in table._due for lane in lanes.values())
+    assert items == 300
+    due = await table.read_due(RingRange.full(), T0 + 6 * period, 1000)
+    assert len(due) == 300 and due[0].next_due == T0 + 5 * period
+
+
 class _RangeBlindTable(InMemoryReminderTable):
     """Breaks the contract: read_due ignores the range."""
 
