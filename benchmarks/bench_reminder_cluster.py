@@ -41,11 +41,11 @@ import psutil
 from benchmarks._util import loop_name, print_report, ratio, run
 from benchmarks.bench_reminder_ticks import (
     RECEIVED,
-    SEED_BATCH,
     TYPE,
     BenchTickGrain,
     CpuMeter,
     percentiles,
+    seed,
     timers_run,
 )
 from orleanspy import ReminderOptions, Silo, SiloOptions
@@ -129,10 +129,7 @@ async def _write_rows(url: str, service_id: str, n: int, t0: float) -> None:
         entries = [
             _entry(service_id, i, datetime.fromtimestamp(t0 + i * step, UTC)) for i in range(n)
         ]
-        # Pipelined batches: one upsert per round trip took longer than the lead
-        # on a slower machine (8,000 rows: 2.7 s), so slots passed unseeded.
-        for i in range(0, n, SEED_BATCH):
-            await table.upsert_many(entries[i : i + SEED_BATCH])
+        await seed(table, entries)
 
 
 def _one(server: RedisServer, n: int, k: int, seconds: float) -> dict[str, Any]:

@@ -554,9 +554,10 @@ class Loader:
                 continue
             assert plan.resume is not None
             self.repaired += 1
-            self._persister.submit(
-                ScheduleUpdate(entry.grain_id, entry.name, entry.etag, plan.resume, entry.last_fire)
+            update = ScheduleUpdate(
+                entry.grain_id, entry.name, entry.etag, plan.resume, entry.last_fire
             )
+            self._persister.submit(update, entry.key)
             if entry.action is MissedReminderAction.NOTIFY:
                 await self._notifier.notify(entry, plan.slot, now, plan.missed_ticks, plan.resume)
             self.history.fired(entry, plan.slot, now, skip_outcome(entry))

@@ -108,13 +108,11 @@ class Persister:
         """Rows with an update not yet written."""
         return len(self._pending.keys() | self._writing.keys())
 
-    def submit(self, update: ScheduleUpdate, key: str | None = None) -> None:
-        """Queue ``update``; it supersedes any pending update of the same row.
-
-        ``key``: the row's key when the caller has it (``update_key(update)``
-        otherwise; formatting it is a measurable share of a tick).
-        """
-        self._pending[update_key(update) if key is None else key] = update
+    def submit(self, update: ScheduleUpdate, key: str) -> None:
+        """Queue ``update`` of the row ``key`` (``update_key(update)``, which the
+        caller holds: formatting it again is a measurable share of a tick); it
+        supersedes any pending update of the same row."""
+        self._pending[key] = update
         self._idle.clear()
         self._ready.set()
 

@@ -52,7 +52,7 @@ from datetime import datetime
 
 from orleanspy.clock import to_ms
 from orleanspy.reminders._lanes import Lanes
-from orleanspy.reminders.model import ReminderEntry, ScheduleUpdate, row_key
+from orleanspy.reminders.model import ReminderEntry, ScheduleUpdate
 from orleanspy.reminders.schedule import Schedule
 
 __all__ = ["DueWindow", "Row", "RowState", "admission_key"]
@@ -349,12 +349,10 @@ class DueWindow:
             self.drop(row)
         return gone
 
-    def persisted(self, update: ScheduleUpdate, etag: str | None, key: str | None = None) -> None:
-        """The outcome of a schedule write: the held row adopts the new etag, or
-        is dropped if another writer moved it (a lost CAS; the service has the
-        loader read it again). ``key``: the row's, if the caller has it."""
-        if key is None:
-            key = row_key(update.grain_id, update.name)
+    def persisted(self, update: ScheduleUpdate, etag: str | None, key: str) -> None:
+        """The outcome of ``update``, a schedule write of the row ``key``: the held
+        row adopts the new etag, or is dropped if another writer moved it (a lost
+        CAS; the service has the loader read it again)."""
         row = self._rows.get(key)
         # A held row with another etag was loaded or rewritten after this update
         # was made: the outcome is not about it.

@@ -206,13 +206,15 @@ class InMemoryReminderTable:
     def _key_of(entry: ReminderEntry) -> _Key:
         return (entry.grain_id.canonical, entry.name)
 
-    def _put(self, row: ReminderEntry, seq: int) -> None:
+    def _put(self, row: ReminderEntry, seq: int, due_ms: int | None = None) -> None:
+        """Store ``row`` at ``seq`` and index it (``due_ms``: its ``next_due`` in
+        ms, when the caller has it)."""
         key = self._key_of(row)
         if key in self._rows:
             self._stale += 1
         self._rows[key] = (row, seq)
         if not row.paused:  # paused rows stay out of the due index
-            self._index(row, key, seq, to_ms(row.next_due))
+            self._index(row, key, seq, to_ms(row.next_due) if due_ms is None else due_ms)
         self._by_grain.setdefault(key[0], {})[row.name] = row
         self._maybe_rebuild()
 
@@ -274,26 +276,19 @@ class InMemoryReminderTable:
         next_due: datetime,
         last_fire: datetime | None,
     ) -> str | None:
-        key = (grain_id.canonical, name)
-        found = self._rows.get(key)
+        found = self._rows.get((grain_id.canonical, name))
         if found is None or found[0].etag != etag:
             return None
         seq = next(self._etags)
         new_etag = str(seq)
         # The stored row is already in storage form; only these three change, so
         # they are normalised alone (a full record round trip per tick cost more
-        # than the rest of the CAS). Same key, same grain: ``_put``'s bookkeeping
-        # shrinks to the row itself and its new index item.
+        # than the rest of the CAS).
         due_ms = to_ms(next_due)
         moved = found[0].rescheduled(
             from_ms(due_ms), None if last_fire is None else _stored(last_fire), new_etag
         )
-        self._rows[key] = (moved, seq)
-        self._stale += 1
-        if not moved.paused:
-            self._index(moved, key, seq, due_ms)
-        self._by_grain[key[0]][name] = moved
-        self._maybe_rebuild()
+        self._put(moved, seq, due_ms)
         return new_etag
 
     def _walk_due(
