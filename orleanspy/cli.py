@@ -40,12 +40,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from orleanspy import __version__
+from orleanspy._cli_config import SETTINGS, SiloConfig, describe, load
 from orleanspy._loop import run
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
@@ -126,6 +128,37 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+# The silo's own flags: flag, the key it sets (see _cli_config), help.
+_SILO_FLAGS = (
+    ("--name", "name", "the silo's name in logs and cluster status"),
+    ("--host", "host", "address the silo, gateway and metrics ports listen on"),
+    ("--advertise-host", "advertised_host",
+     "address or DNS name peers and clients dial; with a wildcard --host, the address "
+     "this host reaches the membership store from"),
+    ("--silo-port", "silo_port", "silo-to-silo port, 0 for any free port"),
+    ("--gateway-port", "gateway_port", "port clients connect to, 0 for any free port, none for no "
+     "gateway"),
+    ("--metrics-port", "metrics_port",
+     "HTTP port of /metrics, /healthz and /readyz, 0 for any free port"),
+    ("--storage-timeout", "storage_start_timeout",
+     "how long start-up retries an unreachable Redis, in seconds or with a unit"),
+    ("--storage", "storage.default",
+     'grain state storage "default": a redis:// or postgresql:// URL'),
+)  # fmt: skip
+_SHOWN: dict[str, object] = {"name": "silo-<id>", "storage_start_timeout": 30.0,
+                             "storage.default": "the cluster's store"}  # fmt: skip
+_METAVARS = {"--silo-port": "PORT", "--gateway-port": "PORT", "--metrics-port": "PORT",
+             "--storage-timeout": "SECONDS", "--storage": "URL", "--host": "ADDRESS",
+             "--advertise-host": "ADDRESS"}  # fmt: skip
+# Global flags that are silo settings too.
+_GLOBAL_KEYS = {
+    "redis_url": "redis_url", "storage_url": "storage_url", "membership_url": "membership_url",
+    "reminder_table_url": "reminder_table_url", "cluster_id": "cluster_id",
+    "service_id": "service_id", "secret": "messaging.cluster_secret",
+    "log_level": "log_level", "log_format": "log_format",
+}  # fmt: skip
+
+
 def _env_help(text: str, default: Any, env: str) -> dict[str, Any]:
     return {"default": os.environ.get(env, default), "help": _help(text, default, env)}
 
@@ -144,35 +177,28 @@ def _parser() -> argparse.ArgumentParser:
         )
         return p
 
-    silo = sub(commands, "silo", "run one silo until SIGTERM/SIGINT")
+    silo = commands.add_parser(
+        "silo", help="run one silo until SIGTERM/SIGINT", parents=[common],
+        description="run one silo until SIGTERM/SIGINT. Each setting takes the first value "
+        "found in: its flag (or --set), its environment variable, the --config file, the "
+        "default.", epilog=describe(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    silo.add_argument("--config", metavar="FILE", default=os.environ.get("ORLEANSPY_CONFIG"),
+                      help="TOML file of settings, keys as listed below (default: none; "
+                      "env ORLEANSPY_CONFIG)")  # fmt: skip
+    silo.add_argument("--set", dest="assignments", action="append", default=[],
+                      metavar="KEY=VALUE", help="set any key listed below, e.g. "
+                      "membership.probe_interval=2s (repeatable)")  # fmt: skip
     silo.add_argument(
         "--import", dest="imports", action="append", metavar="MODULE",
         help="module defining grain classes, found from the current directory too "
         "(repeatable; default: none; env ORLEANSPY_IMPORT, comma-separated)",
     )  # fmt: skip
-    silo.add_argument("--name", **_env_help("the silo's name in logs and cluster status",
-                                            "silo-<id>", "ORLEANSPY_SILO_NAME"))  # fmt: skip
-    silo.add_argument("--host", **_env_help("address to listen on", "127.0.0.1", "ORLEANSPY_HOST"))
-    silo.add_argument("--silo-port", type=int, metavar="PORT", **_env_help(
-        "silo-to-silo port, 0 for any free port", 0, "ORLEANSPY_SILO_PORT"))  # fmt: skip
-    silo.add_argument("--gateway-port", type=int, metavar="PORT", **_env_help(
-        "port clients connect to, 0 for any free port", 0, "ORLEANSPY_GATEWAY_PORT"))  # fmt: skip
-    silo.add_argument("--metrics-port", type=int, metavar="PORT", **_env_help(
-        "HTTP port of /metrics, /healthz and /readyz, 0 for any free port",
-        None, "ORLEANSPY_METRICS_PORT"))  # fmt: skip
-    silo.add_argument("--storage-timeout", type=float, metavar="SECONDS", **_env_help(
-        "how long start-up retries an unreachable Redis", 30.0,
-        "ORLEANSPY_STORAGE_TIMEOUT"))  # fmt: skip
-    silo.add_argument(
-        "--storage",
-        metavar="URL",
-        default=os.environ.get("ORLEANSPY_GRAIN_STORAGE"),
-        help=_help(
-            'grain state storage "default": a redis:// or postgresql:// URL',
-            "the cluster's store",
-            "ORLEANSPY_GRAIN_STORAGE",
-        ),
-    )
+    for flag, key, text in _SILO_FLAGS:
+        setting = SETTINGS[key]
+        shown = _SHOWN.get(key, setting.default)
+        silo.add_argument(flag, dest="flag_" + key.replace(".", "__"), metavar=_METAVARS.get(flag),
+                          help=_help(text, shown, setting.env))  # fmt: skip
 
     cluster = sub(commands, "cluster", "look at the cluster")
     what = cluster.add_subparsers(dest="what", metavar="WHAT", required=True)
@@ -317,14 +343,6 @@ def redis_url(args: argparse.Namespace) -> str:
     return url
 
 
-def _grain_storage(url: str | None) -> dict[str, str] | None:
-    if url is None:
-        return None
-    if not url.startswith(("redis://", "rediss://", "unix://", "postgresql://", "postgres://")):
-        raise ConfigurationError(f"--storage {url!r}: give a redis:// or postgresql:// URL")
-    return {"default": url}
-
-
 def _logging(args: argparse.Namespace) -> SiloNameFilter:
     handler = logging.StreamHandler(sys.stderr)
     names = SiloNameFilter(getattr(args, "name", None) or "-")
@@ -348,10 +366,29 @@ def _messaging(args: argparse.Namespace) -> MessagingOptions:
 # -- silo -----------------------------------------------------------------------------
 
 
-def _import_grains(args: argparse.Namespace) -> None:
-    modules = list(args.imports or [])
-    if not modules and os.environ.get("ORLEANSPY_IMPORT"):
-        modules = [m for m in os.environ["ORLEANSPY_IMPORT"].split(",") if m.strip()]
+def silo_config(args: argparse.Namespace, given: Mapping[str, object]) -> SiloConfig:
+    """The silo's settings: flags given (``given`` holds the global ones), then the
+    environment, then ``--config``, then the defaults (``_cli_config``)."""
+    flags: dict[str, tuple[object, str]] = {}
+    for dest, value in given.items():
+        if dest in _GLOBAL_KEYS:
+            flags[_GLOBAL_KEYS[dest]] = (value, "--" + dest.replace("_", "-"))
+    for flag, key, _ in _SILO_FLAGS:
+        value = getattr(args, "flag_" + key.replace(".", "__"))
+        if value is not None:
+            flags[key] = (value, flag)
+    if args.imports:
+        flags["import"] = (",".join(args.imports), "--import")
+    config = load(Path(args.config) if args.config else None, os.environ, flags, args.assignments)
+    if not config.options.clustered:
+        raise UsageError(
+            "--storage-url or --redis-url (or ORLEANSPY_STORAGE_URL, ORLEANSPY_REDIS_URL, "
+            "or storage_url in the --config file) is required"
+        )
+    return config
+
+
+def _import_grains(modules: Sequence[str]) -> None:
     # `python -m` puts the current directory on the path; a console script does not.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -365,25 +402,9 @@ def _import_grains(args: argparse.Namespace) -> None:
             ) from None
 
 
-async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> None:
+async def _run_silo(options: SiloOptions, names: SiloNameFilter) -> None:
     from orleanspy.runtime.silo import Silo
 
-    options = SiloOptions(
-        cluster_id=args.cluster_id,
-        service_id=args.service_id,
-        name=args.name,
-        host=args.host,
-        silo_port=int(args.silo_port),
-        gateway_port=int(args.gateway_port),
-        metrics_port=None if args.metrics_port is None else int(args.metrics_port),
-        storage_start_timeout=timedelta(seconds=float(args.storage_timeout)),
-        redis_url=None if args.storage_url else storage_url(args),
-        storage_url=args.storage_url or None,
-        membership_url=args.membership_url or None,
-        reminder_table_url=args.reminder_table_url or None,
-        messaging=_messaging(args),
-        storage=_grain_storage(args.storage),
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -570,7 +591,7 @@ async def _reminders(args: argparse.Namespace) -> int:
 
 async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
     if args.command == "silo":
-        await _run_silo(args, names)
+        await _run_silo(args.silo_options, names)
         return 0
     if args.command == "cluster":
         return await _cluster_status(args)
@@ -592,9 +613,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version (0) and usage errors (2)
         return int(exc.code or 0)
     try:
+        given = {g.dest: getattr(args, g.dest) for g in _GLOBALS if hasattr(args, g.dest)}
         _fill_globals(args)
         if args.command == "silo":
-            _import_grains(args)
+            config = silo_config(args, given)
+            args.silo_options = config.options
+            args.name, args.log_level, args.log_format = (
+                config.options.name,
+                config.log_level,
+                config.log_format,
+            )
+            _import_grains(config.imports)
         names = _logging(args)
         return run(_dispatch(args, names))
     except UsageError as exc:

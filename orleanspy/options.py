@@ -6,6 +6,7 @@ it. Defaults follow Orleans where Orleans has one (REFERENCE.md).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -253,6 +254,15 @@ class SiloOptions:
     authenticate, i.e. a cluster secret or TLS is set; calls made inside the
     cluster (grains, ``silo.client``) are never restricted.
 
+    ``host`` is the address the silo, gateway and metrics ports listen on;
+    ``advertised_host`` the address (or DNS name) peers and clients dial, written
+    to the membership table. Left ``None`` it is ``host``, except when ``host``
+    is a wildcard (``0.0.0.0``, ``::``): the silo then advertises the local
+    address it reaches the membership store from (``orleanspy.runtime.addresses``),
+    and refuses to start when it cannot tell one. An advertised wildcard,
+    multicast or broadcast address is a ``ConfigurationError`` here: no peer
+    could dial it.
+
     ``storage`` names the grain storage providers that ``persistent_state``
     declarations refer to: each value is a provider object (a ``GrainStorage``)
     or a URL (``memory://``, ``redis://``, ``rediss://``, ``unix://``,
@@ -333,6 +343,9 @@ class SiloOptions:
                 raise ConfigurationError(f"SiloOptions.{name} must be in 0..65535, got {port}")
         if self.storage is not None:
             _check_storage(self.storage)
+        _check_host(self.host)
+        if self.advertised_host is not None:
+            _check_advertised_host(self.advertised_host)
 
         # ``redis_url`` is the older name of ``storage_url`` and takes the same schemes.
         for name in ("redis_url", "storage_url", "membership_url", "reminder_table_url"):
@@ -382,6 +395,51 @@ class SiloOptions:
             if url is not None and table_backend(url) == "redis":
                 return url
         return None
+
+
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` is an unspecified address (``0.0.0.0``, ``::``): listen on
+    every interface, dial none."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+# Host names and literals: no separator of a silo address ("host:port@gen"), no space.
+_BAD_HOST_CHARS = set("@/ \t\n[]")
+
+
+def _check_host(host: object) -> None:
+    if not isinstance(host, str) or not host or _BAD_HOST_CHARS & set(host):
+        raise ConfigurationError(
+            f"SiloOptions.host must be an IP address or a host name to listen on, got {host!r}"
+        )
+
+
+def _check_advertised_host(host: object) -> None:
+    """Refuse what no peer could dial: a wildcard, multicast or broadcast address,
+    or text that is neither an address nor a host name."""
+    if not isinstance(host, str) or not host or _BAD_HOST_CHARS & set(host):
+        raise ConfigurationError(
+            f"SiloOptions.advertised_host must be an IP address or a DNS name peers can dial, "
+            f"got {host!r}"
+        )
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if ":" in host:
+            raise ConfigurationError(
+                f"SiloOptions.advertised_host {host!r} is neither an IPv6 address nor a host name"
+            ) from None
+        return  # a DNS name: peers resolve it
+    if address.is_unspecified or address.is_multicast or host == "255.255.255.255":
+        raise ConfigurationError(
+            f"SiloOptions.advertised_host {host!r} is not an address peers can dial "
+            "(it is a wildcard, multicast or broadcast address); give this host's own "
+            "address or DNS name, e.g. the pod or VM IP (--advertise-host, "
+            "ORLEANSPY_ADVERTISE_HOST)"
+        )
 
 
 _STORAGE_METHODS = ("start", "read", "write", "clear")

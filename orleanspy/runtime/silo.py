@@ -41,6 +41,7 @@ from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
+from orleanspy.runtime.addresses import advertised_host
 from orleanspy.runtime.cluster import ClusterLocator, RingFollower
 from orleanspy.runtime.collector import tune_collector
 from orleanspy.runtime.dispatcher import Dispatcher
@@ -142,8 +143,11 @@ class Silo:
         self._storage_client: Any = None
         self.client = SiloClient(self)
         self.name = self.options.name or f"silo-{id(self):x}"
+        # A wildcard bind advertises the address the membership store is reached from.
         self.address = SiloAddress(
-            self.options.advertised_host or self.options.host,
+            advertised_host(self.options)
+            if self._clustered
+            else self.options.advertised_host or self.options.host,
             self.options.silo_port,
             time.time_ns() // 1_000_000,
         )
@@ -335,7 +339,7 @@ class Silo:
             gateway_port=o.gateway_port,
             options=o.messaging,
             generation=self.address.generation,
-            advertised_host=o.advertised_host,
+            advertised_host=self.address.host,
         )
 
     async def _start_membership_table_and_directory(self, stack: AsyncExitStack) -> CachedDirectory:
