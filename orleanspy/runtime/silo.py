@@ -36,7 +36,7 @@ from orleanspy.reference import GrainFactory
 from orleanspy.remindable.declarations import register_declared_reminders
 from orleanspy.remindable.management import MANAGEMENT_TYPE, ReminderManagementGrain
 from orleanspy.remindable.registry import ReminderRegistry
-from orleanspy.reminders._adaptive import LoadSignals, default_load
+from orleanspy.reminders._service.adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable

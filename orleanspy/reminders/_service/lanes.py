@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from orleanspy.reminders._window import DueWindow, Row
+    from orleanspy.reminders._service.window import DueWindow, Row
 
 __all__ = ["BACKGROUND_AT_MOST", "CRITICAL_AT_LEAST", "LaneDrainer", "Lanes"]
 

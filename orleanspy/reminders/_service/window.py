@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from orleanspy.clock import to_ms
-from orleanspy.reminders._lanes import Lanes
+from orleanspy.reminders._service.lanes import Lanes
 from orleanspy.reminders.model import ReminderEntry, ScheduleUpdate
 from orleanspy.reminders.schedule import Schedule
 
