@@ -72,12 +72,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # the silo), so the options stop reaching up into the providers.
     ("orleanspy.options", "orleanspy.tables"): "scheme check reaches up",
     ("orleanspy.options", "orleanspy.storage.factory"): "scheme check reaches up (lazy)",
-    # The lanes drain rows the window holds and name them in annotations only
-    # (the window imports the lanes it owns).
-    (
-        "orleanspy.reminders._service.lanes",
-        "orleanspy.reminders._service.window",
-    ): "typing only; circle",
     # The exporter reads the silo it is given; the silo loads the exporter lazily,
     # only when a metrics port is set (prometheus_client stays optional).
     ("orleanspy._prometheus", "orleanspy.runtime.silo"): "typing only; circle",
