@@ -2,7 +2,7 @@
 
 Layers, lowest first; a module may import its own layer and those below, never above:
 
-    bottom     errors identity clock options serialization
+    bottom     errors identity clock schemes options serialization
     helpers    _tasks _retry _redis _postgres ring placement metrics
     providers  directory/* membership/* storage/* streams/* messaging/* tables
                reminders/* (the storage side: model, spec, schedule, table, backends)
@@ -39,7 +39,7 @@ import orleanspy
 ROOT = Path(orleanspy.__file__).parent
 
 LAYERS: list[tuple[str, str]] = [
-    ("bottom", r"orleanspy\.(errors|identity|clock|options|serialization)"),
+    ("bottom", r"orleanspy\.(errors|identity|clock|schemes|options|serialization)"),
     ("helpers", r"orleanspy\.(_tasks|_retry|_redis|_postgres|ring|placement|metrics)"),
     (
         "providers",
@@ -67,11 +67,6 @@ RUNTIME_AND_GRAIN_API = r"orleanspy\.(runtime(\..+)?|client|cli|grain|reference|
 PROVIDER_PACKAGES = ("directory", "membership", "reminders", "storage", "streams")
 
 ALLOWED: dict[tuple[str, str], str] = {
-    # The options validate URL schemes against the table and storage backends
-    # they name; the scheme lists belong in the bottom layer (or the check in
-    # the silo), so the options stop reaching up into the providers.
-    ("orleanspy.options", "orleanspy.tables"): "scheme check reaches up",
-    ("orleanspy.options", "orleanspy.storage.factory"): "scheme check reaches up (lazy)",
     # The exporter reads the silo it is given; the silo loads the exporter lazily,
     # only when a metrics port is set (prometheus_client stays optional).
     ("orleanspy._prometheus", "orleanspy.runtime.silo"): "typing only; circle",
