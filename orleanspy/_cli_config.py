@@ -57,6 +57,7 @@ from orleanspy.options import (
     SiloOptions,
     TlsOptions,
 )
+from orleanspy.tables import table_backend
 
 __all__ = ["SETTINGS", "Setting", "SiloConfig", "describe", "load"]
 
@@ -321,6 +322,9 @@ def load(
     ):
         values.update(layer)
     kept = {k: v for k, v in values.items() if k not in ("import", "log_level", "log_format")}
+    for key, (url, where) in kept.items():
+        if key.startswith("storage.") and url is not None:
+            _shared_store(key, str(url), where)
     options = _options(kept)
     imports = values.get("import", ((), ""))
     level, level_from = values.get("log_level", (None, ""))
@@ -336,6 +340,18 @@ def load(
         log_level=str(level or "INFO").upper(),
         log_format=str(fmt),
     )
+
+
+def _shared_store(key: str, url: str, where: str) -> None:
+    """A silo of a cluster keeps grain state where every silo reads it: in memory it
+    would be this silo's alone, and lost when the grain moves."""
+    try:
+        table_backend(url)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"{key} ({where}): {url.split('://', 1)[0]!r} is not a shared store; give a "
+            "redis:// or postgresql:// URL"
+        ) from None
 
 
 def _section(values: Values, prefix: str) -> dict[str, object]:

@@ -51,8 +51,9 @@ from orleanspy._cli_config import SETTINGS, SiloConfig, describe, load
 from orleanspy._loop import run
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
-from orleanspy.options import MessagingOptions, SiloOptions, check_redis_url
+from orleanspy.options import MessagingOptions, SiloOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
+from orleanspy.schemes import check_redis_url
 from orleanspy.tables import table_backend
 
 __all__ = ["main"]

@@ -69,5 +69,5 @@ def test_an_advertised_host_no_peer_could_dial_is_refused(host: str) -> None:
 def test_advertised_hosts_peers_can_dial_are_kept() -> None:
     for host in ("10.0.0.5", "::1", "fd00::5", "silo-a.orleans.svc.cluster.local"):
         assert SiloOptions(host="0.0.0.0", advertised_host=host).advertised_host == host
-    with pytest.raises(ConfigurationError, match="SiloOptions.host"):
+    with pytest.raises(ConfigurationError, match=r"SiloOptions\.host"):
         SiloOptions(host="10.0.0.1/24")

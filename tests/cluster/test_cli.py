@@ -363,7 +363,7 @@ async def test_silo_command_keeps_grain_state_in_the_storage_url(
 def test_storage_flag_needs_a_redis_or_postgres_url(capsys) -> None:
     assert main(["--redis-url", "redis://127.0.0.1:1/0", "silo", "--storage", "mysql://x"]) == 1
     err = capsys.readouterr().err
-    assert "storage.default (--storage)" in err and "'mysql://x' is not a storage URL" in err
+    assert "storage.default (--storage): 'mysql' is not a shared store; give a redis://" in err
 
 
 async def test_silo_help_lists_every_setting_with_its_variable() -> None:
