@@ -20,7 +20,7 @@ import pytest
 from orleanspy import ClusterClient, Silo, SiloOptions, SiloUnavailableError, __version__
 from orleanspy.cli import main
 from orleanspy.identity import GrainId
-from orleanspy.options import MessagingOptions, ReminderOptions
+from orleanspy.options import MembershipOptions, MessagingOptions, ReminderOptions
 from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.reminders.spec import new_entry
 from orleanspy.testing.redis_server import free_port
@@ -370,9 +370,10 @@ async def test_silo_help_lists_every_setting_with_its_variable() -> None:
     proc = await acli("silo", "--help")
     assert proc.returncode == 0
     flat = " ".join(proc.stdout.split())
+    probe = MembershipOptions().probe_interval.total_seconds()
     for text in ("--config FILE", "env ORLEANSPY_CONFIG", "--set KEY=VALUE", "--advertise-host",
                  "env ORLEANSPY_ADVERTISE_HOST", "membership.probe_interval "
-                 "ORLEANSPY_MEMBERSHIP_PROBE_INTERVAL duration; default 5s",
+                 f"ORLEANSPY_MEMBERSHIP_PROBE_INTERVAL duration; default {probe:g}s",
                  "reminders.missed_tick_grace ORLEANSPY_REMINDERS_MISSED_TICK_GRACE",
                  "messaging.tls.cert_file ORLEANSPY_MESSAGING_TLS_CERT_FILE",
                  "messaging.cluster_secret_file ORLEANSPY_CLUSTER_SECRET_FILE",
