@@ -208,6 +208,7 @@ class Activation:
         # The call that caused the activation runs as this task's turn (one task
         # fewer per cold call); what may run beside it starts as usual.
         first = queue.popleft()
+        assert isinstance(first, Message)
         read_only = self._info_flags(first)[1]
         self._running += 1
         if read_only:
