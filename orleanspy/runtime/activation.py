@@ -173,14 +173,21 @@ class Activation:
                     if isinstance(item, Message):
                         host.forward(item, winner)
                 return
-            grain = self.definition.cls.__new__(self.definition.cls)
+            defn = self.definition
+            grain = defn.cls.__new__(defn.cls)
             grain._activation = self
-            async with asyncio.timeout(host.activation_timeout):
-                if self.definition.states:
-                    await self._load_states(grain)
+            if defn.states or defn.cls.on_activate is not Grain.on_activate:
+                async with asyncio.timeout(host.activation_timeout):
+                    if defn.states:
+                        await self._load_states(grain)
+                    grain.__init__()  # type: ignore[misc]
+                    self.grain = grain
+                    await grain.on_activate()
+            else:
+                # No state to read and the default on_activate: nothing can wait,
+                # so no timeout (a timer per activation) is armed.
                 grain.__init__()  # type: ignore[misc]
                 self.grain = grain
-                await grain.on_activate()
         except asyncio.CancelledError:
             self.state = ActivationState.INVALID
             raise
@@ -190,11 +197,29 @@ class Activation:
             return
         self.state = ActivationState.VALID
         self.last_activity_ms = host.clock.now_ms()
-        # Let go of this finished task: a live activation would otherwise keep a
-        # done task, its coroutine and context (garbage every full collection
-        # walks, for every activation). Nothing awaits after this line.
+        # Let go of this task as the lifecycle's: a live activation would
+        # otherwise keep a done task, its coroutine and context (garbage every
+        # full collection walks, for every activation).
         self._lifecycle_task = None
+        queue = self._queue
+        if not queue or not isinstance(queue[0], Message):
+            self._pump()
+            return
+        # The call that caused the activation runs as this task's turn (one task
+        # fewer per cold call); what may run beside it starts as usual.
+        first = queue.popleft()
+        assert isinstance(first, Message)
+        read_only = self._info_flags(first)[1]
+        self._running += 1
+        if read_only:
+            self._running_read_only += 1
+        task = asyncio.current_task()
+        assert task is not None
+        if self._turns is None:
+            self._turns = set()
+        self._turns.add(task)
         self._pump()
+        await self._run_message(first, read_only)
 
     async def _load_states(self, grain: Grain) -> None:
         """Bind and read every declared persistent state (before ``__init__``)."""
