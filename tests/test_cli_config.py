@@ -237,3 +237,20 @@ def test_the_secret_comes_from_the_strongest_source(tmp_path: Path) -> None:
     write(tmp_path, "\n", "secret")
     with pytest.raises(ConfigurationError, match="is empty"):
         load(path, env_file, {})
+
+
+def test_the_readme_config_file_loads_as_written(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    for name in ("silo.pem", "silo.key", "ca.pem"):
+        (tmp_path / name).write_text("-")
+    (tmp_path / "secret").write_text("from-the-secret-file\n")
+    text = text.replace("/etc/orleanspy/", f"{tmp_path}/").replace(
+        "/run/secrets/orleanspy", str(tmp_path / "secret")
+    )
+    config = load(write(tmp_path, text), {}, {})
+    assert config.options.cluster_id == "prod"
+    assert config.options.membership.probe_interval == timedelta(seconds=2)
+    assert config.options.messaging.cluster_secret == "from-the-secret-file"
+    assert config.options.messaging.tls is not None
+    assert config.imports == ("myapp.grains",)
