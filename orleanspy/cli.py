@@ -1,13 +1,16 @@
 """The ``orleanspy`` command: run a silo, inspect and operate a cluster.
 
 This is the only module that reads the environment, command-line flags and
-signals; everything else takes options as values.
+signals (``_cli_config`` turns what it read, and a ``--config`` file, into the
+silo's options); everything else takes options as values.
 
 ::
 
     orleanspy silo --redis-url redis://127.0.0.1:6379/0 --import myapp.grains \\
                    --silo-port 11111 --gateway-port 30000 --metrics-port 9100 \\
                    --storage postgresql://app@db/app    # grain state (default: Redis)
+    orleanspy silo --config silo.toml --host 0.0.0.0 --advertise-host 10.0.0.5 \\
+                   --set membership.probe_interval=2s
     orleanspy cluster status --redis-url redis://127.0.0.1:6379/0
     orleanspy reminders upcoming --minutes 10 --redis-url redis://127.0.0.1:6379/0
     orleanspy reminders get Type/key name --json
@@ -21,7 +24,9 @@ subcommand. ``--storage-url`` takes a Redis or a PostgreSQL URL
 ``--redis-url``; ``--membership-url`` and ``--reminder-table-url`` put one
 table elsewhere; ``silo --storage`` picks where grain state lives. Every flag
 with an environment variable names it in ``--help``; a flag given wins over its
-variable. ``silo`` prints ``READY <address>
+variable. ``silo`` takes each option from its flag or ``--set KEY=VALUE``, else
+its ``ORLEANSPY_...`` variable, else the ``--config FILE`` (TOML), else the
+default (``silo --help`` lists every key). ``silo`` prints ``READY <address>
 <gateway port>`` (and ``<metrics port>`` with ``--metrics-port``) once the silo
 is Active and stops gracefully on SIGTERM or SIGINT. Read commands print
 tables, or JSON with ``--json``; the reminder commands say on stderr whether
