@@ -274,10 +274,10 @@ class MembershipService:
         from cancellation: a cancelled caller still waits for them (at most that
         long) before the cancellation goes on. Returns ``True`` if the Dead row
         was written, ``False`` if the store failed or timed out (peers will then
-        detect the silo by probing) or the silo was never started or is
-        already declared dead.
+        detect the silo by probing) or the silo never joined or is already
+        declared dead.
         """
-        if not self._started or self._dead:
+        if not self._joined or self._dead:
             await self._stop_loops()
             return False
         self._leaving = True

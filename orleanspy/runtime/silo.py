@@ -179,6 +179,10 @@ class Silo:
         token = set_current_silo(self.name)
         try:
             await self._start()
+        except BaseException:
+            # What started has been stopped; a failed silo does not restart.
+            self.state = SiloState.STOPPED
+            raise
         finally:
             reset_current_silo(token)
         if self.options.tune_gc:
