@@ -12,7 +12,7 @@ the table again, which either renews the lease or tells it it is Dead
 stops at most about one probe interval after the earliest possible Dead
 write (docs/decisions.md, "Ownership lease").
 
-Reaching a peer counts (a probe answered, a peer's probe received), so a
+Reaching a peer counts (a probe answered, gossip received), so a
 cluster-wide storage outage, during which the silos still reach each other,
 keeps every lease and every silo ticking. A silo alone in the table has no
 peer who could declare it Dead or take its reminders over: its lease holds.

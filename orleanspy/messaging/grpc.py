@@ -686,8 +686,7 @@ class GrpcTransport:
         return depths
 
     def on_gossip(self, listener: Callable[[int], None] | None) -> None:
-        """Call ``listener(table_version)`` for every authorised ping received,
-        ``0`` when it carries no version (a peer reached this silo)."""
+        """Call ``listener(table_version)`` for every ping that carries one."""
         self._gossip_listener = listener
 
     def disconnect(self, target: SiloAddress) -> None:
@@ -807,9 +806,8 @@ class GrpcTransport:
             ping = parse(pb.PingRequest, request)
         except InvalidEnvelope:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "malformed PingRequest")
-        if self._gossip_listener is not None:
+        if ping.table_version and self._gossip_listener is not None:
             try:
-                # Every ping (version 0: no news) tells membership a peer reached us.
                 self._gossip_listener(ping.table_version)
             except Exception:
                 log.exception("gossip listener raised version=%d", ping.table_version)

@@ -87,9 +87,7 @@ class Transport(Protocol):
 
     def on_gossip(self, listener: Callable[[int], None] | None) -> None:
         """Call ``listener(table_version)`` for every ping that carries a version
-        (``None`` stops it); a transport may also call it with ``0`` for a ping
-        without one (a peer reached this silo). It runs on the event loop and
-        must not block."""
+        (``None`` stops it). It runs on the event loop and must not block."""
         ...
 
     def disconnect(self, target: SiloAddress) -> None:

@@ -135,3 +135,20 @@ async def test_a_store_that_lost_its_data_stops_the_silo_with_a_warning(
     # Its reminder service delivered nothing after the loss: the lease is revoked.
     membership = silo.membership
     assert membership is not None and membership.lease.revoked is not None
+
+
+@pytest.mark.parametrize("presented", [None, "wrong"])
+async def test_a_client_with_the_wrong_secret_is_told_so(store: str, presented: str | None) -> None:
+    from orleanspy import ClusterClient
+    from orleanspy.errors import AuthenticationError
+
+    async with Silo(options(store, "s3cret")):
+        client = ClusterClient(
+            membership_url=store, options=MessagingOptions(cluster_secret=presented)
+        )
+        with pytest.raises(AuthenticationError, match="refused: wrong or missing cluster secret"):
+            await client.start()
+        async with ClusterClient(
+            membership_url=store, options=MessagingOptions(cluster_secret="s3cret")
+        ) as good:
+            assert good.gateways
