@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol, TypeVar, runtime_checkable
 
 from orleanspy.clock import Clock
@@ -92,6 +92,8 @@ class ContactLease:
         self._regained = asyncio.Event()
         self._regained.set()
         self.lapses = 0
+        #: When the lease last lapsed (clock time), or ``None``.
+        self.lapsed_at: datetime | None = None
 
     @property
     def duration(self) -> timedelta:
@@ -132,6 +134,7 @@ class ContactLease:
             return True
         self._lapsed = True
         self.lapses += 1
+        self.lapsed_at = self._clock.now()
         self._regained.clear()
         log.warning(
             "ownership lease lapsed silo=%s: reached neither the membership table nor any "

@@ -4,20 +4,30 @@ its data stops the silo with a WARNING, on Redis and on PostgreSQL."""
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import asyncpg
+import grpc
 import pytest
 import redis.asyncio as aioredis
 
-from orleanspy import Silo, SiloOptions
+from orleanspy import Grain, Remindable, Silo, SiloOptions, TickStatus, register_reminder
+from orleanspy.errors import SiloUnavailableError, StorageUnavailableError
+from orleanspy.identity import SiloAddress
 from orleanspy.membership.credentials import CredentialsMismatchError, cluster_verifier
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.postgres import PostgresMembershipTable
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.membership.table import MembershipTable
+from orleanspy.messaging.grpc import GrpcTransport
+from orleanspy.messaging.message import Message
+from orleanspy.messaging.transport import ProbeOutcome
 from orleanspy.options import MessagingOptions
 from orleanspy.runtime.silo import SiloState
 from orleanspy.testing.cluster import FAST_MEMBERSHIP, wait_for
@@ -152,3 +162,163 @@ async def test_a_client_with_the_wrong_secret_is_told_so(store: str, presented: 
             membership_url=store, options=MessagingOptions(cluster_secret="s3cret")
         ) as good:
             assert good.gateways
+
+
+# -- the ownership lease on an isolated silo -----------------------------------------
+
+
+class Cut:
+    """Whether the isolated silo is cut off, and when that began."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.since is not None
+
+
+class CutOffStore:
+    """A store seen through a link that ``cut`` can sever: while it is on, every
+    call the silo makes fails as an unreachable store would."""
+
+    def __init__(self, inner: Any, cut: Cut) -> None:
+        self._inner, self._cut = inner, cut
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if name in ("start", "changes", "scoped_changes") or not inspect.iscoroutinefunction(value):
+            return value
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self._cut.on:
+                raise StorageUnavailableError(f"{name}: the host is isolated")
+            return await value(*args, **kwargs)
+
+        return call
+
+
+class CutOffTransport(GrpcTransport):
+    """gRPC whose traffic to and from peers stops while ``cut`` is on (as a
+    host whose link is down: sends fail, probes go unanswered both ways)."""
+
+    def __init__(self, cut: Cut, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._cut = cut
+
+    def send(self, target: SiloAddress, message: Message) -> None:
+        if self._cut.on and self._sink is not None:
+            self._later(message, SiloUnavailableError(f"silo {target}: host isolated"))
+            return
+        super().send(target, message)
+
+    async def probe(
+        self, target: SiloAddress, timeout: float, table_version: int = 0
+    ) -> ProbeOutcome:
+        if self._cut.on:
+            return ProbeOutcome.SILENT
+        return await super().probe(target, timeout, table_version)
+
+    async def _serve_ping(self, request: bytes, context: Any) -> bytes:
+        if self._cut.on:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "host isolated")
+        return await super()._serve_ping(request, context)
+
+
+LEASE_TICKS: list[tuple[str, str, float]] = []
+
+
+@register_reminder("tick", due=1, period=1, keys=[f"k{i}" for i in range(40)])
+class LeaseTickGrain(Grain, Remindable):
+    """Declared reminders: registered at start without activating the grain, so
+    each grain is activated on the silo that owns its reminder (reminder-affine
+    placement) and its ticks are local there, as an isolated host's would be."""
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        LEASE_TICKS.append((str(self.grain_key), str(self._activation.silo_address), time.time()))
+
+
+async def test_an_isolated_silo_stops_ticking_before_its_peers_take_over(redis_url: str) -> None:
+    """Default membership options. One of three silos loses its link to the store
+    and to its peers. Its peers declare it Dead and take its reminders over; by
+    then its lease has lapsed and it delivers nothing more, so no reminder ticks
+    on two silos after the Dead write (the target allows 5 s)."""
+    from orleanspy.directory.redis import RedisGrainDirectory
+    from orleanspy.reminders.redis import RedisReminderTable
+
+    LEASE_TICKS.clear()
+    cut = Cut()
+    base = SiloOptions(redis_url=redis_url, gateway_port=0, grain_types=[LeaseTickGrain])
+    keys = {f"k{i}" for i in range(40)}
+    async with AsyncExitStack() as stack:
+        # First and alone, it owns every reminder: each grain is activated on it,
+        # so its own ticks stay local when it is cut off, as on a real host.
+        isolated = Silo(
+            base,
+            membership_table=CutOffStore(
+                RedisMembershipTable(redis_url, cluster_id="dev", service_id="default"), cut
+            ),
+            directory=CutOffStore(
+                RedisGrainDirectory(redis_url, cluster_id="dev", service_id="default"), cut
+            ),
+            reminder_table=CutOffStore(RedisReminderTable(redis_url, service_id="default"), cut),
+            transport=CutOffTransport(
+                cut, host="127.0.0.1", port=0, gateway_port=0, options=MessagingOptions()
+            ),
+        )
+        await isolated.start()
+        stack.push_async_callback(isolated.stop)
+        me = str(isolated.address)
+        await wait_for(lambda: {k for k, _, _ in LEASE_TICKS} >= keys, 20, what="every tick")
+        healthy = [await stack.enter_async_context(Silo(base)) for _ in range(2)]
+        everyone = (*healthy, isolated)
+        await wait_for(
+            lambda: all(len(s.membership.active_silos()) == 3 for s in everyone),  # type: ignore[union-attr]
+            10,
+        )
+        service = isolated.reminder_service
+        assert service is not None and isolated.membership is not None
+        # Its share of the ring, still ticking locally.
+        before = service.stats.delivered
+        await wait_for(lambda: service.stats.delivered > before + 5, 10, what="its own ticks")
+        deliveries: list[tuple[float, int]] = []
+
+        async def sample() -> None:
+            while True:
+                deliveries.append((time.time(), service.stats.delivered))
+                await asyncio.sleep(0.02)
+
+        sampler = asyncio.ensure_future(sample())
+        async with table_of(redis_url) as table:
+            cut.since = time.time()
+
+            async def dead() -> bool:
+                return (await table.read_all()).status(isolated.address) is SiloStatus.DEAD
+
+            await wait_for(dead, 30, interval=0.02, what="the isolated silo declared Dead")
+            dead_at = time.time()
+
+        def taken_over() -> bool:
+            return {k for k, s, at in LEASE_TICKS if s != me and at > dead_at} >= keys
+
+        await wait_for(taken_over, 20, what="every reminder ticking on the peers")
+        await asyncio.sleep(1.0)  # a period more of watching the cut-off silo
+        sampler.cancel()
+        final = deliveries[-1][1]
+        last = next(t for t, n in deliveries if n == final)
+        lease = isolated.membership.lease
+        print(
+            f"\nisolated host: declared dead {dead_at - cut.since:.2f}s after the cut; it "
+            f"delivered its last tick {last - cut.since:.2f}s after the cut "
+            f"({last - dead_at:+.2f}s from the Dead write); "
+            f"lease {lease.duration.total_seconds():.0f}s"
+        )
+        assert not lease.held() and lease.lapsed_at is not None
+        lapsed = lease.lapsed_at.timestamp()
+        # The lease lapsed within its bound of the cut, at most a probe interval
+        # after the earliest possible Dead write, and nothing was delivered after.
+        assert lapsed - cut.since <= lease.duration.total_seconds() + 0.5
+        assert lapsed - dead_at <= 1.0 + 0.5
+        assert last <= lapsed + 0.1
+        assert last - dead_at < 5.0
+        cut.since = None
