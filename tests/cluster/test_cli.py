@@ -445,3 +445,29 @@ async def test_a_silo_whose_redis_restarted_empty_says_so_and_exits_3(own_redis:
             _stop(again)
     finally:
         _stop(proc)
+
+
+@pytest.mark.slow
+async def test_a_silo_with_the_wrong_secret_refuses_to_start_and_exits_1(redis_url: str) -> None:
+    """A mis-deployed silo: the cluster runs with a secret, this one has none. It
+    says why and exits before it writes a row, votes or takes ranges."""
+    from orleanspy.membership.redis import RedisMembershipTable
+
+    good = _cli("--redis-url", redis_url, "--secret", "s3cret", "--log-level", "WARNING",
+                "silo", "--import", "cli_grains")  # fmt: skip
+    try:
+        assert good.stdout is not None
+        line = await asyncio.to_thread(good.stdout.readline)
+        assert line.startswith("READY "), line
+        rogue = await acli("--redis-url", redis_url, "--log-level", "WARNING", "silo",
+                           "--import", "cli_grains")  # fmt: skip
+        assert rogue.returncode == 1, rogue.stderr
+        assert "refusing to join: this silo has no cluster secret" in rogue.stderr
+        async with AsyncExitStack() as stack:
+            table = RedisMembershipTable(redis_url, cluster_id="dev", service_id="default")
+            await table.start(stack)
+            snap = await table.read_all()
+        assert [str(s) for s in snap.entries] == [line.split()[1]]
+        assert snap.version.version == 2  # its Joining and Active writes, nothing more
+    finally:
+        _stop(good)
