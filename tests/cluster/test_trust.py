@@ -8,7 +8,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -18,6 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from orleanspy import Grain, Remindable, Silo, SiloOptions, TickStatus, register_reminder
+from orleanspy import grain as grain_module
 from orleanspy.errors import SiloUnavailableError, StorageUnavailableError
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.credentials import CredentialsMismatchError, cluster_verifier
@@ -228,17 +229,37 @@ class CutOffTransport(GrpcTransport):
 LEASE_TICKS: list[tuple[str, str, float]] = []
 
 
-@register_reminder("tick", due=1, period=1, keys=[f"k{i}" for i in range(40)])
-class LeaseTickGrain(Grain, Remindable):
+LEASE_TYPE = "TrustLeaseTickGrain"
+
+
+def lease_grain() -> type[Grain]:
     """Declared reminders: registered at start without activating the grain, so
     each grain is activated on the silo that owns its reminder (reminder-affine
-    placement) and its ticks are local there, as an isolated host's would be."""
+    placement) and its ticks are local there, as an isolated host's would be.
+    Made per test and forgotten after it: a declared class in the registry
+    would be registered by every later silo that hosts every type."""
 
-    async def receive_reminder(self, name: str, status: TickStatus) -> None:
-        LEASE_TICKS.append((str(self.grain_key), str(self._activation.silo_address), time.time()))
+    @register_reminder("tick", due=1, period=1, keys=[f"k{i}" for i in range(40)])
+    class LeaseTickGrain(Grain, Remindable, type_name=LEASE_TYPE):
+        async def receive_reminder(self, name: str, status: TickStatus) -> None:
+            LEASE_TICKS.append(
+                (str(self.grain_key), str(self._activation.silo_address), time.time())
+            )
+
+    return LeaseTickGrain
 
 
-async def test_an_isolated_silo_stops_ticking_before_its_peers_take_over(redis_url: str) -> None:
+@pytest.fixture
+def lease_tick_grain() -> Iterator[type[Grain]]:
+    try:
+        yield lease_grain()
+    finally:
+        grain_module._registry.pop(LEASE_TYPE, None)
+
+
+async def test_an_isolated_silo_stops_ticking_before_its_peers_take_over(
+    redis_url: str, lease_tick_grain: type[Grain]
+) -> None:
     """Default membership options. One of three silos loses its link to the store
     and to its peers. Its peers declare it Dead and take its reminders over; by
     then its lease has lapsed and it delivers nothing more, so no reminder ticks
@@ -248,7 +269,7 @@ async def test_an_isolated_silo_stops_ticking_before_its_peers_take_over(redis_u
 
     LEASE_TICKS.clear()
     cut = Cut()
-    base = SiloOptions(redis_url=redis_url, gateway_port=0, grain_types=[LeaseTickGrain])
+    base = SiloOptions(redis_url=redis_url, gateway_port=0, grain_types=[lease_tick_grain])
     keys = {f"k{i}" for i in range(40)}
     async with AsyncExitStack() as stack:
         # First and alone, it owns every reminder: each grain is activated on it,
