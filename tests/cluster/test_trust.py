@@ -343,3 +343,23 @@ async def test_an_isolated_silo_stops_ticking_before_its_peers_take_over(
         assert last <= lapsed + 0.1
         assert last - dead_at < 5.0
         cut.since = None
+
+
+async def test_a_redis_restarted_without_persistence_stops_the_silo_once_it_is_back(
+    own_redis: Any,
+) -> None:
+    """Redis killed and started again empty. While it is down the silo rides the
+    outage (nothing to judge); once it answers again without the silo's row, the
+    silo says so and stops."""
+    silo = Silo(options(own_redis.url, None))
+    await silo.start()
+    try:
+        own_redis.kill()
+        await asyncio.sleep(FAST_MEMBERSHIP.table_refresh_interval.total_seconds() * 3)
+        assert not silo.declared_dead  # an outage is not a loss
+        own_redis.start()
+        await wait_for(lambda: silo.declared_dead, 15, what="the silo to notice")
+        assert silo.stop_reason is not None and "lost its data" in silo.stop_reason
+        await wait_for(lambda: silo.state is SiloState.STOPPED, 15, what="the silo to stop")
+    finally:
+        await silo.stop()
