@@ -466,12 +466,13 @@ async def test_bad_settings_exit_1_naming_the_key(tmp_path: Path) -> None:
     bad.write_text('redis_url = "redis://127.0.0.1:1/0"\n[reminders]\npoll_interval = "soon"\n')
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("[membership]\nprobe_intervall = 1\n")
-    wildcard, bad_value, unknown_key, bad_env = await asyncio.gather(
+    wildcard, bad_value, unknown_key, bad_env, env_file = await asyncio.gather(
         acli("silo", "--redis-url", "redis://127.0.0.1:1/0", "--advertise-host", "0.0.0.0"),
         acli("silo", "--config", str(bad)),
         acli("silo", "--config", str(unknown)),
         acli("silo", "--redis-url", "redis://127.0.0.1:1/0",
              ORLEANSPY_MEMBERSHIP_NUM_MISSED_PROBES_LIMIT="three"),
+        acli("silo", ORLEANSPY_CONFIG=str(unknown)),  # the file named by the environment
     )  # fmt: skip
     assert wildcard.returncode == 1
     assert "advertised_host (--advertise-host)" in wildcard.stderr
@@ -482,7 +483,8 @@ async def test_bad_settings_exit_1_naming_the_key(tmp_path: Path) -> None:
     assert "did you mean 'membership.probe_interval'" in unknown_key.stderr
     assert bad_env.returncode == 1
     assert "env ORLEANSPY_MEMBERSHIP_NUM_MISSED_PROBES_LIMIT" in bad_env.stderr
-    for proc in (wildcard, bad_value, unknown_key, bad_env):
+    assert env_file.returncode == 1 and f"{unknown}: unknown key" in env_file.stderr
+    for proc in (wildcard, bad_value, unknown_key, bad_env, env_file):
         assert "Traceback" not in proc.stderr
 
 
