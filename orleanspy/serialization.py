@@ -41,7 +41,7 @@ import msgpack
 from orleanspy.errors import SerializationError
 from orleanspy.identity import GrainId
 
-__all__ = ["Codec", "DecodeLimits", "pack", "register_type", "unpack"]
+__all__ = ["Codec", "DecodeLimits", "pack", "pack_lua", "register_type", "unpack"]
 
 _T = TypeVar("_T")
 
@@ -125,6 +125,14 @@ def register_type(cls: type[_T] | None = None, *, name: str | None = None) -> An
 def is_registered(cls: type[Any]) -> bool:
     """Whether ``cls`` was registered with ``register_type`` (so it can travel)."""
     return cls in _names
+
+
+def pack_lua(value: Any) -> bytes:
+    """Plain msgpack (no extension types) for a Redis script's ``cmsgpack.unpack``:
+    bytes as the old raw type (Lua's cmsgpack has no bin types), so they arrive
+    in Lua as strings."""
+    packed: bytes = msgpack.packb(value, use_bin_type=False)
+    return packed
 
 
 def _packb(value: Any) -> bytes:

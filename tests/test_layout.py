@@ -278,3 +278,32 @@ def test_the_reminder_storage_side_imports_nothing_of_the_service() -> None:
         sorted((e.source, e.target) for e in EDGES if e.source in storage and e.target in service)
         == []
     )
+
+
+# Each wire or store library is imported by one module (its seam), which
+# translates its errors; everything else goes through that module.
+SEAMS: dict[str, set[str]] = {
+    "asyncpg": {"orleanspy._postgres"},
+    "redis": {"orleanspy._redis"},
+    "msgpack": {"orleanspy.serialization"},
+    "grpc": {"orleanspy.messaging.grpc"},
+    "prometheus_client": {"orleanspy._prometheus"},
+}
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.partition(".")[0])
+    return found
+
+
+def test_each_wire_library_is_imported_by_its_seam_alone() -> None:
+    importers: dict[str, set[str]] = defaultdict(set)
+    for module, path in MODULES.items():
+        for library in _third_party_imports(path) & set(SEAMS):
+            importers[library].add(module)
+    assert dict(importers) == SEAMS
