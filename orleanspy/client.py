@@ -36,7 +36,7 @@ from orleanspy.tables import TableConnections, table_backend
 
 if TYPE_CHECKING:
     from orleanspy.membership.table import MembershipTable
-    from orleanspy.messaging.grpc import GrpcGatewayConnection
+    from orleanspy.messaging.transport import GatewayConnection, GatewayConnector
 
 __all__ = ["ClusterClient"]
 
@@ -58,6 +58,10 @@ class ClusterClient:
     ``service_id`` as the silos use; a ``postgresql://`` URL works too, as
     does the keyword ``membership_url``), or from a fixed ``gateways`` list of
     ``host:port`` endpoints. A closed client cannot be reopened.
+
+    ``connector`` makes its gateway connections (a ``GatewayConnector``; gRPC
+    by default, ``InMemoryNetwork.connector()`` for silos on an in-memory
+    transport in the same process).
     """
 
     def __init__(
@@ -71,6 +75,7 @@ class ClusterClient:
         gateway_refresh: timedelta = timedelta(seconds=10),
         membership_table: MembershipTable | None = None,
         membership_url: str | None = None,
+        connector: GatewayConnector | None = None,
     ) -> None:
         url = membership_url or redis_url
         if url is None and gateways is None and membership_table is None:
@@ -86,12 +91,13 @@ class ClusterClient:
         self._options = options or MessagingOptions()
         self._refresh_every = gateway_refresh.total_seconds()
         self._table = membership_table
+        self._connector = connector
         self._state = _State.CREATED
         self._stack = AsyncExitStack()
         self._client_id = f"client-{os.getpid()}-{os.urandom(6).hex()}"
-        self._connections: dict[str, GrpcGatewayConnection] = {}
+        self._connections: dict[str, GatewayConnection] = {}
         # The open connections in rotation order; None after _connections changed.
-        self._live: list[tuple[str, GrpcGatewayConnection]] | None = None
+        self._live: list[tuple[str, GatewayConnection]] | None = None
         self._round_robin = itertools.count()
         self._pending: PendingCalls[Message] = PendingCalls(
             self._options.response_timeout.total_seconds()
@@ -233,7 +239,7 @@ class ClusterClient:
 
     # -- gateways -----------------------------------------------------------------------
 
-    async def _pick(self) -> tuple[str, GrpcGatewayConnection]:
+    async def _pick(self) -> tuple[str, GatewayConnection]:
         for attempt in range(2):
             self._live = live = [(e, c) for e, c in self._connections.items() if not c.closed]
             if live:
@@ -251,7 +257,11 @@ class ClusterClient:
 
     async def _refresh(self) -> None:
         """Connect to gateways we do not have; drop those no longer listed."""
-        from orleanspy.messaging.grpc import GrpcGatewayConnection
+        connector = self._connector
+        if connector is None:
+            from orleanspy.messaging.grpc import GrpcGatewayConnection
+
+            connector = self._connector = GrpcGatewayConnection
 
         async with self._refresh_lock:
             try:
@@ -265,7 +275,7 @@ class ClusterClient:
                     await self._connections.pop(endpoint).aclose()
 
             async def open_one(endpoint: str) -> None:
-                conn = GrpcGatewayConnection(
+                conn = connector(
                     endpoint,
                     client_id=self._client_id,
                     options=self._options,
@@ -297,9 +307,7 @@ class ClusterClient:
             return
         self._pending.resolve(message.correlation_id, message)
 
-    def _on_closed(
-        self, endpoint: str, conn: GrpcGatewayConnection, error: Exception | None
-    ) -> None:
+    def _on_closed(self, endpoint: str, conn: GatewayConnection, error: Exception | None) -> None:
         if self._connections.get(endpoint) is conn:
             del self._connections[endpoint]
         self._live = None

@@ -28,7 +28,7 @@ from orleanspy.identity import GrainKey, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
-from orleanspy.messaging.transport import Transport
+from orleanspy.messaging.transport import AnswersOnly, Transport
 from orleanspy.metrics import SiloMetrics
 from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
@@ -363,9 +363,8 @@ class Silo:
             transport=transport,
         )
         self._dispatcher = dispatcher
-        answer_only = getattr(transport, "answer_only", None)
-        if answer_only is not None:
-            answer_only(locator.knows)
+        if isinstance(transport, AnswersOnly):
+            transport.answer_only(locator.knows)
         dispatcher.grain_metrics = self.metrics.grains
         self.transport = transport
         return locator, dispatcher
