@@ -23,7 +23,14 @@ from orleanspy import (
         (lambda: SiloOptions(silo_port=70000), "silo_port"),
         (lambda: SiloOptions(redis_url="http://x"), "redis_url"),
         (lambda: SiloOptions(collection_age=timedelta(0)), "collection_age"),
-        (lambda: SiloOptions(collection_age=5), "timedelta"),  # type: ignore[arg-type]
+        (lambda: SiloOptions(collection_age="5m"), "collection_age.*number of seconds"),  # type: ignore[arg-type]
+        (lambda: SiloOptions(collection_age=-5), "collection_age"),
+        (lambda: ReminderOptions(poll_interval=float("nan")), "poll_interval.*finite"),
+        (lambda: SiloOptions(gateway_port="30000"), "gateway_port must be int or None, got str"),  # type: ignore[arg-type]
+        (lambda: SiloOptions(silo_port=True), "silo_port must be int"),
+        (lambda: SiloOptions(use_uvloop="yes"), "use_uvloop must be bool"),  # type: ignore[arg-type]
+        (lambda: SiloOptions(messaging={}), "messaging must be MessagingOptions"),  # type: ignore[arg-type]
+        (lambda: ReminderOptions(permits="8"), "permits must be int"),  # type: ignore[arg-type]
         (lambda: MessagingOptions(response_timeout=timedelta(seconds=-1)), "response_timeout"),
         (lambda: MessagingOptions(cluster_secret=""), "cluster_secret"),
         (lambda: MembershipOptions(num_missed_probes_limit=0), "num_missed_probes_limit"),
@@ -57,3 +64,24 @@ def test_defaults_follow_orleans() -> None:
 def test_options_are_frozen() -> None:
     with pytest.raises(AttributeError):
         SiloOptions().cluster_id = "x"  # type: ignore[misc]
+
+
+def test_durations_take_numbers_of_seconds_as_the_reminder_api_does() -> None:
+    r = ReminderOptions(poll_interval=10, look_ahead=60.5, missed_tick_grace=2)  # type: ignore[arg-type]
+    assert (r.poll_interval, r.look_ahead, r.grace) == (
+        timedelta(seconds=10),
+        timedelta(seconds=60.5),
+        timedelta(seconds=2),
+    )
+    assert SiloOptions(collection_age=90).collection_age == timedelta(seconds=90)  # type: ignore[arg-type]
+    m = MembershipOptions(probe_timeout=1, probe_interval=2)  # type: ignore[arg-type]
+    assert (m.probe_timeout, m.probe_interval) == (timedelta(seconds=1), timedelta(seconds=2))
+    assert MessagingOptions(response_timeout=5).response_timeout == timedelta(seconds=5)  # type: ignore[arg-type]
+
+
+def test_a_wrong_type_names_the_field_but_never_shows_a_secret() -> None:
+    with pytest.raises(ConfigurationError) as info:
+        MessagingOptions(cluster_secret=12345678)  # type: ignore[arg-type]
+    assert "MessagingOptions.cluster_secret must be str or None, got int" in str(info.value)
+    assert "12345678" not in str(info.value)
+    assert isinstance(info.value, ValueError)

@@ -14,6 +14,7 @@ import functools
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
@@ -131,6 +132,8 @@ class Silo:
         self._aborted = False
         self._stop_task: asyncio.Task[None] | None = None
         self._clustered = self.options.clustered or transport is not None
+        # Set by ``start`` when this silo tuned the garbage collector; ``stop`` calls it.
+        self._restore_collector: Callable[[], None] = _nothing
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
@@ -179,8 +182,9 @@ class Silo:
             await self._start()
         finally:
             reset_current_silo(token)
-        if self.options.tune_gc:
-            tune_collector()
+        tune = self.options.tune_gc
+        if tune or (tune is None and self._clustered):
+            self._restore_collector = tune_collector()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
 
@@ -220,6 +224,7 @@ class Silo:
         finally:
             if self._dispatcher is not None:
                 await self._dispatcher.close(ClosedError(f"silo {self.name} stopped"))
+            self._restore_collector()
             self.state = SiloState.STOPPED
             log.info("silo stopped name=%s", self.name)
 
@@ -683,3 +688,7 @@ async def _default_grain_storage(
     if o.storage is not None or url is None:
         return None
     return await connections.grain_storage(url, service_id=o.service_id)
+
+
+def _nothing() -> None:
+    return None
