@@ -10,7 +10,7 @@ Layers, lowest first; a module may import its own layer and those below, never a
     services   reminders/_service/* and reminders.service (the service), remindable/*
                (registry, declarations, management), observability, cluster_status
     runtime    runtime/* _prometheus
-    hosts      client cli _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
+    hosts      client cli __main__ _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
 
 An edge is every ``import`` in a module: at the top (``top``), inside a function
 (``lazy``: it runs the first time the function does, so it binds the layers as
@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, str]] = [
         r"|orleanspy\.(observability|cluster_status)",
     ),
     ("runtime", r"orleanspy\.runtime(\..+)?|orleanspy\._prometheus"),
-    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|_loop|demo|testing(\..+)?))?"),
+    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|_loop|demo|__main__|testing(\..+)?))?"),
 ]
 
 # What providers must not import: the runtime, its hosts, and the grain-facing API.
