@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
-from orleanspy.errors import ClosedError, SiloUnavailableError
+from orleanspy.errors import ClosedError, ConfigurationError, SiloUnavailableError
 from orleanspy.grain import Grain
 from orleanspy.identity import GrainId, GrainKey
 from orleanspy.messaging.message import Message, MessageKind
@@ -59,6 +60,10 @@ class ClusterClient:
     does the keyword ``membership_url``), or from a fixed ``gateways`` list of
     ``host:port`` endpoints. A closed client cannot be reopened.
 
+    ``secret`` is the cluster secret the gateways require (the same as
+    ``options=MessagingOptions(cluster_secret=...)``). ``ClusterClient.from_env()``
+    reads the settings from the environment variables the CLI reads.
+
     ``connector`` makes its gateway connections (a ``GatewayConnector``; gRPC
     by default, ``InMemoryNetwork.connector()`` for silos on an in-memory
     transport in the same process).
@@ -76,7 +81,10 @@ class ClusterClient:
         membership_table: MembershipTable | None = None,
         membership_url: str | None = None,
         connector: GatewayConnector | None = None,
+        secret: str | None = None,
     ) -> None:
+        if secret is not None:
+            options = _with_secret(options or MessagingOptions(), secret)
         url = membership_url or redis_url
         if url is None and gateways is None and membership_table is None:
             raise ValueError(
@@ -111,7 +119,44 @@ class ClusterClient:
         self._timeout_ms = int(self._options.response_timeout.total_seconds() * 1000)
         self._last_connect_error: Exception | None = None
 
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """A client configured as the CLI is: ``ORLEANSPY_MEMBERSHIP_URL``, else
+        ``ORLEANSPY_STORAGE_URL``, else ``ORLEANSPY_REDIS_URL`` (where gateways
+        are found), ``ORLEANSPY_CLUSTER_ID`` (``dev``), ``ORLEANSPY_SERVICE_ID``
+        (``default``) and ``ORLEANSPY_CLUSTER_SECRET``. Keyword arguments win over
+        the environment; ``environ`` defaults to ``os.environ``. Nothing is read
+        unless this is called (the constructor never reads the environment)."""
+        env = os.environ if environ is None else environ
+        settings: dict[str, Any] = {}
+        url = next(
+            (env[k] for k in _URL_VARIABLES if env.get(k)),
+            None,
+        )
+        if url is not None:
+            settings["membership_url"] = url
+        for key, variable in (
+            ("cluster_id", "ORLEANSPY_CLUSTER_ID"),
+            ("service_id", "ORLEANSPY_SERVICE_ID"),
+            ("secret", "ORLEANSPY_CLUSTER_SECRET"),
+        ):
+            if env.get(variable):
+                settings[key] = env[variable]
+        settings.update(overrides)
+        return cls(**settings)
+
     # -- lifecycle ----------------------------------------------------------------------
+
+    def _not_open(self) -> ClosedError:
+        if self._state is _State.CREATED:
+            return ClosedError(
+                "the ClusterClient is not open, it was never started: use `async with "
+                "ClusterClient(...) as client:` (or `await client.start()` first)"
+            )
+        return ClosedError(
+            "the ClusterClient is not open, it was closed and does not reopen: make a new "
+            "one (`async with ClusterClient(...) as client:` scopes it)"
+        )
 
     async def start(self) -> None:
         """Connect to the gateways; ``SiloUnavailableError`` if none can be reached,
@@ -187,7 +232,7 @@ class ClusterClient:
     def get_grain(self, grain: type[G] | str, key: GrainKey) -> Any:
         """A proxy for ``(grain, key)``: typed for a class, untyped for a type name."""
         if self._state is not _State.OPEN:
-            raise ClosedError("the client is not open")
+            raise self._not_open()
         return self._factory.get_grain(grain, key)
 
     @property
@@ -211,7 +256,7 @@ class ClusterClient:
     ) -> Any:
         """Send a call through a gateway (see ``CallInvoker``)."""
         if self._state is not _State.OPEN:
-            raise ClosedError("the client is not open")
+            raise self._not_open()
         live = self._live
         if live:
             endpoint, conn = live[next(self._round_robin) % len(live)]
@@ -337,6 +382,17 @@ class ClusterClient:
         self._connections.clear()
         self._live = None
         await asyncio.gather(*(c.aclose() for c in conns), return_exceptions=True)
+
+
+_URL_VARIABLES = ("ORLEANSPY_MEMBERSHIP_URL", "ORLEANSPY_STORAGE_URL", "ORLEANSPY_REDIS_URL")
+
+
+def _with_secret(options: MessagingOptions, secret: str) -> MessagingOptions:
+    if options.cluster_secret not in (None, secret):
+        raise ConfigurationError(
+            "ClusterClient: secret= and options.cluster_secret differ; give one of them"
+        )
+    return dataclasses.replace(options, cluster_secret=secret)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

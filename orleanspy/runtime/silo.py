@@ -623,7 +623,12 @@ class Silo:
 
     def _factory(self) -> GrainFactory:
         if self.state is not SiloState.RUNNING or self._dispatcher is None:
-            raise ClosedError(f"silo {self.name} is not running (state {self.state.name})")
+            hint = (
+                "start it first: `async with Silo.local() as silo:` (or `await silo.start()`)"
+                if self.state is SiloState.CREATED
+                else "a stopped silo does not restart: make a new one"
+            )
+            raise ClosedError(f"silo {self.name} is not running (state {self.state.name}); {hint}")
         return self._dispatcher.factory
 
     @property
