@@ -310,13 +310,8 @@ return out
 
 
 def _intervals(r: RingRange | None) -> list[tuple[int, int]]:
-    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
-    if r is None or r.size == HASH_SPACE:
-        return [(0, _TOP)]
-    lo = (r.begin + 1) % HASH_SPACE
-    if lo <= r.end:
-        return [(lo, r.end)]
-    return [(lo, _TOP), (0, r.end)]
+    """``r`` as inclusive intervals of hashes (``None``: the whole ring)."""
+    return [(0, _TOP)] if r is None else r.intervals()
 
 
 def _decode_row(raw: bytes | str) -> ReminderEntry:
