@@ -307,3 +307,13 @@ def test_each_wire_library_is_imported_by_its_seam_alone() -> None:
         for library in _third_party_imports(path) & set(SEAMS):
             importers[library].add(module)
     assert dict(importers) == SEAMS
+
+
+def test_the_architecture_page_shows_this_layer_map() -> None:
+    """docs/architecture.md draws LAYERS, in order: there is one map."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page[page.index("## 1. Layers") : page.index("\n## 2.")]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
+    assert rows[1:] == [name for name, _ in LAYERS]  # after the header row
+    for module in ("schemes", "_redis_feed", "reminders/_service/", "__main__"):
+        assert f"`{module}" in section, module
