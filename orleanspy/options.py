@@ -18,7 +18,7 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orleanspy.errors import ConfigurationError
 from orleanspy.schemes import KINDS, backend_of, schemes_for
@@ -169,6 +169,26 @@ class MessagingOptions:
     max_in_flight: int = 10_000
     max_frame_items: int = 10_000
 
+    if TYPE_CHECKING:
+        # What a type checker sees of the generated __init__: durations also take
+        # numbers of seconds (``__post_init__`` makes them timedeltas).
+        def __init__(
+            self,
+            *,
+            response_timeout: timedelta | float = ...,
+            max_message_size: int = ...,
+            max_forward_count: int = ...,
+            max_batch: int = ...,
+            cluster_secret: str | None = ...,
+            tls: TlsOptions | None = ...,
+            max_nesting_depth: int = ...,
+            max_extension_depth: int = ...,
+            max_container_length: int = ...,
+            max_string_length: int | None = ...,
+            max_in_flight: int = ...,
+            max_frame_items: int = ...,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         _durations(self, "response_timeout")
         _check_types(self)
@@ -218,6 +238,26 @@ class MembershipOptions:
     defunct_silo_expiration: timedelta = timedelta(days=7)
     defunct_silo_cleanup_interval: timedelta = timedelta(hours=1)
     shutdown_timeout: timedelta = timedelta(seconds=30)
+
+    if TYPE_CHECKING:
+        # What a type checker sees of the generated __init__: durations also take
+        # numbers of seconds (``__post_init__`` makes them timedeltas).
+        def __init__(
+            self,
+            *,
+            probe_interval: timedelta | float = ...,
+            probe_timeout: timedelta | float = ...,
+            num_missed_probes_limit: int = ...,
+            num_probed_silos: int = ...,
+            num_votes_for_death_declaration: int = ...,
+            death_vote_expiration: timedelta | float = ...,
+            i_am_alive_interval: timedelta | float = ...,
+            table_refresh_interval: timedelta | float = ...,
+            i_am_alive_staleness: timedelta | float = ...,
+            defunct_silo_expiration: timedelta | float = ...,
+            defunct_silo_cleanup_interval: timedelta | float = ...,
+            shutdown_timeout: timedelta | float = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         _durations(
@@ -269,6 +309,29 @@ class ReminderOptions:
     retry_max: timedelta = timedelta(seconds=10)
     adaptive: bool = True
     history_size: int = 20
+
+    if TYPE_CHECKING:
+        # What a type checker sees of the generated __init__: durations also take
+        # numbers of seconds (``__post_init__`` makes them timedeltas).
+        def __init__(
+            self,
+            *,
+            look_ahead: timedelta | float = ...,
+            poll_interval: timedelta | float = ...,
+            base_bucket_size: int = ...,
+            permits: int = ...,
+            missed_tick_grace: timedelta | float | None = ...,
+            repair_interval: timedelta | float = ...,
+            minimum_period: timedelta | float = ...,
+            enable_priority: bool = ...,
+            shards: int = ...,
+            max_name_length: int = ...,
+            persist_batch: int = ...,
+            retry_initial: timedelta | float = ...,
+            retry_max: timedelta | float = ...,
+            adaptive: bool = ...,
+            history_size: int = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         _durations(
@@ -380,6 +443,39 @@ class SiloOptions:
 
     metrics_port: int | None = None
     storage_start_timeout: timedelta = timedelta(seconds=30)
+
+    if TYPE_CHECKING:
+        # What a type checker sees of the generated __init__: durations also take
+        # numbers of seconds (``__post_init__`` makes them timedeltas).
+        def __init__(
+            self,
+            *,
+            cluster_id: str = ...,
+            service_id: str = ...,
+            name: str | None = ...,
+            host: str = ...,
+            advertised_host: str | None = ...,
+            silo_port: int = ...,
+            gateway_port: int | None = ...,
+            redis_url: str | None = ...,
+            storage_url: str | None = ...,
+            membership_url: str | None = ...,
+            reminder_table_url: str | None = ...,
+            collection_age: timedelta | float = ...,
+            collection_check_interval: timedelta | float = ...,
+            activation_timeout: timedelta | float = ...,
+            deactivation_timeout: timedelta | float = ...,
+            messaging: MessagingOptions = ...,
+            membership: MembershipOptions = ...,
+            reminders: ReminderOptions = ...,
+            grain_types: tuple[Any, ...] | None = ...,
+            use_uvloop: bool = ...,
+            tune_gc: bool | None = ...,
+            allow_client_management: bool | None = ...,
+            storage: Mapping[str, Any] | None = ...,
+            metrics_port: int | None = ...,
+            storage_start_timeout: timedelta | float = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         _durations(

@@ -67,16 +67,16 @@ def test_options_are_frozen() -> None:
 
 
 def test_durations_take_numbers_of_seconds_as_the_reminder_api_does() -> None:
-    r = ReminderOptions(poll_interval=10, look_ahead=60.5, missed_tick_grace=2)  # type: ignore[arg-type]
+    r = ReminderOptions(poll_interval=10, look_ahead=60.5, missed_tick_grace=2)
     assert (r.poll_interval, r.look_ahead, r.grace) == (
         timedelta(seconds=10),
         timedelta(seconds=60.5),
         timedelta(seconds=2),
     )
-    assert SiloOptions(collection_age=90).collection_age == timedelta(seconds=90)  # type: ignore[arg-type]
-    m = MembershipOptions(probe_timeout=1, probe_interval=2)  # type: ignore[arg-type]
+    assert SiloOptions(collection_age=90).collection_age == timedelta(seconds=90)
+    m = MembershipOptions(probe_timeout=1, probe_interval=2)
     assert (m.probe_timeout, m.probe_interval) == (timedelta(seconds=1), timedelta(seconds=2))
-    assert MessagingOptions(response_timeout=5).response_timeout == timedelta(seconds=5)  # type: ignore[arg-type]
+    assert MessagingOptions(response_timeout=5).response_timeout == timedelta(seconds=5)
 
 
 def test_a_wrong_type_names_the_field_but_never_shows_a_secret() -> None:
@@ -85,3 +85,40 @@ def test_a_wrong_type_names_the_field_but_never_shows_a_secret() -> None:
     assert "MessagingOptions.cluster_secret must be str or None, got int" in str(info.value)
     assert "12345678" not in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_the_typed_init_of_each_option_class_matches_its_fields() -> None:
+    """Each class's ``if TYPE_CHECKING: def __init__`` (what mypy sees) names exactly
+    the dataclass's fields, with durations widened to take seconds."""
+    import ast
+    import dataclasses
+    import typing
+    from pathlib import Path
+
+    import orleanspy.options as module
+
+    tree = ast.parse(Path(module.__file__).read_text(encoding="utf-8"))
+    checked = 0
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        stubs = [
+            f
+            for block in node.body
+            if isinstance(block, ast.If) and ast.unparse(block.test) == "TYPE_CHECKING"
+            for f in block.body
+            if isinstance(f, ast.FunctionDef) and f.name == "__init__"
+        ]
+        cls = getattr(module, node.name)
+        hints = typing.get_type_hints(cls)
+        durations = {n for n, h in hints.items() if timedelta in (h, *typing.get_args(h))}
+        if not durations:
+            assert not stubs, node.name
+            continue
+        (stub,) = stubs
+        params = {a.arg: ast.unparse(a.annotation) for a in stub.args.kwonlyargs}
+        assert set(params) == {f.name for f in dataclasses.fields(cls)}, node.name
+        for name in durations:
+            assert "timedelta | float" in params[name], (node.name, name)
+        checked += 1
+    assert checked == 4

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from orleanspy import Grain, Remindable, Silo, SiloOptions, TickStatus, register_reminder, run
+from orleanspy import (
+    Grain,
+    Remindable,
+    ReminderOptions,
+    Silo,
+    SiloOptions,
+    TickStatus,
+    register_reminder,
+    run,
+)
 
 
 @register_reminder("hourly", period=3600)
@@ -20,7 +29,12 @@ class CounterGrain(Grain, Remindable):
 
 
 async def main() -> int:
-    async with Silo.local(SiloOptions(collection_age=timedelta(minutes=5))) as silo:
+    # Durations take a timedelta or a number of seconds, as the reminder API does.
+    options = SiloOptions(
+        collection_age=timedelta(minutes=5),
+        reminders=ReminderOptions(poll_interval=10, look_ahead=60),
+    )
+    async with Silo.local(options) as silo:
         counter = silo.client.get_grain(CounterGrain, "a")
         total: int = await counter.add(2)
         return total
