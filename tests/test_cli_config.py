@@ -239,9 +239,9 @@ def test_the_secret_comes_from_the_strongest_source(tmp_path: Path) -> None:
         load(path, env_file, {})
 
 
-def test_the_readme_config_file_loads_as_written(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    text = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+def test_the_documented_config_file_loads_as_written(tmp_path: Path) -> None:
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text()
+    text = doc.split("```toml\n", 1)[1].split("```", 1)[0]
     for name in ("silo.pem", "silo.key", "ca.pem"):
         (tmp_path / name).write_text("-")
     (tmp_path / "secret").write_text("from-the-secret-file\n")
