@@ -634,6 +634,11 @@ class Silo:
 
         if not self._clustered:
             return Check(True, "in memory")
+        if self.state is not SiloState.RUNNING or self.declared_dead:
+            # A silo that is stopping (itself, or by the cluster's verdict) may be
+            # closing the client: a ping now could take a connection from a pool
+            # that no longer releases it.
+            return Check(False, "stopping")
         client = self._storage_client
         if client is None:
             ok = self._membership_table is not None and self.membership is not None
