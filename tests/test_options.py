@@ -51,7 +51,8 @@ def test_defaults_follow_orleans() -> None:
     assert m.i_am_alive_interval == timedelta(seconds=30)
     r = o.reminders
     assert r.look_ahead == timedelta(minutes=5) and r.poll_interval == timedelta(seconds=30)
-    assert r.grace == r.poll_interval
+    assert r.grace == timedelta(seconds=10)  # DEFAULT_MISSED_TICK_GRACE, not poll_interval
+    assert r.tick_timeout < o.messaging.response_timeout
 
 
 def test_options_are_frozen() -> None:

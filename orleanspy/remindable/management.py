@@ -20,6 +20,7 @@ from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderEntry,
     TickStatus,
+    error_text,
 )
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.spec import new_entry
@@ -126,17 +127,24 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             priority=int(row.priority),
             triggered=True,
         )
-        grain = self._activation.get_grain(grain_id.type_name, grain_id.key)
-        outcome = FireOutcome.GRAIN_ERROR
+        deliver = self._registry.deliver_tick
+        if deliver is None:
+            raise ReminderError("this silo delivers no reminder ticks")
+        outcome, error = FireOutcome.GRAIN_ERROR, None
         try:
-            await grain.receive_reminder(name, status)
+            await deliver(grain_id, name, status)
             outcome = FireOutcome.OK
+        except Exception as exc:
+            error = error_text(exc)
+            raise
         finally:
             keep = self._registry.options.history_size
             table = self._registry.table
             if keep and isinstance(table, PausableReminderTable):
                 silo = str(self._activation.silo_address)
-                record = FireRecord(grain_id, name, now, now, outcome, silo, triggered=True)
+                record = FireRecord(
+                    grain_id, name, now, now, outcome, silo, triggered=True, error=error
+                )
                 await table.append_history([record], keep)
         return status
 

@@ -9,7 +9,7 @@ registry validates input (``ReminderError``) and refuses grains that are not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,6 +23,7 @@ from orleanspy.reminders.model import (
     ReminderChange,
     ReminderEntry,
     ReminderPriority,
+    TickStatus,
 )
 from orleanspy.reminders.spec import new_entry
 from orleanspy.reminders.table import (
@@ -71,6 +72,9 @@ class ReminderRegistry:
         self.options = options
         self._definitions = definitions
         self._listeners: list[Callable[[ReminderChange], None]] = []
+        #: Delivers one off-schedule tick as the reminder service does (set by
+        #: the silo; ``receive_reminder`` refuses calls that are not ticks).
+        self.deliver_tick: Callable[[GrainId, str, TickStatus], Awaitable[None]] | None = None
 
     def add_listener(self, listener: Callable[[ReminderChange], None]) -> None:
         """``listener`` hears of every write made through this registry."""

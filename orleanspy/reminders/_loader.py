@@ -137,9 +137,6 @@ class Loader:
         self._horizon: datetime | None = None
         self._horizon_seen: tuple[int, ...] = ()
         self._polls = 0
-        # When the store last failed (reads here, writes in the persister).
-        self._failures_seen = 0
-        self._trouble_at: datetime | None = None
         # Keys whose stored state changed while a bulk read was running (None:
         # no read is running): that read may return their old state, so it
         # must not load them.
@@ -427,22 +424,7 @@ class Loader:
         except ReminderError as exc:
             log.warning("reminder row unusable name=%s key=%s error=%s", self._name, entry.key, exc)
             return None
-        row = Row(entry, schedule, next_due, last_fire)
-        row.reloaded = self._after_storage_trouble()
-        return row
-
-    def _after_storage_trouble(self) -> bool:
-        """Whether the store failed (a read here, or a write of the persister)
-        within the last ``grace``: rows read now may lag ticks already delivered,
-        or have slots the outage kept from being loaded, so the missed-tick rule
-        treats them as reloaded (``_missed.plan_tick``). Otherwise a row behind
-        its grid is an ordinary late row (an overload), delivered within the grace."""
-        now = self._clock.now()
-        failures = self._persister.failures + self.load_errors
-        if failures != self._failures_seen:
-            self._failures_seen = failures
-            self._trouble_at = now
-        return self._trouble_at is not None and now <= self._trouble_at + self._options.grace
+        return Row(entry, schedule, next_due, last_fire)
 
     async def _read_hints(self) -> None:
         while self._hints:
@@ -543,9 +525,8 @@ class Loader:
                 schedule = schedule_for(entry)
             except ReminderError:
                 continue
-            plan = plan_tick(
-                schedule, entry.action, entry.next_due, now, self._options.grace, reloaded=True
-            )
+            grace = self._options.grace if entry.grace is None else entry.grace
+            plan = plan_tick(schedule, entry.action, entry.next_due, now, grace)
             if plan.deliver:
                 # A catch-up (FIRE_IMMEDIATELY) or an on-time tick needs a delivery:
                 # the window loads it once there is room.

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from orleanspy.clock import Clock
 from orleanspy.errors import (
+    GrainCallTimeoutError,
     GrainMethodNotFoundError,
     MessageRejectedError,
     SiloRestartedError,
@@ -65,6 +66,13 @@ _SentKey = tuple[str | None, int]
 _RESTARTED = f"{SiloRestartedError.__module__}.{SiloRestartedError.__qualname__}"
 # Reminder ticks are at-least-once: after their silo died they are sent again.
 _TICK_METHOD = "receive_reminder"
+#: Set on the ticks of a silo's reminder service, and only on them (``invoke``).
+TICK_HEADER = "tick"
+_FORGED_TICK = (
+    "{gid}.receive_reminder refused: reminder ticks come only from the reminder "
+    "service (use orleanspy.testing.simulate_tick in tests, or the management "
+    "grain's trigger)"
+)
 _VERDICT_POLL = 0.1
 # Requests from silos not (yet) in the table that may wait for a table read;
 # beyond it they are dropped, so made-up senders cannot pile up work.
@@ -149,6 +157,7 @@ class Dispatcher:
         *,
         one_way: bool = False,
         reminder_tick: bool = False,
+        deadline: float | None = None,
     ) -> Any:
         """Send a call from this silo and wait for its result (see ``CallInvoker``).
 
@@ -156,7 +165,12 @@ class Dispatcher:
         arguments, name and ``TickStatus``, are immutable); it is routed by
         ``route_reminder_tick`` (reminder-affine placement), or, when the grain
         is active here and idle, run at once as a turn in the calling task (its
-        result is not returned: a tick's is discarded anyway).
+        result is not returned: a tick's is discarded anyway). Only such calls
+        carry the tick header that ``receive_reminder`` requires (``route``).
+        ``deadline``: seconds to wait for the answer of a call that became a
+        message (instead of the response timeout): then ``GrainCallTimeoutError``,
+        and the message expires with it. A tick run inline is the grain's own
+        work here and is not cut short.
 
         Immutable arguments (``runtime.immutable``) are not encoded here: a local
         activation gets them as they are, and ``_send_to`` encodes them only if
@@ -172,16 +186,19 @@ class Dispatcher:
                 # (no message, response or turn task; Activation.run_inline).
                 await act.run_inline(method, args)
                 return None
+        timeout_ms = self._response_timeout_ms if deadline is None else int(deadline * 1000)
         msg = Message.request(
             grain_id,
             method,
             b"" if local else self.codec.encode((args, kwargs)),
             one_way=one_way,
-            expires_at_ms=self.clock.now_ms() + self._response_timeout_ms,
+            expires_at_ms=self.clock.now_ms() + timeout_ms,
             sender_silo=self.address,
         )
         if local:
             msg.local_args = (args, kwargs)
+        if reminder_tick:
+            msg.headers[TICK_HEADER] = "1"
         chain = current_chain.get()
         if chain:
             msg.headers[CHAIN_HEADER] = encode_chain(chain)
@@ -192,7 +209,18 @@ class Dispatcher:
         fut = self._pending.add(msg.id, grain_id, method)
         try:
             route(msg)
-            response = await fut
+            if deadline is None:
+                response = await fut
+            else:
+                try:
+                    async with asyncio.timeout(deadline):
+                        response = await fut
+                except TimeoutError:
+                    if fut.cancelled():
+                        raise GrainCallTimeoutError(
+                            f"{grain_id}.{method}: no answer within {deadline:g} s"
+                        ) from None
+                    raise
         finally:
             self._pending.discard(msg.id)
         return result_of(response, self.codec)
@@ -204,6 +232,9 @@ class Dispatcher:
         gid = msg.target_grain
         if gid is None:
             self._reject(msg, MessageRejectedError("message without a target grain"))
+            return
+        if msg.method == _TICK_METHOD and not _is_tick(msg):
+            self._reject(msg, MessageRejectedError(_FORGED_TICK.format(gid=gid)))
             return
         defn = self._types.get(gid.type_name)
         if defn is None:
@@ -600,8 +631,14 @@ def _is_management_change(msg: Message) -> bool:
 
 
 def _is_tick(msg: Message) -> bool:
-    """A reminder tick sent by this silo's reminder service (not by a client)."""
-    return msg.method == _TICK_METHOD and msg.sender_client is None
+    """A reminder tick sent by a silo's reminder service: the tick header, which
+    only ``invoke(reminder_tick=True)`` sets, and no client sender (the gateway
+    stamps a client's calls with its id, whatever their headers say)."""
+    return (
+        msg.method == _TICK_METHOD
+        and msg.sender_client is None
+        and msg.headers.get(TICK_HEADER) == "1"
+    )
 
 
 def _is_here(silo: SiloAddress | None, here: SiloAddress) -> bool:

@@ -24,7 +24,7 @@ from orleanspy.directory.cached import CachedDirectory
 from orleanspy.directory.table import GrainDirectory
 from orleanspy.errors import ClosedError, ConfigurationError
 from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_definitions
-from orleanspy.identity import GrainKey, SiloAddress
+from orleanspy.identity import GrainId, GrainKey, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
@@ -520,10 +520,24 @@ class Silo:
         )
         dispatcher.set_reminders(registry)
 
-        async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+        async def deliver(entry: ReminderEntry, status: TickStatus, deadline: float) -> None:
             await dispatcher.invoke(
-                entry.grain_id, "receive_reminder", (entry.name, status), {}, reminder_tick=True
+                entry.grain_id,
+                "receive_reminder",
+                (entry.name, status),
+                {},
+                reminder_tick=True,
+                deadline=deadline,
             )
+
+        async def deliver_tick(grain_id: GrainId, name: str, status: TickStatus) -> None:
+            # An off-schedule tick (the management grain's trigger, tests): a
+            # tick like the service's own, waited for as long as any call.
+            await dispatcher.invoke(
+                grain_id, "receive_reminder", (name, status), {}, reminder_tick=True
+            )
+
+        registry.deliver_tick = deliver_tick
 
         async def publish_missed(event: MissedReminder) -> None:
             await streams.publish(MISSED_REMINDERS_STREAM, event)

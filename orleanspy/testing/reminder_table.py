@@ -348,6 +348,16 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
                 action=MissedReminderAction.SKIP,
             ),
             _entry(table, GrainId("RoundTrip", "decl"), "declared", due=at, declared=True),
+            _entry(
+                table,
+                GrainId("RoundTrip", "grace"),
+                "own grace",
+                due=at,
+                grace=timedelta(seconds=90, milliseconds=5),
+            ),
+            _entry(
+                table, GrainId("RoundTrip", "nograce"), "zero grace", due=at, grace=timedelta(0)
+            ),
         ]
         for e in variants:
             etag = await table.upsert(e)
@@ -365,6 +375,11 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
         )
         again = await table.read(declared.grain_id, declared.name)
         assert again is not None and again.declared, "update_schedule lost the declared flag"
+        graced = await table.read(GrainId("RoundTrip", "grace"), "own grace")
+        assert graced is not None and graced.etag is not None
+        assert await table.update_schedule(graced.grain_id, graced.name, graced.etag, moved, at)
+        again = await table.read(graced.grain_id, graced.name)
+        assert again is not None and again.grace == graced.grace, "update_schedule lost the grace"
 
 
 async def check_upsert_if(factory: TableFactory) -> None:
@@ -870,10 +885,11 @@ async def check_fire_history(factory: TableFactory) -> None:
             return replace(base, **fields)  # type: ignore[arg-type]
 
         assert await table.read_history(gid, "r") == []
-        await table.append_history([record(0), record(1, outcome=FireOutcome.GRAIN_ERROR)], 3)
+        failed = record(1, outcome=FireOutcome.GRAIN_ERROR, error="ValueError: bad ✓ input")
+        await table.append_history([record(0), failed], 3)
         await table.append_history([record(2, other), record(2, GrainId("History", "missing"))], 3)
         got = await table.read_history(gid, "r")
-        assert got == [record(1, outcome=FireOutcome.GRAIN_ERROR), record(0)], got
+        assert got == [failed, record(0)], got
         assert got[0].lateness == timedelta(milliseconds=250)
         assert await table.read_history(GrainId("History", "missing"), "r") == []
         assert [r.slot for r in await table.read_history(other, "r")] == [

@@ -41,6 +41,8 @@ OPTIONS = ReminderOptions(
     retry_initial=timedelta(milliseconds=100),
     retry_max=timedelta(seconds=1),
     adaptive=False,
+    # Stated rather than defaulted: the tests below count on it.
+    missed_tick_grace=timedelta(seconds=30),
 )
 
 
@@ -54,9 +56,13 @@ class Recorder:
         self.gate: asyncio.Event | None = None
         self.blocked = 0
         self.on_call: Callable[[], None] | None = None
+        self.deadlines: list[float] = []
 
-    async def __call__(self, entry: ReminderEntry, status: TickStatus) -> None:
+    async def __call__(
+        self, entry: ReminderEntry, status: TickStatus, deadline: float = 0.0
+    ) -> None:
         self.attempts += 1
+        self.deadlines.append(deadline)
         if self.on_call is not None:
             self.on_call()
         queue = self.failures.get(entry.name)
@@ -326,8 +332,8 @@ async def test_missed_fire_immediately_coalesces_then_resumes_the_grid(table, cl
     async with running(table, clock, rec) as svc:
         await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         status = rec.calls[0][1]
-        assert status.current_tick_time == START + 10 * S  # the first missed slot
-        assert status.missed_ticks == 8  # +20 .. +90 folded into it
+        assert status.current_tick_time == START + 90 * S  # the latest missed slot
+        assert status.missed_ticks == 8  # +10 .. +80 folded into it
         assert status.delivered_at == START + 95 * S
         await svc.wait_persisted()
         assert (await table.read(e.grain_id, e.name)).next_due == START + 100 * S
@@ -402,24 +408,32 @@ async def test_row_loaded_several_slots_behind_after_an_outage_gets_its_action(c
         table.down = False
         await svc.refill_now()
         await wait_for(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1, 5.0, interval=0)
-        # FIRE_IMMEDIATELY: one catch-up for +400 with +410, +420 folded in; SKIP: nothing.
+        # FIRE_IMMEDIATELY: one catch-up for +420 with +400, +410 folded in; SKIP: nothing.
         ((caught_up, status),) = rec.calls
         assert caught_up.grain_id.key == 2
-        assert (status.current_tick_time, status.missed_ticks) == (START + 400 * S, 2)
+        assert (status.current_tick_time, status.missed_ticks) == (START + 420 * S, 2)
         await advance(clock, 5)
         await wait_for(lambda: len(rec.calls) == 3, 5.0, interval=0)
         assert sorted(rec.slots()[1:]) == [START + 430 * S, START + 430 * S]
 
 
-async def test_row_behind_its_grid_without_storage_trouble_is_just_late(table, clock) -> None:
-    # An overload, not an outage: both passed slots are delivered on their slots.
-    await table.upsert(entry(clock, due=10, period=10, action=MissedReminderAction.SKIP))
+async def test_row_behind_its_grid_by_more_than_a_period_is_never_a_burst(table, clock) -> None:
+    # Slots +10 and +20 have passed, both inside the 30 s grace: still no burst.
+    # SKIP delivers neither; FIRE_IMMEDIATELY one tick for +20 standing for both.
+    await table.upsert(entry(clock, 1, due=10, period=10, action=MissedReminderAction.SKIP))
+    fire = MissedReminderAction.FIRE_IMMEDIATELY
+    await table.upsert(entry(clock, 2, due=10, period=10, action=fire))
     await advance(clock, 25)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
-        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
-        assert rec.slots() == [START + 10 * S, START + 20 * S]
-        assert svc.stats.missed == 0
+        await wait_for(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1, 5.0, interval=0)
+        ((caught_up, status),) = rec.calls
+        assert caught_up.grain_id.key == 2
+        assert (status.current_tick_time, status.missed_ticks) == (START + 20 * S, 1)
+        await advance(clock, 5)
+        await wait_for(lambda: len(rec.calls) == 3, 5.0, interval=0)
+        assert rec.slots()[1:] == [START + 30 * S] * 2
+        assert svc.stats.missed == 2
 
 
 async def test_repair_skips_long_overdue_rows_the_window_has_no_room_for(table, clock) -> None:
@@ -506,7 +520,8 @@ async def test_transient_failure_is_retried_and_persisted_only_after_ack(table, 
         await wait_for(lambda: rec.attempts == 1, 5.0, interval=0)
         before = await table.read(e.grain_id, e.name)
         assert before.next_due == START + 10 * S and before.last_fire is None
-        assert svc.stats.in_flight == 1
+        # The retry waits in the window, holding no permit.
+        await wait_for(lambda: svc.stats.in_flight == 0 and svc.stats.loaded == 1, 5.0, interval=0)
         while not rec.calls:
             await advance(clock, 0.5)  # through the retry backoff
         assert rec.attempts == 3 and svc.stats.retries == 2
