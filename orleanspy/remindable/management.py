@@ -23,7 +23,7 @@ from orleanspy.reminders.model import (
     error_text,
 )
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import check_grace, new_entry
 from orleanspy.reminders.table import PausableReminderTable
 
 __all__ = ["MANAGEMENT_TYPE", "ReminderManagementGrain"]
@@ -80,6 +80,15 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
         """Change what happens to the row's missed ticks."""
         row = await self._row(grain_id, name)
         return await self._registry.store(replace(row, action=MissedReminderAction(action)))
+
+    async def set_grace(
+        self, grain_id: GrainId, name: str, grace: timedelta | float | None
+    ) -> ReminderEntry:
+        """Change how late the row's ticks may be and still count as on time
+        (``None``: back to ``ReminderOptions.missed_tick_grace``). Takes effect
+        on the held row at once; the schedule does not move."""
+        row = await self._row(grain_id, name)
+        return await self._registry.store(replace(row, grace=check_grace(grace)))
 
     async def repair(self, grain_id: GrainId, name: str) -> ReminderEntry:
         """Move a row's ``next_due`` to its first slot after now (skipping missed ones)."""

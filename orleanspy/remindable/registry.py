@@ -52,6 +52,7 @@ class Registration:
     tz: str | None = None
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
+    grace: timedelta | float | None = None
 
 
 class ReminderRegistry:
@@ -88,6 +89,7 @@ class ReminderRegistry:
             name,
             entry.next_due if live and entry is not None else None,
             int(entry.priority) if live and entry is not None else None,
+            entry=entry,
         )
         for listener in self._listeners:
             listener(change)
@@ -111,6 +113,7 @@ class ReminderRegistry:
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        grace: timedelta | float | None = None,
     ) -> ReminderEntry:
         """Validate and upsert (last writer wins; the schedule re-anchors at now)."""
         self._check_remindable(grain_id)
@@ -126,6 +129,7 @@ class ReminderRegistry:
             tz=tz,
             priority=ReminderPriority.NORMAL if priority is None else priority,
             action=MissedReminderAction.SKIP if action is None else action,
+            grace=grace,
         )
         entry = entry.with_etag(await self.table.upsert(entry))
         self._changed(grain_id, name, entry)
@@ -163,6 +167,7 @@ class ReminderRegistry:
                         tz=r.tz,
                         priority=r.priority,
                         action=r.action,
+                        grace=r.grace,
                     )
                 )
             except ReminderError as exc:

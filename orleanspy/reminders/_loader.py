@@ -176,6 +176,12 @@ class Loader:
                 self._window.drop(row)
             self._hints.pop(key, None)
             return
+        if change.entry is not None and change.entry.etag is not None:
+            # A local write carries the row: it takes effect now, also while a
+            # read runs (that read's answer for the key is stale: ``touched``).
+            self._hints.pop(key, None)
+            self._admit(key, change.entry)
+            return
         if row is not None:
             whole_row = change.priority is not None
             if not whole_row and (
@@ -427,13 +433,29 @@ class Loader:
         return Row(entry, schedule, next_due, last_fire)
 
     async def _read_hints(self) -> None:
+        """Read each hinted row and admit it as read, unless its stored state
+        changed while the read ran (a change arrived for it, or one of our writes
+        landed): the answer may predate that change, so it is read again. A read
+        never installs a row older than the newest change seen for its key, nor
+        one removed meanwhile."""
         while self._hints:
-            key, (grain_id, name) = next(iter(self._hints.items()))
+            key, (grain_id, name) = hint = next(iter(self._hints.items()))
+            del self._hints[key]
             self.metrics.table_reads(1)
-            entry = await self._table.read(grain_id, name)
-            # Drop the hint only after the read succeeded; a newer hint for the
-            # same key that arrived meanwhile is served by this read too.
-            self._hints.pop(key, None)
+            try:
+                with self._persister.watch() as touched:
+                    self._touched = touched
+                    try:
+                        entry = await self._table.read(grain_id, name)
+                    finally:
+                        self._touched = None
+            except BaseException:
+                self._hints.setdefault(key, hint[1])
+                raise
+            if key in touched:
+                if self._ownership.owns(grain_id):
+                    self._hints.setdefault(key, hint[1])
+                continue
             if self._ownership.owns(grain_id):
                 self._admit(key, entry)
 

@@ -263,14 +263,18 @@ class ReminderChange:
 
     ``priority`` is set by writes that replace the whole row (``upsert``: a
     registration or a management call) to the row's priority, and ``None`` for
-    schedule CASes and removals (see ``ReminderTable``). It does not take part
-    in equality.
+    schedule CASes and removals (see ``ReminderTable``). ``entry``: the row as
+    written, with its new etag, when the writer is in this process (a local
+    registration or management call; tables' change feeds never carry it), so
+    the reminder service applies it at once, without reading it back. Neither
+    takes part in equality.
     """
 
     grain_id: GrainId
     name: str
     next_due: datetime | None
     priority: int | None = field(default=None, compare=False)
+    entry: ReminderEntry | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
