@@ -28,8 +28,11 @@ the table is a ``ConditionalReminderTable``), ``upsert_many`` (when it is a
 ``BulkReminderTable``), ``read_due_skipping`` (when it is a
 ``SkippingReminderTable``), paused rows and fire history (when it is a
 ``PausableReminderTable``), ``upcoming``,
-``count``, the change feed and a field-by-field round trip. Rows are written with
-the table's ``service_id`` attribute when it has one.
+``count``, the change feed and a field-by-field round trip. Then the race
+scenarios of ``reminder_races``: the reminder service over the table with
+reads held open (a registration or removal racing a read never lets a stale
+row tick). Rows are written with the table's ``service_id`` attribute when it
+has one.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from orleanspy.reminders.table import (
     SkippingReminderTable,
 )
 from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.testing.reminder_races import REMINDER_RACE_CHECKS
 
 __all__ = [
     "REMINDER_TABLE_CHECKS",
@@ -932,8 +936,10 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_changes_feed,
     check_paused_rows_leave_the_due_index,
     check_fire_history,
+    *REMINDER_RACE_CHECKS,
 )
-"""Every check, each taking the factory; for one pytest case per check."""
+"""Every check, each taking the factory; for one pytest case per check (the
+contract checks, then the race scenarios of ``reminder_races``)."""
 
 
 async def check_reminder_table(factory: TableFactory) -> None:
