@@ -21,7 +21,7 @@ import logging
 import os
 import signal
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import redis.asyncio as aioredis
 
@@ -102,6 +102,12 @@ class FaultTickGrain(Grain, Remindable):
 
     async def get(self) -> int:
         return self.value
+
+    async def tick_other(self, key: str) -> None:
+        """Call another grain's ``receive_reminder`` as a grain may try to."""
+        now = datetime.now(UTC)
+        status = TickStatus(now, timedelta(seconds=1), None, now, now)
+        await self.get_grain(FaultTickGrain, key).receive_reminder("tick", status)
 
 
 async def main(args: argparse.Namespace) -> None:

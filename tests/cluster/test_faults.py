@@ -22,6 +22,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-from orleanspy import ClusterClient, GrainId, SerializationError
+from orleanspy import ClusterClient, GrainId, SerializationError, TickStatus
 from orleanspy.errors import (
     GrainMethodNotFoundError,
     MessageRejectedError,
@@ -44,7 +45,7 @@ from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import CLIENT_HEADER, GrpcGatewayConnection
-from orleanspy.messaging.message import Message
+from orleanspy.messaging.message import Message, ResponseStatus
 from orleanspy.messaging.remote_errors import rebuild_error
 from orleanspy.options import MessagingOptions
 from orleanspy.remindable.management import MANAGEMENT_TYPE
@@ -336,6 +337,42 @@ async def test_client_cannot_delete_reminders_without_authentication(redis_url: 
             with pytest.raises(MessageRejectedError, match="allow_client_management"):
                 await client.reminders.delete(gid, "tick")
             assert [r.name for r in await client.reminders.list_for_grain(gid)] == ["tick"]
+
+
+async def test_receive_reminder_refuses_all_but_the_reminder_service(redis_url: str) -> None:
+    refused = "reminder ticks come only from the reminder service"
+    with cluster(redis_url) as c:
+        (silo,) = c.start(1)
+        redis = aioredis.Redis.from_url(redis_url)
+        async with ClusterClient(redis_url) as client:
+            forged = client.get_grain(GRAIN, "forged")
+            now = datetime.now(UTC)
+            status = TickStatus(now, timedelta(seconds=1), None, now, now)
+            # A client's call, and another grain's call.
+            with pytest.raises(MessageRejectedError, match=refused):
+                await forged.receive_reminder("tick", status)
+            with pytest.raises(MessageRejectedError, match=refused):
+                await forged.tick_other("victim")
+            # A client claiming to be the reminder service: the tick header is
+            # the service's, but the gateway stamps the call as a client's.
+            async with RawGateway(silo.endpoint) as raw:
+                answer = await raw.call(
+                    request(GrainId(GRAIN, "forged"), "receive_reminder", args("tick"), tick="1")
+                )
+            assert answer.status is ResponseStatus.REJECTED
+            error = rebuild_error(unpack(answer.body))
+            assert isinstance(error, MessageRejectedError) and refused in str(error), error
+            assert await _ticks(redis) == []
+            # The service's own ticks still arrive, and the silo serves on.
+            await client.get_grain(GRAIN, "real").start(200)
+
+            async def ticked() -> bool:
+                return bool(await _ticks(redis))
+
+            await wait_for(ticked, 20, what="a tick of the reminder service")
+            assert {k for k, _, _ in await _ticks(redis)} == {"real"}
+            assert silo.proc.poll() is None
+        await redis.aclose()
 
 
 async def test_oversized_schedules_are_refused_by_a_real_silo_and_stored_nowhere(
