@@ -485,9 +485,13 @@ class Silo:
             await membership.shutdown()
 
     async def _leave_cluster(self, membership: MembershipService) -> None:
-        """First step of a graceful stop: tell the cluster we are going."""
+        """First step of a graceful stop: hand the reminders over (ticks in flight
+        finished and persisted, nothing more delivered), then tell the cluster
+        we are going, so the next owners read what we last wrote."""
         if self.declared_dead or self._aborted:
             return
+        if self.reminder_service is not None:
+            await self.reminder_service.drain()
         try:
             await membership.update_status(SiloStatus.SHUTTING_DOWN)
         except Exception as exc:

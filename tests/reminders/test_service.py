@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from orleanspy.clock import to_ms
-from orleanspy.errors import SiloUnavailableError, StorageUnavailableError
+from orleanspy.errors import GrainCallTimeoutError, SiloUnavailableError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._loader import FULL_REFILL_EVERY
@@ -779,3 +779,54 @@ async def test_rotation_keeps_priority_first(table, clock) -> None:
     normal = [per_row[e.key] for e in rows if int(e.priority) == 0]
     assert min(critical) >= 18, critical  # every slot of 20 s, less start-up
     assert min(normal) >= 2, sorted(normal)[:10]
+
+
+# -- hand-over and permits ---------------------------------------------------------------
+
+
+async def test_drain_finishes_ticks_in_flight_persists_them_and_delivers_nothing_more(
+    table, clock
+) -> None:
+    await table.upsert(entry(clock, 1, due=10, period=10))
+    await table.upsert(entry(clock, 2, due=11, period=10))
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    async with running(table, clock, rec) as svc:
+        await advance(clock, 10)
+        await wait_for(lambda: rec.blocked == 1, 5.0, interval=0)  # row 1 in flight
+        drained = asyncio.create_task(svc.drain())
+        await advance(clock, 1)  # row 2 falls due: not delivered any more
+        await asyncio.sleep(0)
+        assert not drained.done()
+        rec.gate.set()
+        assert await drained is True
+        # Row 1's tick finished and its next slot is in the table before drain returned.
+        assert (await table.read(GrainId("G", 1), "r")).next_due == START + 20 * S
+        await advance(clock, 30)
+        await clock.settle()
+        assert rec.keys() == ["G/i:1|r"]
+        assert (await table.read(GrainId("G", 2), "r")).next_due == START + 11 * S
+
+
+async def test_a_tick_stuck_on_the_call_path_gives_its_permit_back(table, clock) -> None:
+    # One permit. Row 1's call times out (as a call to an unreachable peer does
+    # once its deadline passes) and waits 5 s for its retry: row 2, due at +11,
+    # gets the permit at once instead of waiting behind it.
+    await table.upsert(entry(clock, 1, due=10, period=10))
+    await table.upsert(entry(clock, 2, due=11, period=10))
+    rec = Recorder()
+    rec.failures["r"] = [GrainCallTimeoutError("no answer within 10 s")]
+    slow_retry = replace(OPTIONS, permits=1, retry_initial=5 * S, retry_max=5 * S)
+    async with running(table, clock, rec, options=slow_retry) as svc:
+        await advance(clock, 10)
+        await wait_for(lambda: svc.stats.retries == 1, 5.0, interval=0)
+        await advance(clock, 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
+        assert rec.keys() == ["G/i:2|r"]
+        # Row 1 is retried after its backoff, on its slot (inside the grace).
+        await advance(clock, 5)
+        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
+        assert rec.keys()[1] == "G/i:1|r"
+        assert rec.calls[1][1].current_tick_time == START + 10 * S
+    # Each call was given the row's period as its deadline (10 s: within 2 .. 10 s).
+    assert set(rec.deadlines) == {10.0}
