@@ -196,7 +196,7 @@ class ReminderOptions:
     ``tick_timeout``: the longest a tick's grain call may take before its
     delivery permit is given back and the tick retried later (a row's own
     deadline is its period, within ``minimum_tick_timeout`` ..
-    ``tick_timeout``); it must be shorter than the messaging response timeout.
+    ``tick_timeout``, and never more than half the messaging response timeout).
     ``look_ahead`` must be at least twice
     ``poll_interval`` so a poll always sees rows before they fall due.
     ``history_size``: fire records kept per row in the table (``0``: none).

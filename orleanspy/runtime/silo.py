@@ -524,6 +524,9 @@ class Silo:
         )
         dispatcher.set_reminders(registry)
 
+        # A tick gives up well before a plain call would (ReminderOptions.tick_timeout).
+        tick_cap = self.options.messaging.response_timeout.total_seconds() / 2
+
         async def deliver(entry: ReminderEntry, status: TickStatus, deadline: float) -> None:
             await dispatcher.invoke(
                 entry.grain_id,
@@ -531,7 +534,7 @@ class Silo:
                 (entry.name, status),
                 {},
                 reminder_tick=True,
-                deadline=deadline,
+                deadline=min(deadline, tick_cap),
             )
 
         async def deliver_tick(grain_id: GrainId, name: str, status: TickStatus) -> None:
