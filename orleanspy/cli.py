@@ -470,7 +470,7 @@ def _row_detail(row: ReminderEntry) -> str:
 
 def _history_table(history: Sequence[FireRecord]) -> str:
     return _table(
-        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO"),
+        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO", "ERROR"),
         [
             (
                 f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
@@ -478,6 +478,7 @@ def _history_table(history: Sequence[FireRecord]) -> str:
                 f"{r.lateness.total_seconds() * 1000:.0f} ms",
                 r.outcome.value + (" (triggered)" if r.triggered else ""),
                 r.silo,
+                "" if r.error is None else r.error[:80],
             )
             for r in history
         ],

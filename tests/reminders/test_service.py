@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
@@ -18,6 +19,7 @@ from orleanspy.options import ReminderOptions
 from orleanspy.reminders._loader import FULL_REFILL_EVERY
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import (
+    FireOutcome,
     MissedReminder,
     MissedReminderAction,
     ReminderChange,
@@ -549,6 +551,36 @@ async def test_grain_error_advances_the_schedule_and_is_counted(table, clock) ->
         await advance(clock, 10)
         await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         assert rec.slots() == [START + 20 * S]
+
+
+async def test_a_failing_tick_logs_its_traceback_rate_limited_and_keeps_its_error(
+    table, clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    rec.failures["r"] = [ValueError("grain bug"), KeyError("gone")]
+    with caplog.at_level(logging.WARNING, logger="orleanspy.reminders._delivery"):
+        async with running(table, clock, rec) as svc:
+            await advance(clock, 10)
+            await wait_for(lambda: svc.stats.grain_errors == 1, 5.0, interval=0)
+            await advance(clock, 10)
+            await wait_for(lambda: svc.stats.grain_errors == 2, 5.0, interval=0)
+
+            async def recorded() -> bool:
+                return len(await table.read_history(e.grain_id, e.name)) == 2
+
+            await wait_for(recorded, 5.0)
+    history = await table.read_history(e.grain_id, e.name)
+    assert [(r.outcome, r.error) for r in history] == [
+        (FireOutcome.GRAIN_ERROR, "KeyError: 'gone'"),
+        (FireOutcome.GRAIN_ERROR, "ValueError: grain bug"),
+    ]
+    failed = [r for r in caplog.records if "tick failed in grain" in r.getMessage()]
+    assert len(failed) == 2
+    # The first failure carries its traceback; the second, within the minute, does not.
+    assert failed[0].exc_info is not None and "grain bug" in caplog.text
+    assert failed[1].exc_info is None and "KeyError: 'gone'" in failed[1].getMessage()
 
 
 async def test_cas_conflict_drops_the_local_copy(clock) -> None:
