@@ -189,10 +189,11 @@ class Delivery:
             missed_ticks=plan.missed_ticks,
             priority=int(entry.priority),
         )
+        deadline = row.deadline
+        if deadline is None:
+            deadline = row.deadline = tick_deadline(row.schedule, plan.slot, self._options)
         try:
-            await self._deliver(
-                entry, status, tick_deadline(row.schedule, plan.slot, self._options)
-            )
+            await self._deliver(entry, status, deadline)
         except TRANSIENT_ERRORS as exc:
             self.retries += 1
             log.info(

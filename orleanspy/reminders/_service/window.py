@@ -86,6 +86,7 @@ class Row:
 
     __slots__ = (
         "attempts",
+        "deadline",
         "dropped",
         "entry",
         "etag",
@@ -121,6 +122,9 @@ class Row:
         self.dropped = False
         self.retry_at: datetime | None = None
         self.attempts = 0
+        # The tick call's deadline in seconds, worked out at the first tick (a
+        # cron row's next slot costs tens of µs), again after a new schedule.
+        self.deadline: float | None = None
 
     @property
     def priority(self) -> int:
@@ -402,6 +406,7 @@ class DueWindow:
         row.etag, row.stored_due = entry.etag, entry.next_due
         row.next_due, row.last_fire = entry.next_due, entry.last_fire
         row.retry_at, row.attempts = None, 0
+        row.deadline = None
         if keep:
             self.push(row)
         else:
