@@ -465,7 +465,11 @@ class Remindable:
     """Mixin for grains that receive reminders: implement ``receive_reminder``."""
 
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
-        """Called for every tick of every reminder of this grain (a normal grain call)."""
+        """Called for every tick of every reminder of this grain (a normal grain call).
+
+        Only a silo's reminder service calls it: a client's or another grain's
+        call is refused (``MessageRejectedError``). Tests deliver a tick with
+        ``orleanspy.testing.simulate_tick``."""
         raise NotImplementedError(f"{type(self).__name__} must implement receive_reminder")
 
 

@@ -42,9 +42,12 @@ class ReminderPriority(enum.IntEnum):
 
 
 class MissedReminderAction(enum.IntEnum):
-    """What to do with a tick reached later than ``missed_tick_grace`` after its slot.
+    """What to do with missed ticks: a tick reached later than its grace after its
+    slot (the row's ``grace``, else ``ReminderOptions.missed_tick_grace``), or once
+    a further slot of the row has passed too (catch-up is never a burst).
 
-    ``FIRE_IMMEDIATELY``: deliver one coalesced catch-up tick now, then resume the grid.
+    ``FIRE_IMMEDIATELY``: deliver one tick now for the latest passed slot
+    (``TickStatus.missed_ticks`` counts the earlier ones), then resume the grid.
     ``SKIP``: move on to the next future slot (Orleans' only behaviour; the default).
     ``NOTIFY``: skip, and publish a ``MissedReminder`` on ``orleanspy.reminders.missed``.
     """
