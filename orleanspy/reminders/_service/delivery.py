@@ -1,12 +1,14 @@
 """Delivery: what happens to a row once it is due.
 
-A tick is one grain call, ``receive_reminder``. Failures of the call path are
-retried until the grain acknowledges; only then is the row's next slot handed
-to the persister. A silo lost between the two leaves the old slot in the table
-and the next owner delivers the tick again: at least once. A row reached later
-than the grace gets its ``MissedReminderAction`` instead (``missed``), and
-its grid resumes after now, so a long outage costs at most one catch-up tick
-per row.
+A tick is one grain call, ``receive_reminder``, with a deadline of its own
+(``tick_deadline``). Failures of the call path give the delivery permit back
+and the row waits in the window for its retry; only after the grain
+acknowledged is the row's next slot handed to the persister. A silo lost
+between the two leaves the old slot in the table and the next owner delivers
+the tick again: at least once. A row reached later than its grace, or with a
+further slot passed, gets its ``MissedReminderAction`` instead (``missed``),
+and its grid resumes after now, so a long outage costs at most one catch-up
+tick per row.
 """
 
 from __future__ import annotations
