@@ -862,3 +862,21 @@ async def test_a_tick_stuck_on_the_call_path_gives_its_permit_back(table, clock)
         assert rec.calls[1][1].current_tick_time == START + 10 * S
     # Each call was given the row's period as its deadline (10 s: within 2 .. 10 s).
     assert set(rec.deadlines) == {10.0}
+
+
+async def test_a_row_whose_calls_keep_failing_is_tried_ever_more_rarely(table, clock) -> None:
+    # The backoff carries over slots: a row whose grain stays unreachable does not
+    # take a permit once per slot, and the healthy row beside it ticks every slot.
+    await table.upsert(entry(clock, 1, "stuck", due=10, period=10))
+    await table.upsert(entry(clock, 2, "ok", due=10, period=10))
+    rec = Recorder()
+    rec.failures["stuck"] = [GrainCallTimeoutError("unreachable")] * 1000
+    options = replace(OPTIONS, permits=1, retry_initial=S / 10, retry_max=60 * S)
+    async with running(table, clock, rec, options=options) as svc:
+        for _ in range(60):  # 300 s: 30 slots
+            await advance(clock, 5)
+        await wait_for(lambda: len(rec.slots("ok")) == 30, 5.0, interval=0)
+        stuck_attempts = rec.attempts - len(rec.calls)
+        # 0.1, 0.2, 0.4 ... 51.2 s, then 60 s apart: about 13, not 30+.
+        assert 8 <= stuck_attempts <= 16, stuck_attempts
+        assert svc.stats.in_flight == 0

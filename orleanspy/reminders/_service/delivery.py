@@ -167,6 +167,8 @@ class Delivery:
             if entry.action is MissedReminderAction.NOTIFY:
                 await self._notifier.notify(entry, plan.slot, now, plan.missed_ticks, next_due)
             self.history.fired(entry, plan.slot, now, skip_outcome(entry))
+            self._advance(row, next_due, last_fire, now, delivered=False)
+            return
         self._advance(row, next_due, last_fire, now)
 
     def _count_missed(self, entry: ReminderEntry) -> None:
@@ -206,12 +208,7 @@ class Delivery:
                 exc,
             )
             if not row.dropped:
-                opts = self._options
-                backoff = Backoff(opts.retry_initial, opts.retry_max)
-                for _ in range(row.attempts):
-                    backoff.next()
-                at = self._clock.now() + timedelta(seconds=backoff.next())
-                self._window.retry(row, at)
+                self._window.retry(row, self._clock.now() + self._retry_delay(row.attempts))
             return None
         except Exception as exc:
             # The grain's own receive_reminder failed: not retried
@@ -258,11 +255,25 @@ class Delivery:
             exc_info=None if remote else exc,
         )
 
+    def _retry_delay(self, attempts: int) -> timedelta:
+        """The backoff after ``attempts`` earlier call-path failures of a row."""
+        backoff = Backoff(self._options.retry_initial, self._options.retry_max)
+        for _ in range(attempts):
+            backoff.next()
+        return timedelta(seconds=backoff.next())
+
     def _advance(
-        self, row: Row, next_due: datetime, last_fire: datetime | None, now: datetime
+        self,
+        row: Row,
+        next_due: datetime,
+        last_fire: datetime | None,
+        now: datetime,
+        *,
+        delivered: bool = True,
     ) -> None:
         """Record the row's next slot: persist it, and re-queue or release the row
-        (``now``: the clock when the tick was delivered or skipped)."""
+        (``now``: the clock when the tick was delivered or skipped; ``delivered``:
+        whether a tick reached the grain, which ends a run of call failures)."""
         row.last_fire = last_fire
         etag = row.etag
         # Submitted for a dropped row too: its tick happened. The CAS against the
@@ -273,4 +284,7 @@ class Delivery:
                 row.key,
             )
         keep = next_due <= now + self._options.look_ahead
-        self._window.ticked(row, next_due, keep=keep)
+        failing_until = None
+        if not delivered and row.attempts:
+            failing_until = now + self._retry_delay(row.attempts)
+        self._window.ticked(row, next_due, keep=keep, failing_until=failing_until)

@@ -293,11 +293,20 @@ class DueWindow:
         if not row.dropped:
             self.push(row)
 
-    def ticked(self, row: Row, next_due: datetime, *, keep: bool) -> None:
+    def ticked(
+        self, row: Row, next_due: datetime, *, keep: bool, failing_until: datetime | None = None
+    ) -> None:
         """``row``'s tick is done and its next slot is ``next_due``: re-queue it if
-        ``keep`` (inside the look-ahead), else release it. A dropped row stays out."""
+        ``keep`` (inside the look-ahead), else release it. A dropped row stays out.
+
+        ``failing_until``: the slot went undelivered after call-path failures; the
+        row keeps its failure count and is not tried again before then (its
+        backoff carries over slots, so a row whose grain stays unreachable
+        takes a permit ever more rarely instead of once per slot)."""
         row.next_due = next_due
-        if row.retry_at is not None:
+        if failing_until is not None:
+            row.retry_at = failing_until if failing_until > next_due else None
+        elif row.retry_at is not None or row.attempts:
             row.retry_at, row.attempts = None, 0
         self.turnover += 1
         if keep and self._waiting and self._outside is not None:
