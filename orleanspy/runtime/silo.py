@@ -14,6 +14,7 @@ import functools
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
@@ -28,7 +29,7 @@ from orleanspy.identity import GrainId, GrainKey, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
-from orleanspy.messaging.transport import Transport
+from orleanspy.messaging.transport import AnswersOnly, Transport
 from orleanspy.metrics import SiloMetrics
 from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
@@ -133,6 +134,8 @@ class Silo:
         self._aborted = False
         self._stop_task: asyncio.Task[None] | None = None
         self._clustered = self.options.clustered or transport is not None
+        # Set by ``start`` when this silo tuned the garbage collector; ``stop`` calls it.
+        self._restore_collector: Callable[[], None] = _nothing
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
@@ -185,8 +188,9 @@ class Silo:
             raise
         finally:
             reset_current_silo(token)
-        if self.options.tune_gc:
-            tune_collector()
+        tune = self.options.tune_gc
+        if tune or (tune is None and self._clustered):
+            self._restore_collector = tune_collector()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
 
@@ -230,6 +234,7 @@ class Silo:
         finally:
             if self._dispatcher is not None:
                 await self._dispatcher.close(ClosedError(f"silo {self.name} stopped"))
+            self._restore_collector()
             self.state = SiloState.STOPPED
             log.info("silo stopped name=%s", self.name)
 
@@ -373,9 +378,8 @@ class Silo:
             transport=transport,
         )
         self._dispatcher = dispatcher
-        answer_only = getattr(transport, "answer_only", None)
-        if answer_only is not None:
-            answer_only(locator.knows)
+        if isinstance(transport, AnswersOnly):
+            transport.answer_only(locator.knows)
         dispatcher.grain_metrics = self.metrics.grains
         self.transport = transport
         return locator, dispatcher
@@ -666,7 +670,12 @@ class Silo:
 
     def _factory(self) -> GrainFactory:
         if self.state is not SiloState.RUNNING or self._dispatcher is None:
-            raise ClosedError(f"silo {self.name} is not running (state {self.state.name})")
+            hint = (
+                "start it first: `async with Silo.local() as silo:` (or `await silo.start()`)"
+                if self.state is SiloState.CREATED
+                else "a stopped silo does not restart: make a new one"
+            )
+            raise ClosedError(f"silo {self.name} is not running (state {self.state.name}); {hint}")
         return self._dispatcher.factory
 
     @property
@@ -731,3 +740,7 @@ async def _default_grain_storage(
     if o.storage is not None or url is None:
         return None
     return await connections.grain_storage(url, service_id=o.service_id)
+
+
+def _nothing() -> None:
+    return None

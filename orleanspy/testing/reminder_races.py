@@ -1,7 +1,8 @@
 """Race scenarios for a reminder table under the reminder service: reads held open.
 
-Part of the reminder table kit (``check_reminder_table`` runs them after the
-contract checks; ``REMINDER_RACE_CHECKS`` lists them for one test per check).
+Part of the reminder table kit: ``check_reminder_table`` runs them after the
+contract checks, and ``REMINDER_TABLE_CHECKS`` ends with them
+(``REMINDER_RACE_CHECKS``), for one test per check.
 Each runs a ``ReminderService`` on a manual clock over the table under test,
 wrapped in ``HeldReads``: a chosen read gets its answer from the table, then
 waits until the scenario releases it, so the answer is stale by the time the
@@ -42,7 +43,7 @@ from orleanspy.ring import RingRange
 from orleanspy.testing.clock import ManualClock
 from orleanspy.testing.cluster import wait_for
 
-__all__ = ["REMINDER_RACE_CHECKS", "HeldReads", "check_reminder_races"]
+__all__ = ["REMINDER_RACE_CHECKS", "HeldReads"]
 
 TableFactory = Callable[[], AbstractAsyncContextManager[ReminderTable]]
 
@@ -340,9 +341,3 @@ REMINDER_RACE_CHECKS: Final = (
     check_a_range_read_does_not_readmit_a_removed_row,
 )
 """The race scenarios, each taking the factory."""
-
-
-async def check_reminder_races(factory: TableFactory) -> None:
-    """Run every race scenario against fresh tables from ``factory``."""
-    for check in REMINDER_RACE_CHECKS:
-        await check(factory)
