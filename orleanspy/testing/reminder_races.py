@@ -62,7 +62,15 @@ _OPTIONS: Final = ReminderOptions(
 )
 #: The registry's check that a grain may have reminders, for rows of any type.
 _ANY_REMINDABLE: Final = cast(GrainDefinition, SimpleNamespace(remindable=True))
-_HOLDABLE: Final = frozenset({"read", "read_due", "read_due_skipping", "read_range"})
+# What ``HeldReads.hold`` holds: a point read, or any range read (whichever the
+# service uses: ``read_due_skipping`` where the table offers it and the runtime
+# sees it, else ``read_due``).
+_KIND_OF: Final = {
+    "read": "point",
+    "read_due": "range",
+    "read_due_skipping": "range",
+    "read_range": "range",
+}
 
 
 class _Hold:
@@ -75,26 +83,27 @@ class _Hold:
 
 
 class HeldReads:
-    """Wraps a ``ReminderTable``: ``hold(kind)`` makes the next call of read method
-    ``kind`` (``read``, ``read_due``, ``read_due_skipping``, ``read_range``) take
-    its answer from the table, then wait until released (``_Hold.answered`` is set
-    once the answer is in). Everything else passes through, the optional
-    protocols included (their methods are looked up on the wrapped table)."""
+    """Wraps a ``ReminderTable``: ``hold(kind)`` makes the next point read
+    (``"point"``: ``read``) or range read (``"range"``: ``read_due``,
+    ``read_due_skipping``, ``read_range``) take its answer from the table, then
+    wait until released (``_Hold.answered`` is set once the answer is in).
+    Everything else passes through, the optional protocols included (their
+    methods are looked up on the wrapped table)."""
 
     def __init__(self, table: ReminderTable) -> None:
         self._table = table
         self._holds: dict[str, list[_Hold]] = {}
 
     def hold(self, kind: str) -> _Hold:
-        if kind not in _HOLDABLE:
-            raise ValueError(f"cannot hold {kind!r}; one of {sorted(_HOLDABLE)}")
+        if kind not in ("point", "range"):
+            raise ValueError(f"cannot hold {kind!r}: 'point' or 'range'")
         h = _Hold()
         self._holds.setdefault(kind, []).append(h)
         return h
 
     def __getattr__(self, name: str) -> Any:
         inner = getattr(self._table, name)
-        if name in _HOLDABLE:
+        if name in _KIND_OF:
             return self._held(name, inner)
         return inner
 
@@ -148,7 +157,7 @@ class HeldReads:
     def _held(self, kind: str, method: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
         async def call(*args: Any, **kwargs: Any) -> Any:
             result = await method(*args, **kwargs)
-            holds = self._holds.get(kind)
+            holds = self._holds.get(_KIND_OF[kind])
             if holds:
                 h = holds.pop(0)
                 h.answered.set()
@@ -245,8 +254,7 @@ async def check_reregistration_during_a_held_refill_takes_effect_at_once(
         gid = GrainId("Race", "rereg")
         await s.registry.register(gid, "r", due=10, period=60)
         await s.held(1)
-        kind = "read_due_skipping" if hasattr(s.table, "read_due_skipping") else "read_due"
-        hold = s.table.hold(kind)
+        hold = s.table.hold("range")
         refill = asyncio.create_task(s.service.refill_now())
         try:
             await asyncio.wait_for(hold.answered.wait(), _DEADLINE_S)
@@ -272,7 +280,7 @@ async def check_a_point_read_answered_before_a_write_installs_no_older_row(
     before the answer is processed: the older registration is never installed."""
     async with _scenario(factory) as s:
         gid = GrainId("Race", "older")
-        hold = s.table.hold("read")
+        hold = s.table.hold("point")
         first = s.entry(gid, "r", due_s=10, period_s=60)
         await s.table.upsert(first)
         s.heard(first, gid, "r")
@@ -294,7 +302,7 @@ async def check_a_point_read_does_not_readmit_a_removed_row(factory: TableFactor
     the row is unregistered before the answer is processed: it never ticks."""
     async with _scenario(factory) as s:
         gid = GrainId("Race", "removed-point")
-        hold = s.table.hold("read")
+        hold = s.table.hold("point")
         row = s.entry(gid, "r", due_s=10, period_s=60)
         etag = await s.table.upsert(row)
         s.heard(row, gid, "r")
@@ -319,8 +327,7 @@ async def check_a_range_read_does_not_readmit_a_removed_row(factory: TableFactor
         s.heard(row, gid, "r")
         await s.service.refill_now()
         await s.held(1)
-        kind = "read_due_skipping" if hasattr(s.table, "read_due_skipping") else "read_due"
-        hold = s.table.hold(kind)
+        hold = s.table.hold("range")
         refill = asyncio.create_task(s.service.refill_now())
         try:
             await asyncio.wait_for(hold.answered.wait(), _DEADLINE_S)
