@@ -10,7 +10,8 @@ empty, kill -9 with default options) and asserts the properties that must hold:
 
 - the isolated or minority silo is the one declared Dead, never a majority silo;
 - no reminder is stranded past detection + 2 periods;
-- the Dead silo stops within 5 s of reaching the table again, with a non-zero exit status;
+- the Dead silo stops within 5 s of reaching the table again, with a non-zero exit status
+  (an exit code, not a crash by a signal);
 - client calls on the majority side succeed >= 95 % after detection;
 - no reminder ticks on two silos for more than 5 s after the Dead write;
 - a SKIP reminder never gets more than one delivery per catch-up.
@@ -353,6 +354,13 @@ def check_all(
     return problems
 
 
+def exit_code(status: int | None) -> bool:
+    """Whether ``status`` is the non-zero exit code of a silo that stopped itself:
+    neither 0 (a restart policy would not restart it) nor a signal (a crash, which
+    is no verdict: Popen reports death by signal N as -N)."""
+    return status is not None and status > 0
+
+
 async def wait_exit(silo: Silo, since: float, bound: float) -> tuple[float | None, int | None]:
     """Seconds from ``since`` until the silo's process exited (``None``: not within
     ``bound`` + 5 s), and its exit status."""
@@ -390,8 +398,8 @@ async def test_a_silo_cut_from_its_peers_but_not_from_redis(make_net) -> None:
     figures.add(f"partition: victim stopped {stopped}s after its Dead write, status {status}")
     if stopped is None or stopped > 5:
         problems.append(f"the Dead silo did not stop within 5 s of its Dead write ({stopped})")
-    if status == 0:
-        problems.append("the Dead silo exited with status 0")
+    if not exit_code(status):
+        problems.append(f"the Dead silo's exit status is {status}, not an exit code > 0")
     assert not problems, problems
 
 
@@ -418,8 +426,8 @@ async def test_a_host_isolated_for_15_seconds_and_brought_back(make_net) -> None
     figures.add(f"isolation: victim stopped {stopped}s after the heal, status {status}")
     if stopped is None or stopped > 5:
         problems.append(f"the Dead silo did not stop within 5 s of the heal ({stopped})")
-    if status == 0:
-        problems.append("the Dead silo exited with status 0")
+    if not exit_code(status):
+        problems.append(f"the Dead silo's exit status is {status}, not an exit code > 0")
     assert not problems, problems
 
 
@@ -466,8 +474,8 @@ async def test_a_silo_with_the_wrong_cluster_secret_cannot_harm_the_cluster(make
         f"{healthy.address in observer.dead_at}; reminders gapped {len(gaps)}; calls {n} at "
         f"{ratio:.1%}; rogue said: {net.log('rogue').strip().splitlines()[-1:]}"
     )
-    if exited is None or status == 0:
-        problems.append(f"the rogue silo did not exit with a non-zero status (status {status})")
+    if exited is None or not exit_code(status):
+        problems.append(f"the rogue silo did not exit with an exit code > 0 (status {status})")
     if rows:
         problems.append(f"the rogue silo wrote membership rows: {sorted(map(str, rows))}")
     if gaps:
@@ -527,8 +535,8 @@ async def test_redis_restarted_empty(make_net) -> None:
         name = s.proc.name
         if s.running and name not in back:
             problems.append(f"{name} runs but is not back in membership with /readyz 200")
-        if not s.running and statuses[name] == 0:
-            problems.append(f"{name} stopped with status 0")
+        if not s.running and not exit_code(statuses[name]):
+            problems.append(f"{name} stopped with status {statuses[name]}, not an exit code > 0")
         if worst.get(name, 0) > 5:
             problems.append(f"{name} answered /readyz 200 while missing from membership for "
                             f"{worst[name]:.1f}s")  # fmt: skip
