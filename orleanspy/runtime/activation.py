@@ -275,7 +275,7 @@ class Activation:
         finally:
             current_chain.reset(token)
             elapsed = time.perf_counter() - started
-            self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed)
+            self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed, method)
             self._inline = None
             self._turn_done(touch=True)
 
@@ -379,7 +379,7 @@ class Activation:
                 log.warning("one-way call failed grain=%s method=%s", self.grain_id, message.method)
         finally:
             elapsed = time.perf_counter() - started
-            host.grain_metrics.call(self.definition.type_name, elapsed, failed)
+            host.grain_metrics.call(self.definition.type_name, elapsed, failed, message.method)
             if read_only:
                 self._running_read_only -= 1
             if message.on_settled is not None:
