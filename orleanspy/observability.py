@@ -124,9 +124,7 @@ class JsonFormatter(logging.Formatter):
         if silo is not None:
             doc["silo"] = silo
         for key, value in message_fields(message).items():
-            if key in _RESERVED:
-                key = f"field_{key}"
-            doc.setdefault(key, value)
+            doc.setdefault(f"field_{key}" if key in _RESERVED else key, value)
         row = doc.get("key")
         if isinstance(row, str) and "|" in row and record.name.startswith("orleanspy.reminders"):
             grain, _, reminder = row.rpartition("|")

@@ -130,8 +130,10 @@ async def test_every_command_through_a_gateway_of_a_running_cluster(redis_url: s
         assert isinstance(silo["activations"], int) and isinstance(silo["reminders_held"], int)
         assert status_table.returncode == 0, status_table.stderr
         header, row = status_table.stdout.splitlines()[1:3]
-        assert header.split() == ["NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "UPTIME",
-                                  "RING", "ACTIVATIONS", "REMINDERS", "CPU", "HEARTBEAT"]  # fmt: skip
+        assert header.split() == [
+            "NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "UPTIME", "RING", "ACTIVATIONS",
+            "REMINDERS", "CPU", "HEARTBEAT",
+        ]  # fmt: skip
         assert row.split()[:4] == ["cli-silo", "active", address, f"127.0.0.1:{gateway}"]
         assert "100.0%" in row
 
