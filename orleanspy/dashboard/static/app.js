@@ -36,7 +36,7 @@
     if (!iso) return "–";
     const s = (Date.now() - Date.parse(iso)) / 1000;
     if (s < 0) return "in " + dur(-s);
-    return dur(s) + " ago";
+    return s < 1 ? "just now" : dur(s) + " ago";
   }
   function dur(s) {
     if (s === null || s === undefined) return "–";
@@ -63,15 +63,16 @@
   // -- cluster ---------------------------------------------------------------------------
   function renderCluster(doc) {
     document.getElementById("cluster-id").textContent =
-      "cluster " + doc.cluster_id + " · service " + doc.service_id + " · membership v" + doc.table_version;
+      "· cluster " + doc.cluster_id + " · service " + doc.service_id + " · membership v" + doc.table_version;
     const rows = doc.silos.map(s => ({attrs: {"data-silo": s.name, "data-status": s.status}, cells: [
       s.name, badge(s.status), s.address, dash(s.version), s.status === "active" ? dur(s.uptime_seconds) : "–",
       s.ring_share_percent.toFixed(1) + " %", dash(s.activations), dash(s.reminders_held),
       s.cpu_percent === null ? "–" : s.cpu_percent.toFixed(0) + " %",
       s.loop_lag_seconds === null ? "–" : (s.loop_lag_seconds * 1000).toFixed(1) + " ms",
       ago(s.last_heartbeat)]}));
+    const kinds = {joined: "joined", suspected: "suspected", dead: "dead (its last heartbeat)"};
     const events = doc.events.slice().reverse().map(e => ({cells: [
-      time(e.at), e.kind, e.name || e.silo, e.by ? "voted by " + e.by : ""]}));
+      time(e.at), kinds[e.kind] || e.kind, e.name || e.silo, e.by ? "voted by " + e.by : ""]}));
     main.replaceChildren(
       card("Silos", table(["Silo", "Status", "Address", "Version", "Uptime", "Ring", "Activations",
                            "Reminders held", "CPU", "Loop lag", "Last heartbeat"], rows,
@@ -128,7 +129,8 @@
                    {name: "grain errors", color: COLORS[5], points: pts.map(p => [p.t, p.tick_errors_per_s])}];
     window.drawChart(charts.ticks.svg, ticks); legendOf(charts.ticks.legend, ticks);
     i = 1;
-    const missed = [...actions].sort().map(a => ({name: a, color: COLORS[i++ % COLORS.length], points: pts.map(p => [p.t, p.missed_per_s[a] || 0])}));
+    const missed = actions.size ? [...actions].sort().map(a => ({name: a, color: COLORS[i++ % COLORS.length], points: pts.map(p => [p.t, p.missed_per_s[a] || 0])}))
+                                : [{name: "none missed", color: COLORS[2], points: pts.map(p => [p.t, 0])}];
     window.drawChart(charts.missed.svg, missed); legendOf(charts.missed.legend, missed);
     const totals = [...Object.entries(doc.missed_total).map(([k, v]) => ({cells: ["missed: " + k, v]})),
                     ...Object.entries(doc.causes_total).map(([k, v]) => ({cells: [k.replace(/_/g, " "), v]}))];

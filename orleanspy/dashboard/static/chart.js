@@ -22,10 +22,11 @@
   }
   window.drawChart = function (svg, series, opts) {
     opts = opts || {};
-    const W = 600, H = 220, L = 46, R = 10, T = 10, B = 24;
+    // Drawn at the element's own pixel size, so text is never stretched.
+    const W = Math.max(300, svg.clientWidth || 600), H = Math.max(160, svg.clientHeight || 220);
+    const L = 56, R = 12, T = 10, B = 24;
     while (svg.firstChild) svg.removeChild(svg.firstChild);
     svg.setAttribute("viewBox", "0 0 " + W + " " + H);
-    svg.setAttribute("preserveAspectRatio", "none");
     let t0 = Infinity, t1 = -Infinity, ymax = 0, count = 0;
     for (const s of series) for (const [t, y] of s.points) {
       if (y === null || y === undefined || !isFinite(y)) continue;
