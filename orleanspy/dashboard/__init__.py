@@ -27,12 +27,13 @@ except ImportError:  # pragma: no cover - exercised without the extra installed
         "orleanspy.dashboard needs starlette and uvicorn: pip install 'orleanspy[dashboard]'"
     ) from None
 
-from orleanspy.dashboard._app import MAX_STREAMS, Dashboard
+from orleanspy.dashboard._app import MAX_STREAMS, Dashboard, DashboardApp
 from orleanspy.dashboard._source import ManagementRefused, SiloSource, Source, StoreSource
 
 __all__ = [
     "MAX_STREAMS",
     "Dashboard",
+    "DashboardApp",
     "ManagementRefused",
     "SiloSource",
     "Source",
@@ -47,14 +48,16 @@ def app(
     storage_url: str | None = None,
     token: str | None = None,
     read_only: bool = False,
-) -> Any:
+) -> DashboardApp:
     """The dashboard as an ASGI app, for ``app.mount("/orleans", dashboard.app(client))``.
 
-    ``cluster`` is a started ``ClusterClient`` (the dashboard reads the store its
+    ``cluster`` is a ``ClusterClient`` (started by the time a page is asked for) (the dashboard reads the store its
     membership table is in, or ``storage_url``, and sends actions through the
     client's gateways, where ``allow_client_management`` applies), a running
     ``Silo``, or a ``Source``. ``token``: require it (``Authorization: Bearer``,
     or a first visit with ``?token=``); ``read_only``: refuse every action.
+    A mounted app gets no lifespan of its own: call its ``aclose()`` from the
+    host app's shutdown to close the connections it opened.
     """
     source: Source
     if hasattr(cluster, "reminder_service") and hasattr(cluster, "options"):  # a Silo

@@ -53,7 +53,7 @@ from orleanspy.errors import OrleansPyError
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import MissedReminderAction
 
-__all__ = ["MAX_STREAMS", "Dashboard"]
+__all__ = ["MAX_STREAMS", "Dashboard", "DashboardApp"]
 
 log = logging.getLogger(__name__)
 
@@ -171,34 +171,34 @@ class Dashboard:
         cookie = request.cookies.get(_TOKEN_COOKIE, "")
         return bool(cookie) and hmac.compare_digest(cookie.encode(), self._token.encode())
 
-    def guard(self, app: ASGIApp) -> ASGIApp:
+    def guard(self, app: ASGIApp) -> DashboardApp:
         """``app`` behind the token check (a pass-through without a token)."""
+        return DashboardApp(self, app)
 
-        async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or self._token is None:
-                await app(scope, receive, send)
-                return
-            request = Request(scope, receive)
-            offered = request.query_params.get("token")
-            if (
-                offered is not None
-                and len(offered) <= 1024
-                and hmac.compare_digest(offered.encode(), self._token.encode())
-            ):
-                base = scope.get("root_path", "") + scope.get("path", "/")
-                response: Response = RedirectResponse(base, 303)
-                response.set_cookie(_TOKEN_COOKIE, self._token, httponly=True,
-                                    samesite="strict", path="/")  # fmt: skip
-                await response(scope, receive, send)
-                return
-            if not self._authorised(request):
-                await JSONResponse({"error": "a dashboard token is required"}, 401)(
-                    scope, receive, send
-                )
-                return
+    async def _guarded(self, app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self._token is None:
             await app(scope, receive, send)
-
-        return guarded
+            return
+        request = Request(scope, receive)
+        offered = request.query_params.get("token")
+        if (
+            offered is not None
+            and len(offered) <= 1024
+            and hmac.compare_digest(offered.encode(), self._token.encode())
+        ):
+            root, path = scope.get("root_path", ""), scope.get("path", "/")
+            base = path if path.startswith(root) else root + path
+            response: Response = RedirectResponse(base, 303)
+            response.set_cookie(_TOKEN_COOKIE, self._token, httponly=True,
+                                samesite="strict", path="/")  # fmt: skip
+            await response(scope, receive, send)
+            return
+        if not self._authorised(request):
+            await JSONResponse({"error": "a dashboard token is required"}, 401)(
+                scope, receive, send
+            )
+            return
+        await app(scope, receive, send)
 
     @staticmethod
     def _csrf_ok(request: Request) -> bool:
@@ -373,11 +373,36 @@ class Dashboard:
         ]
         return inner
 
-    def asgi(self) -> ASGIApp:
+    def asgi(self) -> DashboardApp:
         from starlette.applications import Starlette
 
         app = Starlette(routes=self.routes(), exception_handlers={BadInput: _bad_input})
         return self.guard(app)
+
+
+class DashboardApp:
+    """The dashboard's ASGI app. ``aclose()`` closes the connections its source
+    opened; an app served on its own does that at lifespan shutdown, a mounted
+    one (mounts get no lifespan) when the host's lifespan calls it."""
+
+    def __init__(self, dashboard: Dashboard, app: ASGIApp) -> None:
+        self.dashboard = dashboard
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        await self.dashboard._guarded(self._app, scope, receive, send)
+
+    async def aclose(self) -> None:
+        await self.dashboard.source.aclose()
 
 
 async def _bad_input(request: Request, exc: Exception) -> Response:

@@ -167,12 +167,16 @@ class HttpServer:
     """Serves an ASGI ``app`` with uvicorn on ``host:port`` (``0``: a free port) on
     the running loop until the stack unwinds. ``tls``: serve HTTPS and require a
     client certificate signed by ``tls.ca_file`` (the cluster's own certificates).
+    ``lifespan``: run the app's start-up and shut-down (an app of the user's).
 
     uvicorn is told to leave signals and logging alone: the silo's host owns them.
     """
 
-    def __init__(self, app: Any, host: str, port: int, *, tls: Any = None) -> None:
+    def __init__(
+        self, app: Any, host: str, port: int, *, tls: Any = None, lifespan: bool = False
+    ) -> None:
         self._app = app
+        self._lifespan = lifespan
         self._host = host
         self._port = port
         self._tls = tls
@@ -210,7 +214,7 @@ class HttpServer:
             self._app,
             log_config=None,
             access_log=False,
-            lifespan="off",
+            lifespan="on" if self._lifespan else "off",
             timeout_graceful_shutdown=2,
             h11_max_incomplete_event_size=16 * 1024,
             server_header=False,
