@@ -51,9 +51,10 @@ def app(
 ) -> DashboardApp:
     """The dashboard as an ASGI app, for ``app.mount("/orleans", dashboard.app(client))``.
 
-    ``cluster`` is a ``ClusterClient`` (started by the time a page is asked for) (the dashboard reads the store its
-    membership table is in, or ``storage_url``, and sends actions through the
-    client's gateways, where ``allow_client_management`` applies), a running
+    ``cluster`` is a ``ClusterClient``, started by the time a page is asked for
+    (the dashboard reads the store its membership table is in, or
+    ``storage_url``, and sends actions through the client's gateways, where
+    ``allow_client_management`` applies), a running
     ``Silo``, or a ``Source``. ``token``: require it (``Authorization: Bearer``,
     or a first visit with ``?token=``); ``read_only``: refuse every action.
     A mounted app gets no lifespan of its own: call its ``aclose()`` from the
