@@ -71,6 +71,9 @@ async def _check_pages(url: str) -> None:
         assert sorted(paused) == sorted(
             (f"{'Alpha' if i % 3 else 'Beta'}/s:k{i:05d}", "r0") for i in range(0, ROWS, 10)
         )
+        # Orphaned: types no Active silo hosts (here every Beta row).
+        orphans = await pages.search(Query(state="orphaned"), None, 100, {"Alpha"})
+        assert orphans.rows and all(r.grain_id.type_name == "Beta" for r in orphans.rows)
         # A search that matches nothing looks at a bounded part per request.
         page = await pages.search(Query(name="zzz"), None, 25, None)
         assert page.rows == [] and page.scanned <= SCAN_BUDGET
@@ -121,3 +124,59 @@ async def _status_on(url: str) -> None:
 @pytest.mark.slow
 async def test_cluster_status_on_postgres(postgres_url: str) -> None:
     await _status_on(postgres_url)
+
+
+@pytest.mark.slow
+async def test_the_dashboard_command_serves_the_store_and_acts_through_a_gateway(
+    redis_url: str,
+) -> None:
+    import httpx
+
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests' / 'cluster'}")
+    cli = [sys.executable, "-m", "orleanspy.cli"]
+    secret = ["--secret", "dashboard-test-secret"]
+    refused = await asyncio.to_thread(
+        subprocess.run, [*cli, "dashboard", "--storage-url", redis_url, "--host", "0.0.0.0"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "no authentication" in refused.stderr
+    silo = subprocess.Popen([*cli, "silo", "--redis-url", redis_url, "--import", "cli_grains",
+                             "--name", "dash-cmd", "--gateway-port", "0", *secret],
+                            stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    dash = None
+    try:
+        assert silo.stdout is not None
+        assert (await asyncio.to_thread(silo.stdout.readline)).startswith("READY ")
+        from orleanspy import ClusterClient, MessagingOptions
+
+        options = MessagingOptions(cluster_secret=secret[1])
+        async with ClusterClient(redis_url=redis_url, options=options) as client:
+            await client.get_grain("CliEchoGrain", "d").remind_me()
+        dash = subprocess.Popen([*cli, "dashboard", "--storage-url", redis_url, "--port", "0",
+                                 *secret], stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+        assert dash.stdout is not None
+        line = await asyncio.to_thread(dash.stdout.readline)
+        assert line.startswith("READY http://127.0.0.1:"), line
+        base = line.split()[1].rstrip("/")
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            cluster = (await http.get("/api/cluster")).json()
+            assert [s["name"] for s in cluster["silos"]] == ["dash-cmd"]
+            found = (await http.get("/api/reminders", params={"type": "CliEchoGrain"})).json()
+            assert [r["name"] for r in found["rows"]] == ["hourly"]
+            assert found["rows"][0]["schedule"] == "every hour at minute 0"
+            await http.get("/reminders")
+            done = await http.post("/api/action", headers={
+                "x-csrf-token": http.cookies["orleanspy_csrf"]}, json={
+                "grain": "CliEchoGrain/s:d", "name": "hourly", "action": "set_priority",
+                "value": 100})  # fmt: skip
+            assert done.status_code == 200, done.text
+            detail = (await http.get("/api/reminder", params={
+                "grain": "CliEchoGrain/s:d", "name": "hourly"})).json()  # fmt: skip
+            assert detail["priority"] == 100
+    finally:
+        for proc in (dash, silo):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(30)
+                if proc.stdout is not None:
+                    proc.stdout.close()
