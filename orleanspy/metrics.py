@@ -166,6 +166,8 @@ class GrainMetrics:
     """Grain calls as the hosting silo ran them. This base records nothing."""
 
     __slots__ = ()
+    #: Whether ``call`` keeps anything: callers skip timing a call when it does not.
+    records = False
 
     def call(self, grain_type: str, seconds: float, failed: bool, method: str = "") -> None:
         """A call of ``grain_type``'s ``method`` took ``seconds``; ``failed`` if it raised."""
@@ -186,6 +188,7 @@ class RecordingGrainMetrics(GrainMetrics):
     ``(grain type, method)`` (methods are a class's public ones: a bounded set)."""
 
     __slots__ = ("by_method", "by_type")
+    records = True
 
     def __init__(self) -> None:
         self.by_type: dict[str, CallSeries] = {}
