@@ -54,6 +54,11 @@ async def test_pages_and_reminder_search_and_detail() -> None:
             assert (await client.get("/static/chart.js")).status_code == 200
             cluster = (await client.get("/api/cluster")).json()
             assert cluster["silos"][0]["status"] == "active"
+            grains = (await client.get("/api/grains")).json()
+            calls = {(c["grain_type"], c["method"]): c["calls"] for c in grains["calls"]}
+            assert calls[("HostileGrain", "start")] == 2  # inline and queued calls alike
+            [act] = [a for a in grains["activations"] if a["grain_type"] == "HostileGrain"]
+            assert act["total"] == 2
             rows = (await client.get("/api/reminders", params={"type": "HostileGrain"})).json()
             assert {(r["grain_text"], r["name"]) for r in rows["rows"]} == {
                 ("HostileGrain/<script>alert(1)</script>", "tick"),
