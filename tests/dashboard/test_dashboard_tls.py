@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
