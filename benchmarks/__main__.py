@@ -23,6 +23,7 @@ BENCHMARKS = [
     "bench_grain_state",
     "bench_metrics_overhead",
     "bench_dashboard_cost",
+    "bench_dashboard_search",
 ]
 
 

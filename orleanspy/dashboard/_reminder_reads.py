@@ -155,6 +155,9 @@ class ReminderPages:
                 full = len(keys) == want
                 if full:
                     keys = keys[:-1]
+                room = SCAN_BUDGET - scanned
+                if len(keys) > room:  # the budget is exact, not per round
+                    keys, full = keys[:room], True
                 scanned += len(keys)
                 candidates = [k for k in keys if query.matches_key(k, hosted)]
                 if candidates:
