@@ -37,7 +37,6 @@ from orleanspy.testing.postgres import PostgresDatabase
 from orleanspy.testing.redis_server import RedisServer
 
 
-
 def _rss_mb() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
