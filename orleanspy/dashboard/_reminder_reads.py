@@ -7,8 +7,9 @@ holds more than ``limit`` rows, and one request looks at no more than
 and a cursor to go on, never a walk of the whole table.
 
 - Redis: each shard's ``grain`` index (a sorted set of ``grain|name``, all
-  scores 0) is read by lexicographic range from the cursor, a few shards per
-  round trip; only the candidates whose key and name match are fetched.
+  scores 0) is read by lexicographic range from the cursor, shards in order: a
+  few shards per round trip, or one while inside a shard with more entries than
+  one ask; only the candidates whose key and name match are fetched.
 - PostgreSQL: a keyset query on the primary key ``(service_id, grain_id, name)``
   with the filters in SQL and ``LIMIT``.
 - In memory (an embedded silo): its rows are in memory already; sorted and cut.
@@ -32,6 +33,8 @@ __all__ = ["SCAN_BUDGET", "Page", "Query", "ReminderPages"]
 #: Most index entries one search request examines.
 SCAN_BUDGET: Final = 5000
 _SHARDS_PER_ROUND: Final = 16
+#: Most index entries asked of one shard per round trip.
+_MAX_ASK: Final = 1000
 _MAX_CURSOR: Final = 4096
 
 
@@ -139,8 +142,9 @@ class ReminderPages:
         scanned = 0
         client = table._c
         while shard < shards and len(rows) < limit and scanned < SCAN_BUDGET:
-            batch = list(range(shard, min(shards, shard + _SHARDS_PER_ROUND)))
-            want = min(limit * 4, SCAN_BUDGET - scanned) + 1
+            # Inside a shard with more to read, ask that shard alone; else a few at once.
+            batch = list(range(shard, min(shards, shard + (1 if after else _SHARDS_PER_ROUND))))
+            want = min(_MAX_ASK, SCAN_BUDGET - scanned) + 1
             with translate_errors("dashboard reminder search"):
                 async with client.pipeline(transaction=False) as pipe:
                     for s in batch:
@@ -152,12 +156,12 @@ class ReminderPages:
                     answers = await pipe.execute()
             for s, members in zip(batch, answers, strict=True):
                 keys = [m.decode(errors="replace") for m in members]
-                full = len(keys) == want
-                if full:
+                more = len(keys) == want
+                if more:
                     keys = keys[:-1]
                 room = SCAN_BUDGET - scanned
                 if len(keys) > room:  # the budget is exact, not per round
-                    keys, full = keys[:room], True
+                    keys, more = keys[:room], True
                 scanned += len(keys)
                 candidates = [k for k in keys if query.matches_key(k, hosted)]
                 if candidates:
@@ -171,12 +175,15 @@ class ReminderPages:
                             rows.append(row)
                             if len(rows) >= limit:
                                 return Page(rows, f"r:{s}:{_hex(key)}", scanned)
-                if full or scanned >= SCAN_BUDGET:
-                    last = keys[-1] if keys else after
-                    return Page(rows, f"r:{s}:{_hex(last)}", scanned)
+                if more:
+                    shard, after = s, (keys[-1] if keys else after)
+                    break
                 after = ""
-            shard = batch[-1] + 1
-        return Page(rows, None if shard >= shards else f"r:{shard}:", scanned)
+            else:
+                shard = batch[-1] + 1
+        if shard >= shards:
+            return Page(rows, None, scanned)
+        return Page(rows, f"r:{shard}:{_hex(after)}", scanned)
 
     async def _postgres(
         self, query: Query, cursor: str | None, limit: int, hosted: Container[str] | None

@@ -40,11 +40,13 @@ async def _seed(table: object) -> set[tuple[str, str]]:
     return {(e.grain_id.canonical, e.name) for e in entries}
 
 
-async def _all_pages(pages: ReminderPages, query: Query, limit: int) -> list[tuple[str, str]]:
+async def _all_pages(
+    pages: ReminderPages, query: Query, limit: int, budget: int = SCAN_BUDGET
+) -> list[tuple[str, str]]:
     seen, cursor = [], None
     for _ in range(10 * ROWS):
         page = await pages.search(query, cursor, limit, None)
-        assert len(page.rows) <= limit and page.scanned <= SCAN_BUDGET
+        assert len(page.rows) <= limit and page.scanned <= budget
         seen.extend((r.grain_id.canonical, r.name) for r in page.rows)
         cursor = page.cursor
         if cursor is None:
@@ -79,6 +81,25 @@ async def _check_pages(url: str) -> None:
         assert page.rows == [] and page.scanned <= SCAN_BUDGET
 
 
+async def _check_small_budget(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a tiny ask and budget every request stops inside a shard or between
+    shards, and the cursor still visits every row exactly once."""
+    from orleanspy.dashboard import _reminder_reads
+
+    monkeypatch.setattr(_reminder_reads, "SCAN_BUDGET", 23)
+    monkeypatch.setattr(_reminder_reads, "_MAX_ASK", 5)
+    async with AsyncExitStack() as stack:
+        table = await TableConnections(stack).reminder_table(url, service_id="default",
+                                                             shards=4)  # fmt: skip
+        await table.start(stack)
+        rows = await _seed(table)
+        pages = ReminderPages(table)
+        everything = await _all_pages(pages, Query(), 7, budget=23)
+        assert len(everything) == len(set(everything)) == ROWS and set(everything) == rows
+        named = await _all_pages(pages, Query(name="r1", grain_type="Beta"), 9, budget=23)
+        assert set(named) == {r for r in rows if r[0].startswith("Beta/") and r[1] == "r1"}
+
+
 @pytest.mark.slow
 async def test_reminder_pages_on_redis(redis_url: str) -> None:
     await _check_pages(redis_url)
@@ -87,6 +108,13 @@ async def test_reminder_pages_on_redis(redis_url: str) -> None:
 @pytest.mark.slow
 async def test_reminder_pages_on_postgres(postgres_url: str) -> None:
     await _check_pages(postgres_url)
+
+
+@pytest.mark.slow
+async def test_reminder_pages_on_redis_with_a_tiny_budget(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _check_small_budget(redis_url, monkeypatch)
 
 
 async def _status_on(url: str) -> None:
