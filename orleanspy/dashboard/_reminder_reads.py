@@ -141,10 +141,13 @@ class ReminderPages:
         rows: list[ReminderEntry] = []
         scanned = 0
         client = table._c
+        # A few pages' worth first; once a shard has more than that and the page is
+        # still short (a narrow filter), the largest ask.
+        ask = min(_MAX_ASK, 4 * limit)
         while shard < shards and len(rows) < limit and scanned < SCAN_BUDGET:
             # Inside a shard with more to read, ask that shard alone; else a few at once.
             batch = list(range(shard, min(shards, shard + (1 if after else _SHARDS_PER_ROUND))))
-            want = min(_MAX_ASK, SCAN_BUDGET - scanned) + 1
+            want = min(ask, SCAN_BUDGET - scanned) + 1
             with translate_errors("dashboard reminder search"):
                 async with client.pipeline(transaction=False) as pipe:
                     for s in batch:
@@ -177,6 +180,7 @@ class ReminderPages:
                                 return Page(rows, f"r:{s}:{_hex(key)}", scanned)
                 if more:
                     shard, after = s, (keys[-1] if keys else after)
+                    ask = _MAX_ASK
                     break
                 after = ""
             else:
