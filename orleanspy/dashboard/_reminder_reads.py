@@ -10,8 +10,9 @@ and a cursor to go on, never a walk of the whole table.
   scores 0) is read by lexicographic range from the cursor, shards in order: a
   few shards per round trip, or one while inside a shard with more entries than
   one ask; only the candidates whose key and name match are fetched.
-- PostgreSQL: a keyset query on the primary key ``(service_id, grain_id, name)``
-  with the filters in SQL and ``LIMIT``.
+- PostgreSQL: one statement: a keyset scan of the primary key ``(service_id,
+  grain_id, name)`` from the cursor (bounded by the key prefix and by
+  ``SCAN_BUDGET`` rows), the filters on what it read, and its last row.
 - In memory (an embedded silo): its rows are in memory already; sorted and cut.
 
 The cursor is opaque text: ``r:<shard>:<hex of the last key>`` (Redis) or
@@ -201,26 +202,44 @@ class ReminderPages:
         orphan_types = None
         if query.state == "orphaned":
             orphan_types = sorted(hosted) if isinstance(hosted, set | frozenset) else []
+        # The scan walks the primary key from the cursor, at most SCAN_BUDGET rows (a
+        # bound on the database's work too); the filters run on what it read. Its
+        # last row, with the count, says where the next request goes on.
+        bound = "AND grain_id < $10 " if prefix else "AND $10::text IS NULL "
         sql = (
-            f"SELECT {_COLUMNS} FROM orleanspy_reminders WHERE service_id = $1 "
-            "AND (grain_id, name) > ($2, $3) "
-            "AND grain_id >= $4 AND starts_with(grain_id, $4) "
-            "AND starts_with(name, $5) "
+            f"WITH scan AS MATERIALIZED (SELECT {_COLUMNS} FROM orleanspy_reminders "
+            "WHERE service_id = $1 AND (grain_id, name) > ($2, $3) AND grain_id >= $4 "
+            f"{bound}ORDER BY service_id, grain_id, name LIMIT $11) "
+            f"(SELECT {_COLUMNS}, 0::bigint AS scanned FROM scan "
+            "WHERE starts_with(grain_id, $4) AND starts_with(name, $5) "
             "AND ($6::smallint IS NULL OR priority = $6) "
             "AND ($7::boolean IS NULL OR paused = $7) "
             "AND ($8::text[] IS NULL OR NOT (split_part(grain_id, '/', 1) = ANY($8))) "
-            "ORDER BY grain_id, name LIMIT $9"
+            "ORDER BY grain_id, name LIMIT $9) "
+            f"UNION ALL (SELECT {_COLUMNS}, count(*) OVER () FROM scan "
+            "ORDER BY grain_id DESC, name DESC LIMIT 1)"
         )
+        upper = prefix + "\U0010ffff" if prefix else None
         with translate_errors("dashboard reminder search"):
             records = await self._table._p.fetch(
                 sql, self._table.service_id, after_grain, after_name, prefix, query.name,
-                query.priority, paused, orphan_types, limit + 1,
+                query.priority, paused, orphan_types, limit + 1, upper, SCAN_BUDGET,
             )  # fmt: skip
-        rows = [_row(r) for r in records]
-        more = len(rows) > limit
-        rows = rows[:limit]
-        nxt = f"p:{_hex(row_key(rows[-1].grain_id, rows[-1].name))}" if more and rows else None
-        return Page(rows, nxt, len(rows))
+        # The scan's last row is the one with its count (hits carry 0); none when
+        # the scan read nothing.
+        hits = [r for r in records if r["scanned"] == 0]
+        last = next((r for r in records if r["scanned"] > 0), None)
+        if last is None:
+            return Page([], None, 0)
+        scanned = int(last["scanned"])
+        rows = [_row(r) for r in hits[:limit]]
+        if len(hits) > limit:
+            nxt: str | None = f"p:{_hex(row_key(rows[-1].grain_id, rows[-1].name))}"
+        elif scanned >= SCAN_BUDGET:
+            nxt = f"p:{_hex(last['grain_id'] + '|' + last['name'])}"
+        else:
+            nxt = None
+        return Page(rows, nxt, scanned)
 
     async def _memory(
         self, query: Query, cursor: str | None, limit: int, hosted: Container[str] | None

@@ -111,6 +111,13 @@ async def test_reminder_pages_on_postgres(postgres_url: str) -> None:
 
 
 @pytest.mark.slow
+async def test_reminder_pages_on_postgres_with_a_tiny_budget(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await _check_small_budget(postgres_url, monkeypatch)
+
+
+@pytest.mark.slow
 async def test_reminder_pages_on_redis_with_a_tiny_budget(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
