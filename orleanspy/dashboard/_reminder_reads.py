@@ -220,26 +220,33 @@ class ReminderPages:
             "ORDER BY grain_id DESC, name DESC LIMIT 1)"
         )
         upper = prefix + "\U0010ffff" if prefix else None
-        with translate_errors("dashboard reminder search"):
-            records = await self._table._p.fetch(
-                sql, self._table.service_id, after_grain, after_name, prefix, query.name,
-                query.priority, paused, orphan_types, limit + 1, upper, SCAN_BUDGET,
-            )  # fmt: skip
-        # The scan's last row is the one with its count (hits carry 0); none when
-        # the scan read nothing.
-        hits = [r for r in records if r["scanned"] == 0]
-        last = next((r for r in records if r["scanned"] > 0), None)
-        if last is None:
-            return Page([], None, 0)
-        scanned = int(last["scanned"])
-        rows = [_row(r) for r in hits[:limit]]
-        if len(hits) > limit:
-            nxt: str | None = f"p:{_hex(row_key(rows[-1].grain_id, rows[-1].name))}"
-        elif scanned >= SCAN_BUDGET:
-            nxt = f"p:{_hex(last['grain_id'] + '|' + last['name'])}"
-        else:
-            nxt = None
-        return Page(rows, nxt, scanned)
+        # A few pages' worth first; more, up to the budget, only when they held too
+        # few hits (a narrow filter), going on from where the last scan stopped.
+        rows: list[ReminderEntry] = []
+        scanned, ask = 0, min(SCAN_BUDGET, 4 * (limit + 1))
+        while True:
+            with translate_errors("dashboard reminder search"):
+                records = await self._table._p.fetch(
+                    sql, self._table.service_id, after_grain, after_name, prefix, query.name,
+                    query.priority, paused, orphan_types, limit + 1 - len(rows), upper, ask,
+                )  # fmt: skip
+            # The scan's last row is the one with its count (hits carry 0); none when
+            # the scan read nothing.
+            hits = [_row(r) for r in records if r["scanned"] == 0]
+            last = next((r for r in records if r["scanned"] > 0), None)
+            rows.extend(hits)
+            if last is None:
+                return Page(rows, None, scanned)
+            scanned += int(last["scanned"])
+            if len(rows) > limit:
+                rows = rows[:limit]
+                return Page(rows, f"p:{_hex(row_key(rows[-1].grain_id, rows[-1].name))}", scanned)
+            if int(last["scanned"]) < ask:
+                return Page(rows, None, scanned)  # the scan reached the end
+            after_grain, after_name = last["grain_id"], last["name"]
+            if scanned >= SCAN_BUDGET:
+                return Page(rows, f"p:{_hex(after_grain + '|' + after_name)}", scanned)
+            ask = SCAN_BUDGET - scanned
 
     async def _memory(
         self, query: Query, cursor: str | None, limit: int, hosted: Container[str] | None
