@@ -41,15 +41,18 @@
     const top = niceMax(ymax);
     const x = t => L + (W - L - R) * (t - t0) / (t1 - t0);
     const y = v => T + (H - T - B) * (1 - v / top);
-    for (let i = 0; i <= 4; i++) {
-      const v = top * i / 4;
+    // Round steps: 5 for tops of 1, 2.5, 5 or 10 (times a power of ten), 4 for 2.
+    const lead = top / Math.pow(10, Math.floor(Math.log10(top)));
+    const steps = Math.abs(lead - 2) < 1e-9 ? 4 : 5;
+    for (let i = 0; i <= steps; i++) {
+      const v = top * i / steps;
       svg.appendChild(el("line", {x1: L, x2: W - R, y1: y(v), y2: y(v), class: "axis"}));
       svg.appendChild(el("text", {x: L - 6, y: y(v) + 4, "text-anchor": "end"},
                          fmt(v) + (opts.unit ? " " + opts.unit : "")));
     }
-    for (const t of [t0, (t0 + t1) / 2, t1]) {
+    for (const [t, anchor] of [[t0, "start"], [(t0 + t1) / 2, "middle"], [t1, "end"]]) {
       const d = new Date(t * 1000);
-      svg.appendChild(el("text", {x: x(t), y: H - 6, "text-anchor": "middle"},
+      svg.appendChild(el("text", {x: x(t), y: H - 6, "text-anchor": anchor},
                          d.toTimeString().slice(0, 8)));
     }
     for (const s of series) {
