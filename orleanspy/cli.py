@@ -31,7 +31,9 @@ they went through a gateway or straight to the reminder table (Redis or
 PostgreSQL; ``cluster status`` reads membership from either, ``--watch`` repeats
 it). ``dashboard`` serves the dashboard on its own (``--port``, ``--host``,
 ``--token``). Exit status: 0
-done, 1 failed (the message says why), 2 usage error.
+done, 1 failed (the message says why), 2 usage error, 3 the silo stopped
+itself (declared Dead by the cluster, or its membership store lost its data:
+restart it).
 """
 
 from __future__ import annotations
@@ -385,7 +387,12 @@ def _import_grains(args: argparse.Namespace) -> None:
             ) from None
 
 
-async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> None:
+#: Exit status of a silo that stopped itself: declared Dead by the cluster, or
+#: its membership store lost its data. A restart joins it as a new incarnation.
+EXIT_STOPPED_BY_CLUSTER = 3
+
+
+async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> int:
     from orleanspy.runtime.silo import Silo
 
     options = SiloOptions(
@@ -423,6 +430,10 @@ async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> None:
         while not stopped.done() and not silo.declared_dead:
             await asyncio.wait([stopped], timeout=0.5)
         stopped.cancel()
+    if silo.declared_dead:
+        print(f"orleanspy: silo stopped: {silo.stop_reason}", file=sys.stderr)
+        return EXIT_STOPPED_BY_CLUSTER
+    return 0
 
 
 # -- output ---------------------------------------------------------------------------
@@ -677,8 +688,7 @@ async def _reminders(args: argparse.Namespace) -> int:
 
 async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
     if args.command == "silo":
-        await _run_silo(args, names)
-        return 0
+        return await _run_silo(args, names)
     if args.command == "cluster":
         return await _cluster_status(args)
     if args.command == "dashboard":
@@ -693,8 +703,7 @@ async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``orleanspy`` command; returns the exit status."""
-    # gRPC's C core logs to stderr on its own; keep it to errors unless asked.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # gRPC's C core stays quiet unless GRPC_VERBOSITY asks (orleanspy.messaging).
     parser = _parser()
     try:
         args = parser.parse_args(argv)
