@@ -12,6 +12,8 @@ silo's options); everything else takes options as values.
     orleanspy silo --config silo.toml --host 0.0.0.0 --advertise-host 10.0.0.5 \\
                    --set membership.probe_interval=2s
     orleanspy cluster status --redis-url redis://127.0.0.1:6379/0
+    orleanspy cluster status --storage-url postgresql://app@db/app --watch
+    orleanspy dashboard --storage-url redis://127.0.0.1:6379/0 --port 8787
     orleanspy reminders upcoming --minutes 10 --redis-url redis://127.0.0.1:6379/0
     orleanspy reminders get Type/key name --json
     orleanspy demo
@@ -31,7 +33,9 @@ default (``silo --help`` lists every key). ``silo`` prints ``READY <address>
 is Active and stops gracefully on SIGTERM or SIGINT. Read commands print
 tables, or JSON with ``--json``; the reminder commands say on stderr whether
 they went through a gateway or straight to the reminder table (Redis or
-PostgreSQL; ``cluster status`` reads Redis only). Exit status: 0
+PostgreSQL; ``cluster status`` reads membership from either, ``--watch`` repeats
+it). ``dashboard`` serves the dashboard on its own (``--port``, ``--host``,
+``--token``). Exit status: 0
 done, 1 failed (the message says why), 2 usage error, 3 the silo stopped
 itself (declared Dead by the cluster, or its membership store lost its data:
 restart it).
@@ -148,6 +152,12 @@ _SILO_FLAGS = (
      "gateway"),
     ("--metrics-port", "metrics_port",
      "HTTP port of /metrics, /healthz and /readyz, 0 for any free port"),
+    ("--dashboard-port", "dashboard_port",
+     "HTTP port of the dashboard (off unless set), 0 for any free port"),
+    ("--dashboard-host", "dashboard_host",
+     "address the dashboard listens on; other than loopback it needs a token or TLS"),
+    ("--dashboard-token", "dashboard_token",
+     "bearer token the dashboard requires (16+ characters)"),
     ("--storage-timeout", "storage_start_timeout",
      "how long start-up retries an unreachable Redis, in seconds or with a unit"),
     ("--storage", "storage.default",
@@ -157,7 +167,8 @@ _SHOWN: dict[str, object] = {"name": "silo-<id>", "storage_start_timeout": 30.0,
                              "storage.default": "the cluster's store"}  # fmt: skip
 _METAVARS = {"--silo-port": "PORT", "--gateway-port": "PORT", "--metrics-port": "PORT",
              "--storage-timeout": "SECONDS", "--storage": "URL", "--host": "ADDRESS",
-             "--advertise-host": "ADDRESS"}  # fmt: skip
+             "--advertise-host": "ADDRESS", "--dashboard-port": "PORT",
+             "--dashboard-host": "ADDRESS", "--dashboard-token": "TOKEN"}  # fmt: skip
 # Global flags that are silo settings too.
 _GLOBAL_KEYS = {
     "redis_url": "redis_url", "storage_url": "storage_url", "membership_url": "membership_url",
@@ -210,7 +221,15 @@ def _parser() -> argparse.ArgumentParser:
 
     cluster = sub(commands, "cluster", "look at the cluster")
     what = cluster.add_subparsers(dest="what", metavar="WHAT", required=True)
-    sub(what, "status", "silos: status, address, gateway, start, ring share, load (from Redis)")
+    status = sub(what, "status", "silos: status, address, version, uptime, ring share, load, "
+                 "membership events (from the store: Redis or PostgreSQL)")  # fmt: skip
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=None,
+                        metavar="SECONDS", help="print again every SECONDS (default 2) until "
+                        "interrupted (default: once; no env)")  # fmt: skip
+
+    dash = sub(commands, "dashboard", "serve the dashboard on its own, reading the store "
+               "(actions go through a gateway)")  # fmt: skip
+    _dashboard_args(dash, "--port", "--host", "--token")
 
     rem = sub(commands, "reminders", "inspect and change reminder rows")
     ops = rem.add_subparsers(dest="what", metavar="WHAT", required=True)
@@ -258,6 +277,19 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--seconds", type=float, metavar="S", **_env_help(
         "how long the demo runs", 5.0, "ORLEANSPY_DEMO_SECONDS"))  # fmt: skip
     return parser
+
+
+def _dashboard_args(p: argparse.ArgumentParser, port: str, host: str, token: str) -> None:
+    standalone = port == "--port"
+    p.add_argument(port, dest="dashboard_port", type=int, metavar="PORT", **_env_help(
+        "HTTP port of the dashboard, 0 for any free port", 8787 if standalone else None,
+        "ORLEANSPY_DASHBOARD_PORT"))  # fmt: skip
+    p.add_argument(host, dest="dashboard_host", metavar="HOST", **_env_help(
+        "address the dashboard listens on; off loopback it needs a token or TLS",
+        "127.0.0.1", "ORLEANSPY_DASHBOARD_HOST"))  # fmt: skip
+    p.add_argument(token, dest="dashboard_token", metavar="TOKEN", **_env_help(
+        "token the dashboard asks for (16+ characters; Authorization: Bearer, or ?token= "
+        "once in the browser)", None, "ORLEANSPY_DASHBOARD_TOKEN"))  # fmt: skip
 
 
 def _row_args(p: argparse.ArgumentParser) -> None:
@@ -361,17 +393,6 @@ def reminders_url(args: argparse.Namespace) -> str:
     return storage_url(args)
 
 
-def redis_url(args: argparse.Namespace) -> str:
-    """The Redis that holds membership (``cluster status`` reads only Redis)."""
-    url = membership_url(args)
-    if table_backend(url) != "redis":
-        raise UsageError(
-            "cluster status reads the membership table in Redis; this cluster's membership "
-            "is in PostgreSQL (use a client's gateway or the database instead)"
-        )
-    return url
-
-
 def _logging(args: argparse.Namespace) -> SiloNameFilter:
     handler = logging.StreamHandler(sys.stderr)
     names = SiloNameFilter(getattr(args, "name", None) or "-")
@@ -447,6 +468,8 @@ async def _run_silo(options: SiloOptions, names: SiloNameFilter) -> int:
     names.silo_name = silo.name
     async with silo:
         extra = f" {silo.metrics_port}" if silo.metrics_port is not None else ""
+        if silo.dashboard_port is not None:
+            extra += f" dashboard={silo.dashboard_port}"
         print(f"READY {silo.address} {silo.gateway_port}{extra}", flush=True)
         stopped = asyncio.ensure_future(stop.wait())
         # A silo declared dead by the cluster stops on its own; so do we.
@@ -527,31 +550,113 @@ def _history_table(history: Sequence[FireRecord]) -> str:
 
 
 async def _cluster_status(args: argparse.Namespace) -> int:
-    from orleanspy._redis import connect
-    from orleanspy.cluster_status import explain_no_gateway, read_status
+    from contextlib import AsyncExitStack
 
-    url = redis_url(args)
-    client = connect(url)
-    try:
-        status = await read_status(client, cluster_id=args.cluster_id, service_id=args.service_id)
-    finally:
-        await client.aclose()
-    if args.json:
-        _print_json(status.to_json())
-    else:
-        print(f"cluster {status.cluster_id!r} service {status.service_id!r} "
-              f"(membership version {status.table_version})")  # fmt: skip
-        headers = ("NAME", "STATUS", "ADDRESS", "GATEWAY", "STARTED", "RING", "ACTIVATIONS",
-                   "REMINDERS")  # fmt: skip
-        rows = [
-            (s.name, s.status, s.address, s.gateway, f"{s.started:%Y-%m-%d %H:%M:%S}Z",
-             f"{s.ring_share:.1f}%", s.activations, s.reminders)
-            for s in status.silos
-        ]  # fmt: skip
-        print(_table(headers, rows))
+    from orleanspy.cluster_status import open_status_reader
+
+    url = membership_url(args)
+    async with AsyncExitStack() as stack:
+        reader = await open_status_reader(
+            stack, url, cluster_id=args.cluster_id, service_id=args.service_id
+        )
+        while True:
+            status = await reader.read()
+            if args.json:
+                print(json.dumps(status.to_json(), sort_keys=True), flush=True)
+            else:
+                if args.watch is not None:
+                    print("\x1b[2J\x1b[H", end="")  # clear the terminal between rounds
+                print(_status_text(status), flush=True)
+            if args.watch is None:
+                break
+            await asyncio.sleep(max(0.2, args.watch))
     if not any(s.status == "active" for s in status.silos):
-        why = await explain_no_gateway(url, cluster_id=args.cluster_id, service_id=args.service_id)
+        if table_backend(url) == "redis":
+            from orleanspy.cluster_status import explain_no_gateway
+
+            why = await explain_no_gateway(
+                url, cluster_id=args.cluster_id, service_id=args.service_id
+            )
+        else:
+            why = (f"the membership table holds {len(status.silos)} silos for cluster id "
+                   f"{args.cluster_id!r}, service id {args.service_id!r}, none Active")  # fmt: skip
         print(f"orleanspy: no Active silo: {why}", file=sys.stderr)
+    return 0
+
+
+def _status_text(status: Any) -> str:
+    head = (f"cluster {status.cluster_id!r} service {status.service_id!r} "
+            f"(membership version {status.table_version})")  # fmt: skip
+    headers = ("NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "UPTIME", "RING",
+               "ACTIVATIONS", "REMINDERS", "CPU", "HEARTBEAT")  # fmt: skip
+    rows = [
+        (s.name, s.status, s.address, s.gateway, s.version,
+         _duration(s.uptime_seconds) if s.status == "active" else None,
+         f"{s.ring_share:.1f}%", s.activations, s.reminders,
+         None if s.cpu_percent is None else f"{s.cpu_percent:.0f}%",
+         None if s.last_heartbeat is None else f"{s.last_heartbeat:%H:%M:%S}Z")
+        for s in status.silos
+    ]  # fmt: skip
+    events = [
+        f"  {e.at:%Y-%m-%d %H:%M:%S}Z  {e.kind:<9}  {e.name or e.silo}"
+        + (f"  (vote by {e.by})" if e.by else "")
+        for e in status.events[-10:]
+    ]
+    tail = "\n\nrecent membership events:\n" + "\n".join(events) if events else ""
+    return f"{head}\n{_table(headers, rows)}{tail}"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+# -- dashboard ------------------------------------------------------------------------
+
+
+async def _run_dashboard(args: argparse.Namespace) -> int:
+    from contextlib import AsyncExitStack
+
+    from orleanspy.options import dashboard_exposure_error
+    from orleanspy.runtime.ops_http import HTTP_HINT, HttpServer, http_available
+
+    why = dashboard_exposure_error(args.dashboard_host, args.dashboard_token, False)
+    if why is not None:
+        raise UsageError(f"--host: {why}")
+    if not http_available():
+        raise OrleansPyError(HTTP_HINT.replace("[metrics]", "[dashboard]"))
+    from orleanspy.client import ClusterClient
+    from orleanspy.dashboard import Dashboard, StoreSource
+
+    messaging = _messaging(args)
+    members = membership_url(args)
+
+    async def open_client(stack: AsyncExitStack) -> Any:
+        client = ClusterClient(membership_url=members, cluster_id=args.cluster_id,
+                               service_id=args.service_id, options=messaging)  # fmt: skip
+        await client.start()
+        stack.push_async_callback(client.aclose)
+        return client
+
+    source = StoreSource(
+        members, cluster_id=args.cluster_id, service_id=args.service_id,
+        reminders_url=reminders_url(args), client_factory=open_client,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(source.aclose)
+        app = Dashboard(source, token=args.dashboard_token).asgi()
+        server = HttpServer(app, args.dashboard_host, int(args.dashboard_port))
+        await server.start(stack, what="--port")
+        print(f"READY http://{args.dashboard_host}:{server.port}/", flush=True)
+        await stop.wait()
     return 0
 
 
@@ -634,6 +739,8 @@ async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
         return await _run_silo(args.silo_options, names)
     if args.command == "cluster":
         return await _cluster_status(args)
+    if args.command == "dashboard":
+        return await _run_dashboard(args)
     if args.command == "demo":
         from orleanspy.demo import main as demo
 

@@ -30,6 +30,8 @@ __all__ = [
     "ReminderOptions",
     "SiloOptions",
     "TlsOptions",
+    "dashboard_exposure_error",
+    "is_loopback",
 ]
 
 
@@ -447,6 +449,13 @@ class SiloOptions:
     no metrics recorded). ``storage_start_timeout``: how long ``start`` keeps
     retrying an unreachable Redis before it fails (a compose start-up brings
     Redis up alongside the silos).
+    ``dashboard_port``: serve the dashboard (``orleanspy.dashboard``, the
+    ``orleanspy[dashboard]`` extra) on ``dashboard_host`` (loopback by default;
+    ``None``, the default: no dashboard). On an address other than loopback the
+    silo refuses to start unless ``dashboard_token`` is set or the cluster has
+    TLS (then the dashboard serves HTTPS and asks for a client certificate
+    signed by the cluster's CA). A dashboard records metrics as
+    ``metrics_port`` does.
     ``tune_gc``: once started, the silo calls ``gc.freeze()`` and raises the
     garbage collector's young-generation threshold to 10,000 (never lowers it),
     so full collections are rare and do not walk start-up objects
@@ -488,6 +497,9 @@ class SiloOptions:
         return self.messaging.cluster_secret is not None or self.messaging.tls is not None
 
     metrics_port: int | None = None
+    dashboard_port: int | None = None
+    dashboard_host: str = "127.0.0.1"
+    dashboard_token: str | None = None
     storage_start_timeout: timedelta = timedelta(seconds=30)
 
     if TYPE_CHECKING:
@@ -520,6 +532,9 @@ class SiloOptions:
             allow_client_management: bool | None = ...,
             storage: Mapping[str, Any] | None = ...,
             metrics_port: int | None = ...,
+            dashboard_port: int | None = ...,
+            dashboard_host: str = ...,
+            dashboard_token: str | None = ...,
             storage_start_timeout: timedelta | float = ...,
         ) -> None: ...
 
@@ -539,7 +554,7 @@ class SiloOptions:
                 raise ConfigurationError(
                     f"SiloOptions.{name} must be a non-empty string without '{{', '}}', ':', '|'"
                 )
-        for name in ("silo_port", "gateway_port", "metrics_port"):
+        for name in ("silo_port", "gateway_port", "metrics_port", "dashboard_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"SiloOptions.{name} must be in 0..65535, got {port}")
@@ -548,6 +563,12 @@ class SiloOptions:
         _check_host(self.host)
         if self.advertised_host is not None:
             _check_advertised_host(self.advertised_host)
+        if self.dashboard_port is not None:
+            why = dashboard_exposure_error(
+                self.dashboard_host, self.dashboard_token, self.messaging.tls is not None
+            )
+            if why is not None:
+                raise ConfigurationError(f"SiloOptions.dashboard_host: {why}")
 
         # ``redis_url`` is the older name of ``storage_url`` and takes the same schemes.
         for name in ("redis_url", "storage_url", "membership_url", "reminder_table_url"):
@@ -669,3 +690,29 @@ def _check_storage(storage: Mapping[str, Any]) -> None:
                 f"SiloOptions.storage[{name!r}]: {value!r} is neither a URL nor a GrainStorage "
                 "(start, read, write, clear)"
             )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback name or address (reachable from this host only)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def dashboard_exposure_error(host: str, token: str | None, tls: bool) -> str | None:
+    """Why a dashboard must not listen on ``host`` as configured, or ``None``: off
+    loopback it needs a token (of at least 16 characters) or the cluster's TLS."""
+    if token is not None and len(token) < 16:
+        return "the dashboard token must have at least 16 characters"
+    if is_loopback(host) or token is not None or tls:
+        return None
+    return (
+        f"the dashboard would listen on {host}, reachable from other hosts, with no "
+        "authentication: set a token (dashboard_token, --dashboard-token, "
+        "ORLEANSPY_DASHBOARD_TOKEN) or TLS (MessagingOptions.tls), or bind to 127.0.0.1"
+    )

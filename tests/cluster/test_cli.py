@@ -132,8 +132,10 @@ async def test_every_command_through_a_gateway_of_a_running_cluster(redis_url: s
         assert isinstance(silo["activations"], int) and isinstance(silo["reminders_held"], int)
         assert status_table.returncode == 0, status_table.stderr
         header, row = status_table.stdout.splitlines()[1:3]
-        assert header.split() == ["NAME", "STATUS", "ADDRESS", "GATEWAY", "STARTED", "RING",
-                                  "ACTIVATIONS", "REMINDERS"]  # fmt: skip
+        assert header.split() == [
+            "NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "UPTIME", "RING", "ACTIVATIONS",
+            "REMINDERS", "CPU", "HEARTBEAT",
+        ]  # fmt: skip
         assert row.split()[:4] == ["cli-silo", "active", address, f"127.0.0.1:{gateway}"]
         assert "100.0%" in row
 
@@ -310,7 +312,7 @@ async def test_silo_logs_json_with_its_name_and_fails_clearly_without_redis() ->
                       "--storage-timeout", "0.5")  # fmt: skip
     assert proc.returncode == 1
     records = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
-    attempts = [r for r in records if r["message"].startswith("redis not reachable yet")]
+    attempts = [r for r in records if r["msg"].startswith("redis not reachable yet")]
     assert attempts and all(r["silo"] == "js" and r["level"] == "WARNING" for r in attempts)
     assert f"could not reach Redis at {dead} within 0.5 s" in proc.stderr
 
