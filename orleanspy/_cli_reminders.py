@@ -21,7 +21,7 @@ from orleanspy.errors import AuthenticationError, ReminderError, SiloUnavailable
 from orleanspy.identity import GrainId
 from orleanspy.options import MessagingOptions, ReminderOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry, TickStatus
-from orleanspy.reminders.schedule import schedule_for
+from orleanspy.reminders.schedule import next_slot
 from orleanspy.reminders.spec import new_entry
 
 __all__ = ["ReminderAccess", "entry_json", "fire_json", "open_reminders", "parse_grain_id"]
@@ -205,7 +205,7 @@ class _Direct:
 
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
         row = await self.get(grain, name)
-        return await self._store(replace(row, next_due=schedule_for(row).next_after(self._now())))
+        return await self._store(replace(row, next_due=next_slot(row, self._now())))
 
     async def delete(self, grain: GrainId, name: str) -> bool:
         row: ReminderEntry | None = await self._t.read(grain, name)

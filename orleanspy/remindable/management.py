@@ -21,7 +21,7 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     TickStatus,
 )
-from orleanspy.reminders.schedule import schedule_for
+from orleanspy.reminders.schedule import next_slot
 from orleanspy.reminders.spec import new_entry
 from orleanspy.reminders.table import PausableReminderTable
 
@@ -83,8 +83,7 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
     async def repair(self, grain_id: GrainId, name: str) -> ReminderEntry:
         """Move a row's ``next_due`` to its first slot after now (skipping missed ones)."""
         row = await self._row(grain_id, name)
-        nxt = schedule_for(row).next_after(self.now())
-        return await self._registry.store(replace(row, next_due=nxt))
+        return await self._registry.store(replace(row, next_due=next_slot(row, self.now())))
 
     async def pause(self, grain_id: GrainId, name: str) -> ReminderEntry:
         """Keep the row but deliver nothing until ``resume`` (held across restarts:

@@ -46,9 +46,17 @@ class NoHistory:
     """Records nothing."""
 
     def fired(
-        self, entry: ReminderEntry, slot: datetime, at: datetime, outcome: FireOutcome
+        self,
+        entry: ReminderEntry,
+        slot: datetime,
+        at: datetime,
+        outcome: FireOutcome,
+        *,
+        attempt: int = 1,
+        final: bool = False,
     ) -> None:
-        """The slot ``slot`` of ``entry`` met ``outcome`` at ``at``."""
+        """The slot ``slot`` of ``entry`` met ``outcome`` at ``at`` (its ``attempt``-th
+        delivery; ``final``: the reminder's last slot)."""
 
 
 class History(NoHistory):
@@ -65,9 +73,27 @@ class History(NoHistory):
         self.failures = 0
 
     def fired(
-        self, entry: ReminderEntry, slot: datetime, at: datetime, outcome: FireOutcome
+        self,
+        entry: ReminderEntry,
+        slot: datetime,
+        at: datetime,
+        outcome: FireOutcome,
+        *,
+        attempt: int = 1,
+        final: bool = False,
     ) -> None:
-        self._buffer.append(FireRecord(entry.grain_id, entry.name, slot, at, outcome, self._silo))
+        self._buffer.append(
+            FireRecord(
+                entry.grain_id,
+                entry.name,
+                slot,
+                at,
+                outcome,
+                self._silo,
+                attempt=attempt,
+                final=final,
+            )
+        )
         self._wake.set()
 
     async def run(self) -> None:

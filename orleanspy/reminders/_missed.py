@@ -46,6 +46,12 @@ class TickPlan:
     missed_ticks: int = 0
     resume: datetime | None = None
 
+    @property
+    def ended(self) -> bool:
+        """A missed row whose schedule has no slot after now (a one-shot, or the
+        last slot of a bounded reminder)."""
+        return self.missed and self.resume is None
+
 
 def plan_tick(
     schedule: Schedule,
@@ -73,7 +79,7 @@ def plan_tick(
     one catch-up is delivered. Without storage trouble a row behind its grid is
     just late (an overload) and is delivered within the grace as usual.
     """
-    if now <= slot + grace and not (reloaded and schedule.next_after(slot) <= now):
+    if now <= slot + grace and not (reloaded and _due_by(schedule.next_after(slot), now)):
         return TickPlan(deliver=True, slot=slot)
     # Counting cron slots steps the iterator (~40 µs a slot): cap it so one dense
     # row found after a long outage cannot stall the loop; past the cap the count
@@ -83,6 +89,10 @@ def plan_tick(
     if action is MissedReminderAction.FIRE_IMMEDIATELY:
         return TickPlan(deliver=True, slot=slot, missed=True, missed_ticks=later, resume=resume)
     return TickPlan(deliver=False, slot=slot, missed=True, missed_ticks=later + 1, resume=resume)
+
+
+def _due_by(slot: datetime | None, now: datetime) -> bool:
+    return slot is not None and slot <= now
 
 
 class MissedNotifier:
@@ -100,7 +110,7 @@ class MissedNotifier:
         scheduled: datetime,
         now: datetime,
         missed_ticks: int,
-        next_due: datetime,
+        next_due: datetime | None,
     ) -> None:
         if self._publish is None:
             return

@@ -20,6 +20,10 @@ ours and applied. The row keeps its local schedule, adopts the stored etag,
 and the newest update is written on top of it. Only a row that holds someone
 else's schedule counts as moved by another writer.
 
+Removals. A row whose schedule ended (``ScheduleUpdate.remove``) is removed
+against its etag in the same pipeline, so it supersedes and is rebased like any
+update of the row, and is written only after the tick it follows.
+
 Under a stream of ticks a partial batch is not written before ``LINGER_S``
 (real time) has passed since the previous write ended: ticks finish a few at a
 time, and a round trip per handful of rows costs more than the rows themselves.
@@ -45,7 +49,7 @@ from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import ScheduleUpdate, row_key
 from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
 
-__all__ = ["LINGER_S", "Persister", "update_key"]
+__all__ = ["LINGER_S", "REMOVED", "Persister", "update_key"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,8 @@ _UNCERTAIN_PER_ROW = 8
 
 #: How long a partial batch waits for more updates before it is written.
 LINGER_S = 0.025
+#: The "etag" a removal (``ScheduleUpdate.remove``) reports when it took place.
+REMOVED = ""
 
 
 def update_key(update: ScheduleUpdate) -> str:
@@ -298,6 +304,8 @@ class Persister:
         return ok
 
     async def _write(self, batch: list[ScheduleUpdate]) -> Sequence[str | BaseException | None]:
+        if any(u.remove for u in batch):
+            return await self._write_with_removals(batch)
         if self._batching:
             table: BatchingReminderTable = self._table  # type: ignore[assignment]
             return await table.update_schedule_many(batch)
@@ -308,6 +316,28 @@ class Persister:
             ),
             return_exceptions=True,
         )
+
+    async def _write_with_removals(
+        self, batch: list[ScheduleUpdate]
+    ) -> Sequence[str | BaseException | None]:
+        """A batch holding removals (rows whose schedule ended): the CASes as usual,
+        each removal as ``remove`` against its etag. A removal that took place
+        reports ``REMOVED`` as its etag, a lost one ``None``, as a lost CAS."""
+        cas = [u for u in batch if not u.remove]
+        gone = [u for u in batch if u.remove]
+        removed, written = await asyncio.gather(
+            asyncio.gather(
+                *(self._table.remove(u.grain_id, u.name, u.etag) for u in gone),
+                return_exceptions=True,
+            ),
+            self._write(cas) if cas else _nothing(),
+        )
+        by_update: dict[int, str | BaseException | None] = {}
+        for u, ok in zip(gone, removed, strict=True):
+            by_update[id(u)] = ok if isinstance(ok, BaseException) else (REMOVED if ok else None)
+        for u, etag in zip(cas, written, strict=True):
+            by_update[id(u)] = etag
+        return [by_update[id(u)] for u in batch]
 
     def _requeue(self, batch: list[ScheduleUpdate]) -> None:
         for update in batch:
@@ -335,6 +365,10 @@ class Persister:
                 self._pending[key] = replace(newer, etag=etag)
         self.written += etag is not None
         self._on_result(update, etag, key)
+
+
+async def _nothing() -> Sequence[str | BaseException | None]:
+    return []
 
 
 def _ms(t: datetime | None) -> int | None:

@@ -89,6 +89,7 @@ class Row:
         "last_fire",
         "next_due",
         "reloaded",
+        "retry",
         "schedule",
         "seq",
         "state",
@@ -119,6 +120,9 @@ class Row:
         # storage trouble: its stored schedule may lag behind ticks already
         # delivered (_missed). The loader sets it.
         self.reloaded = False
+        # The retry waiting for this row (a ``RetryPolicy`` retry after a grain
+        # error), owned by delivery; ``next_due`` is its time meanwhile.
+        self.retry: object | None = None
 
     @property
     def priority(self) -> int:

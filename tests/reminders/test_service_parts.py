@@ -18,7 +18,7 @@ from orleanspy.reminders._lanes import LaneDrainer, Lanes
 from orleanspy.reminders._missed import TickPlan, plan_tick
 from orleanspy.reminders._ownership import Ownership
 from orleanspy.reminders._window import DueWindow, Row, RowState
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, RetryPolicy
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.testing.cluster import wait_for
@@ -282,6 +282,13 @@ def test_rescheduled_keeps_every_other_field() -> None:
         etag="e1",
         declared=True,
         paused=True,
+        jitter=timedelta(seconds=2),
+        starts_at=t,
+        ends_at=t + timedelta(days=1),
+        max_ticks=9,
+        final_due=t + timedelta(seconds=40),
+        payload={"k": [1, 2]},
+        retry=RetryPolicy(2, timedelta(seconds=1)),
     )
     later = t + timedelta(seconds=5)
     assert entry.rescheduled(later, t, "e2") == dataclasses.replace(

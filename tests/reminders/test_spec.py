@@ -153,7 +153,7 @@ MINUTE = ReminderOptions(minimum_period=timedelta(minutes=1))
         ({"cron": 5}, "cron must be a string"),
         ({"cron": "0 0 0 30 2 *"}, "never matches"),
         ({"period": 10, "cron": "@hourly"}, "got both"),
-        ({}, "got neither"),
+        ({}, "got none of them"),
         ({"period": 1.5, "options": STRICT}, "below the minimum"),
         ({"period": 0}, "below the minimum"),
         ({"period": -5}, "below the minimum"),
