@@ -10,6 +10,8 @@ One table holds every service's rows (``service_id`` leads every key)::
         next_due    bigint             ms since the epoch (as start_at, last_fire)
         declared    boolean            made by a @register_reminder declaration
         paused      boolean            out of the due index (see below)
+        extras      bytea              the optional schedule fields, msgpack of
+                                       ``ReminderEntry.extras_record`` (NULL: none)
         version     bigint             the etag; every write takes a fresh value
                                        from the sequence orleanspy_reminder_version
     index (service_id, priority, bucket, next_due) WHERE NOT paused   read_due
@@ -20,13 +22,15 @@ One table holds every service's rows (``service_id`` leads every key)::
         service_id, grain_id, name     the row (FOREIGN KEY ... ON DELETE CASCADE)
         batch, i                       order: the append's number (a sequence)
                                        and the record's place in it
-        slot, at, outcome, silo, triggered
+        slot, at, outcome, silo, triggered, attempt, final
 
 The schema is versioned (``_SCHEMA``, one step per version, applied by
 ``start``): version 2 added ``declared``, the upcoming index (in place of
 v1's ``(service_id, next_due)``) and the notification with a priority;
 version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
-the history table.
+the history table; version 4 added ``extras`` (jitter, bounds, payload, retry:
+one column, since only the service reads them and no index needs them) and the
+history's ``attempt`` and ``final``.
 
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
@@ -80,7 +84,7 @@ from typing import Any, Final
 
 from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
 from orleanspy.clock import from_ms, to_ms
-from orleanspy.errors import StorageError
+from orleanspy.errors import SerializationError, StorageError
 from orleanspy.identity import GrainId
 from orleanspy.reminders._pg_feed import Listener, PostgresChanges
 from orleanspy.reminders.model import (
@@ -89,8 +93,10 @@ from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderEntry,
     ScheduleUpdate,
+    extras_from_record,
 )
 from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.serialization import pack, unpack
 
 __all__ = ["PostgresReminderTable"]
 
@@ -190,26 +196,37 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
                 REFERENCES orleanspy_reminders (service_id, grain_id, name) ON DELETE CASCADE
         )""",
     ),
+    # v4: the optional schedule fields of a row (one-shot rows need no column:
+    # period_ms and cron are both NULL), and a history record's attempt and
+    # final flag. v3 silos still running during an upgrade neither write nor
+    # read them: their whole-row writes leave extras as they are.
+    (
+        "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS extras bytea",
+        "ALTER TABLE orleanspy_reminder_history "
+        "ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1",
+        "ALTER TABLE orleanspy_reminder_history "
+        "ADD COLUMN IF NOT EXISTS final boolean NOT NULL DEFAULT false",
+    ),
 )
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, declared, paused, version"
+    "last_fire, priority, action, declared, paused, version, extras"
 )
 
-# The columns a whole-row write sets, in the order of its parameters $2..$15.
+# The columns a whole-row write sets, in the order of its parameters $2..$16.
 _ROW_COLUMNS: Final = (
     "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
-    "period_ms, cron, tz, last_fire, action, declared, paused"
+    "period_ms, cron, tz, last_fire, action, declared, paused, extras"
 )
-_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16"
 _SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
         action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
-        version = EXCLUDED.version"""
+        extras = EXCLUDED.extras, version = EXCLUDED.version"""
 # A paused row left the schedule: its changes are told as removals (no next_due,
 # no priority), whatever the write.
 _DUE_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.next_due END"
@@ -218,14 +235,14 @@ _PRIORITY_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.priority END"
 # row's priority, for the rows written (none when a condition failed).
 _NOTIFY_ROWS: Final = f"""
 SELECT w.version, orleanspy_reminder_notify(
-    $16, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 _RETURNING_ROW: Final = (
     "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority, t.paused"
 )
 
-# $1 service, $2..$15 the row (_ROW_COLUMNS), $16 channel.
+# $1 service, $2..$16 the row (_ROW_COLUMNS), $17 channel.
 _UPSERT: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -248,33 +265,34 @@ WITH w AS (
 {_NOTIFY_ROWS}
 """
 
-# upsert_if with an etag: replace the row only while its version is $17.
+# upsert_if with an etag: replace the row only while its version is $18.
 _REPLACE_IF: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders AS t
     SET ({_ROW_COLUMNS}, version) =
         ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
-    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $17
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $18
     {_RETURNING_ROW}
 )
 {_NOTIFY_ROWS}
 """
 
-# upsert_many: $2..$15 parallel arrays of the rows' columns (no key twice), in
-# key order so two batches lock shared rows in one order; $16 channel.
+# upsert_many: $2..$16 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $17 channel.
 _UPSERT_MANY: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
     SELECT $1, u.*, nextval('orleanspy_reminder_version')
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                 $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
-                $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[]) AS u
+                $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
+                $16::bytea[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $16, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -368,7 +386,8 @@ ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $3
 """
 
-# append_history: $2..$8 parallel arrays of the records (oldest first), $9 keep.
+# append_history: $2..$8, $10, $11 parallel arrays of the records (oldest
+# first), $9 keep.
 # Only rows that exist take records (locked FOR KEY SHARE, so a racing remove
 # waits or wins, and its cascade never meets a record it did not see); each
 # row keeps the newest ``keep``: its newest new records, and of the old ones
@@ -381,8 +400,9 @@ _APPEND_HISTORY: Final = """
 WITH u AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.grain_id, u.name ORDER BY u.i DESC) AS rn
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[],
-                $8::boolean[]) WITH ORDINALITY AS u(grain_id, name, slot, at, outcome, silo,
-                                                   triggered, i)
+                $8::boolean[], $10::smallint[], $11::boolean[])
+        WITH ORDINALITY AS u(grain_id, name, slot, at, outcome, silo, triggered, attempt,
+                             final, i)
 ), k AS (
     SELECT grain_id, name, count(*) AS cnt FROM u GROUP BY grain_id, name
 ), r AS (
@@ -395,8 +415,10 @@ WITH u AS (
     SELECT nextval('orleanspy_reminder_history_batch') AS batch
 ), ins AS (
     INSERT INTO orleanspy_reminder_history
-        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered)
-    SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered
+        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered, attempt,
+         final)
+    SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered,
+           u.attempt, u.final
     FROM u JOIN r ON u.grain_id = r.grain_id AND u.name = r.name CROSS JOIN b
     WHERE u.rn <= $9
 ), cut AS (
@@ -414,7 +436,7 @@ WHERE h.service_id = $1 AND h.grain_id = cut.grain_id AND h.name = cut.name
 """
 
 _READ_HISTORY: Final = """
-SELECT slot, at, outcome, silo, triggered FROM orleanspy_reminder_history
+SELECT slot, at, outcome, silo, triggered, attempt, final FROM orleanspy_reminder_history
 WHERE service_id = $1 AND grain_id = $2 AND name = $3
 ORDER BY batch DESC, i DESC
 """
@@ -487,13 +509,20 @@ def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
         int(entry.action),
         entry.declared,
         entry.paused,
+        _extras(entry),
     )
+
+
+def _extras(entry: ReminderEntry) -> bytes | None:
+    extras = entry.extras_record()
+    return pack(extras) if extras else None
 
 
 def _row(rec: Any) -> ReminderEntry:
     try:
         period = rec["period_ms"]
         last = rec["last_fire"]
+        extras = rec["extras"]
         return ReminderEntry(
             service_id=rec["service_id"],
             grain_id=GrainId.parse(rec["grain_id"]),
@@ -509,8 +538,9 @@ def _row(rec: Any) -> ReminderEntry:
             etag=str(rec["version"]),
             declared=bool(rec["declared"]),
             paused=bool(rec["paused"]),
+            **({} if extras is None else extras_from_record(unpack(extras))),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, SerializationError) as exc:
         raise StorageError(f"malformed reminder row in postgresql: {exc}") from exc
 
 
@@ -624,7 +654,7 @@ class PostgresReminderTable:
     async def _upsert_round(
         self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
     ) -> None:
-        columns: list[list[Any]] = [[] for _ in range(14)]
+        columns: list[list[Any]] = [[] for _ in range(15)]
         for i in indices:
             for column, value in zip(columns, _row_values(entries[i]), strict=True):
                 column.append(value)
@@ -749,6 +779,8 @@ class PostgresReminderTable:
                 [r.silo for r in records],
                 [r.triggered for r in records],
                 keep,
+                [r.attempt for r in records],
+                [r.final for r in records],
             )
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
@@ -765,6 +797,8 @@ class PostgresReminderTable:
                     outcome=FireOutcome(rec["outcome"]),
                     silo=rec["silo"],
                     triggered=bool(rec["triggered"]),
+                    attempt=int(rec["attempt"]),
+                    final=bool(rec["final"]),
                 )
                 for rec in records
             ]

@@ -101,6 +101,9 @@ _BACKOFF_MAX: Final = timedelta(seconds=2)
 # values when a script rewrites a row.
 _NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None, "o": None}
 
+# Optional fields of a fire record, merged into its stored map by the script.
+_HISTORY_FLAGS: Final = frozenset({"x", "n", "f"})
+
 #: Width of a priority lane in the due score: next_due ms must lie in [0, 2**44).
 LANE_WIDTH: Final = 1 << 44
 
@@ -231,7 +234,8 @@ return out
 # A whole batch of fire records in one call. ARGV[1]: keep. ARGV[2]: shard key
 # prefix. ARGV[3]: msgpack flat list, per row: its shard, its key, how many
 # records follow, then five items per record, oldest first: slot ms, delivery
-# ms, outcome, silo, triggered (true/false). The record map is built here
+# ms, outcome, silo, and false or a map of the record's optional fields
+# (``FireRecord.to_record``'s "x", "n", "f"). The record map is built here
 # (``FireRecord.to_record``'s form), so the client packs one string per batch,
 # not one per record. Records of a missing row are dropped.
 _APPEND_HISTORY: Final = """
@@ -246,7 +250,8 @@ while i <= #u do
     local hist = shard .. 'hist:' .. u[i + 1]
     for j = i + 3, i + 3 + (n - 1) * 5, 5 do
       local rec = {t = u[j], a = u[j + 1], o = u[j + 2], s = u[j + 3]}
-      if u[j + 4] then rec['x'] = true end
+      local flags = u[j + 4]
+      if flags then for k, v in pairs(flags) do rec[k] = v end end
       redis.call('LPUSH', hist, cmsgpack.pack(rec))
     end
     redis.call('LTRIM', hist, 0, keep - 1)
@@ -624,7 +629,8 @@ class RedisReminderTable:
         for key, recs in by_row.items():
             flat += (recs[0].grain_id.uniform_hash() >> shift, key, len(recs))
             for r in recs:
-                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered)
+                flags = {k: v for k, v in r.to_record().items() if k in _HISTORY_FLAGS}
+                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, flags or False)
         with translate_errors("reminder append_history"):
             await self._script("history")(args=[keep, self._shard_prefix, _lua_pack(flat)])
 

@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,6 +31,7 @@ from orleanspy.testing.reminder_table import (
     REMINDER_TABLE_CHECKS,
     check_read_due_against_brute_force,
     check_reminder_table,
+    check_schedule_fields,
 )
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -123,6 +125,61 @@ async def test_contract_suite_catches_a_table_that_ignores_the_range() -> None:
 
     with pytest.raises(AssertionError, match="outside range"):
         await check_read_due_against_brute_force(make)
+
+
+def _plain(entry: ReminderEntry) -> ReminderEntry:
+    """``entry`` as a table that predates the optional schedule fields stores it."""
+    return replace(
+        entry,
+        jitter=None,
+        starts_at=None,
+        ends_at=None,
+        max_ticks=None,
+        final_due=None,
+        payload=None,
+        retry=None,
+    )
+
+
+class _OptionalFieldsBlindTable(InMemoryReminderTable):
+    """Breaks the contract: rows are stored without their optional schedule fields."""
+
+    async def upsert(self, entry: ReminderEntry) -> str:
+        return await super().upsert(_plain(entry))
+
+
+class _CasDropsOptionalFieldsTable(InMemoryReminderTable):
+    """Breaks the contract: a schedule CAS rewrites the row without its optional fields."""
+
+    async def update_schedule(
+        self, grain_id: GrainId, name: str, etag: str, next_due: datetime, last_fire: Any
+    ) -> str | None:
+        new = await super().update_schedule(grain_id, name, etag, next_due, last_fire)
+        row = await self.read(grain_id, name)
+        if new is None or row is None:
+            return new
+        return await super().upsert(_plain(row))
+
+
+def _factory_of(cls: type[InMemoryReminderTable]) -> Factory:
+    @asynccontextmanager
+    async def make() -> AsyncIterator[ReminderTable]:
+        async with AsyncExitStack() as stack:
+            table = cls("contract")
+            await table.start(stack)
+            yield table
+
+    return make
+
+
+async def test_contract_suite_catches_a_table_that_drops_the_optional_fields() -> None:
+    with pytest.raises(AssertionError, match="read changed the row"):
+        await check_schedule_fields(_factory_of(_OptionalFieldsBlindTable))
+
+
+async def test_contract_suite_catches_a_cas_that_drops_the_optional_fields() -> None:
+    with pytest.raises(AssertionError, match="update_schedule lost fields"):
+        await check_schedule_fields(_factory_of(_CasDropsOptionalFieldsTable))
 
 
 # -- Redis specifics -------------------------------------------------------------------
