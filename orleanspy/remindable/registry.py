@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
 from orleanspy.clock import Clock
 from orleanspy.errors import ReminderError
@@ -23,6 +24,7 @@ from orleanspy.reminders.model import (
     ReminderChange,
     ReminderEntry,
     ReminderPriority,
+    RetryPolicy,
 )
 from orleanspy.reminders.spec import new_entry
 from orleanspy.reminders.table import (
@@ -51,6 +53,13 @@ class Registration:
     tz: str | None = None
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
+    at: datetime | None = None
+    jitter: timedelta | float | None = None
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    max_ticks: int | None = None
+    payload: Any = field(default=None, hash=False)
+    retry: RetryPolicy | None = None
 
 
 class ReminderRegistry:
@@ -107,6 +116,13 @@ class ReminderRegistry:
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        at: datetime | None = None,
+        jitter: timedelta | float | None = None,
+        starts_at: datetime | None = None,
+        ends_at: datetime | None = None,
+        max_ticks: int | None = None,
+        payload: Any = None,
+        retry: RetryPolicy | None = None,
     ) -> ReminderEntry:
         """Validate and upsert (last writer wins; the schedule re-anchors at now)."""
         self._check_remindable(grain_id)
@@ -122,6 +138,13 @@ class ReminderRegistry:
             tz=tz,
             priority=ReminderPriority.NORMAL if priority is None else priority,
             action=MissedReminderAction.SKIP if action is None else action,
+            at=at,
+            jitter=jitter,
+            starts_at=starts_at,
+            ends_at=ends_at,
+            max_ticks=max_ticks,
+            payload=payload,
+            retry=retry,
         )
         entry = entry.with_etag(await self.table.upsert(entry))
         self._changed(grain_id, name, entry)
@@ -159,6 +182,13 @@ class ReminderRegistry:
                         tz=r.tz,
                         priority=r.priority,
                         action=r.action,
+                        at=r.at,
+                        jitter=r.jitter,
+                        starts_at=r.starts_at,
+                        ends_at=r.ends_at,
+                        max_ticks=r.max_ticks,
+                        payload=r.payload,
+                        retry=r.retry,
                     )
                 )
             except ReminderError as exc:

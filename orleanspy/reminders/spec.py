@@ -60,6 +60,7 @@ from orleanspy.reminders.schedule import (
     parse_zone,
     schedule_for,
 )
+from orleanspy.serialization import pack, unpack
 
 __all__ = [
     "MAX_GRAIN_ID_LENGTH",
@@ -225,7 +226,7 @@ def new_entry(
         raise ReminderError(f"due must be >= 0, got {due!r}: use 0 to fire at once")
     jitter_td = _jitter(jitter)
     bounds = _bounds(starts_at, ends_at, max_ticks)
-    _check_payload(payload)
+    payload = _check_payload(payload)
     if retry is not None and not isinstance(retry, RetryPolicy):
         raise ReminderError(
             f"retry must be a RetryPolicy(max_attempts, backoff), got {type(retry).__name__}"
@@ -369,15 +370,18 @@ def _bounds(
     return starts, ends
 
 
-def _check_payload(payload: Any) -> None:
+def _check_payload(payload: Any) -> Any:
+    """The payload as it will read back from storage (the codec's round trip:
+    tuples and sets become lists), so the registered row equals the stored one."""
     if payload is None:
-        return
+        return None
     size = payload_size(payload)
     if size > MAX_PAYLOAD_BYTES:
         raise ReminderError(
             f"payload is {size} bytes encoded; a reminder carries at most {MAX_PAYLOAD_BYTES} "
             "(MAX_PAYLOAD_BYTES): store the data elsewhere and put its key in the payload"
         )
+    return unpack(pack(payload))
 
 
 def _with_final(entry: ReminderEntry, base: Schedule, max_ticks: int) -> ReminderEntry:
