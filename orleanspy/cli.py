@@ -417,8 +417,22 @@ def _print_json(doc: object) -> None:
 
 def _schedule(row: ReminderEntry) -> str:
     if row.cron:
-        return f"cron {row.cron} {row.tz or 'UTC'}"
-    return f"every {row.period}"
+        text = f"cron {row.cron} {row.tz or 'UTC'}"
+    elif row.period is not None:
+        text = f"every {row.period}"
+    else:
+        text = f"once at {row.start_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.jitter is not None:
+        text += f", jitter {row.jitter}"
+    if row.starts_at is not None:
+        text += f", from {row.starts_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.ends_at is not None:
+        text += f", until {row.ends_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.max_ticks is not None:
+        text += f", {row.max_ticks} ticks"
+    if row.retry is not None:
+        text += f", retry {row.retry.max_attempts}x/{row.retry.backoff}"
+    return text
 
 
 def _rows_table(rows: Sequence[ReminderEntry]) -> str:
@@ -455,7 +469,10 @@ def _history_table(history: Sequence[FireRecord]) -> str:
                 f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
                 f"{r.at:%H:%M:%S.%f}"[:-3],
                 f"{r.lateness.total_seconds() * 1000:.0f} ms",
-                r.outcome.value + (" (triggered)" if r.triggered else ""),
+                r.outcome.value
+                + (f" (attempt {r.attempt})" if r.attempt > 1 else "")
+                + (" (final)" if r.final else "")
+                + (" (triggered)" if r.triggered else ""),
                 r.silo,
             )
             for r in history

@@ -17,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from orleanspy import ClusterClient, Silo, SiloOptions, SiloUnavailableError, __version__
+from orleanspy import (
+    ClusterClient,
+    RetryPolicy,
+    Silo,
+    SiloOptions,
+    SiloUnavailableError,
+    __version__,
+)
 from orleanspy.cli import main
 from orleanspy.identity import GrainId
 from orleanspy.options import MessagingOptions, ReminderOptions
@@ -363,3 +370,46 @@ async def test_silo_command_keeps_grain_state_in_the_storage_url(
 def test_storage_flag_needs_a_redis_or_postgres_url(capsys) -> None:
     assert main(["--redis-url", "redis://127.0.0.1:1/0", "silo", "--storage", "mysql://x"]) == 1
     assert "--storage 'mysql://x'" in capsys.readouterr().err
+
+
+async def test_reminder_commands_show_one_shots_jitter_bounds_payload_and_retry(
+    redis_url: str,
+) -> None:
+    now = datetime.now(UTC)
+    service = f"sched-{os.getpid()}"
+    grain = GrainId("CliEchoGrain", "shaped")
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id=service)
+        await table.start(stack)
+        shaped = new_entry(
+            service_id=service, grain_id=grain, name="bounded", now=now,
+            options=ReminderOptions(), period=timedelta(hours=1),
+            jitter=timedelta(minutes=5), ends_at=now + timedelta(days=2), max_ticks=10,
+            payload={"order": 42, "when": now}, retry=RetryPolicy(3, timedelta(seconds=2)),
+        )  # fmt: skip
+        once = new_entry(
+            service_id=service, grain_id=grain, name="once", now=now,
+            options=ReminderOptions(), at=now + timedelta(hours=3),
+        )  # fmt: skip
+        await table.upsert(shaped)
+        await table.upsert(once)
+    url = ("--redis-url", redis_url, "--service-id", service)
+    got, human, listed = await asyncio.gather(
+        acli(*url, "reminders", "get", grain.canonical, "bounded", "--json"),
+        acli(*url, "reminders", "get", grain.canonical, "once"),
+        acli(*url, "reminders", "list", "--grain", grain.canonical),
+    )
+    doc = ok_json(got)
+    assert isinstance(doc, dict)
+    assert doc["jitter_seconds"] == 300.0 and doc["max_ticks"] == 10
+    assert shaped.ends_at is not None and doc["ends_at"] == shaped.ends_at.isoformat()
+    assert doc["final_due"] == (shaped.start_at + timedelta(hours=9)).isoformat()
+    assert doc["payload"] == {"order": 42, "when": now.isoformat()}
+    assert doc["retry"] == {"max_attempts": 3, "backoff_seconds": 2.0}
+    assert doc["one_shot"] is False
+    assert human.returncode == 0, human.stderr
+    assert "one_shot" in human.stdout and "True" in human.stdout
+    assert listed.returncode == 0, listed.stderr
+    assert "once at" in listed.stdout
+    assert "jitter 0:05:00" in listed.stdout and "10 ticks" in listed.stdout
+    assert "retry 3x/0:00:02" in listed.stdout
