@@ -220,10 +220,6 @@ class IntervalSchedule:
     def nominal(self, slot: datetime) -> datetime:
         return slot
 
-    def nth_after(self, first: datetime, n: int) -> datetime:
-        """The ``n``-th slot counting ``first`` (a slot) as the first, in closed form."""
-        return from_ms(to_ms(first) + (n - 1) * self._period_ms)
-
     def __repr__(self) -> str:
         return f"IntervalSchedule(start_at={self.start_at.isoformat()}, period={self.period})"
 

@@ -392,7 +392,10 @@ def _with_final(entry: ReminderEntry, base: Schedule, max_ticks: int) -> Reminde
     if first is None:
         return entry  # no slot at all: _first_slot reports it
     if isinstance(base, IntervalSchedule):
-        final: datetime | None = base.nth_after(first, max_ticks)
+        last_ms = to_ms(first) + (max_ticks - 1) * (base.period // _MS)
+        if last_ms >= to_ms(LATEST_TICK):
+            raise ReminderError(f"max_ticks of {max_ticks} puts the last slot beyond the year 2500")
+        final: datetime | None = from_ms(last_ms)
     else:
         final = first
         for _ in range(max_ticks - 1):
