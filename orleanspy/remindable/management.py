@@ -112,7 +112,8 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
 
     async def trigger(self, grain_id: GrainId, name: str) -> TickStatus:
         """Deliver one tick now, off the schedule (paused or not); the schedule
-        does not move. Returns the status delivered (``triggered=True``); an
+        does not move (a one-shot stays due: a triggered tick is not its slot).
+        Returns the status delivered (``triggered=True``, the row's payload); an
         exception of the grain's ``receive_reminder`` reaches the caller."""
         row = await self._row(grain_id, name)
         now = self.now()
@@ -124,6 +125,7 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             delivered_at=now,
             priority=int(row.priority),
             triggered=True,
+            payload=row.payload,
         )
         grain = self._activation.get_grain(grain_id.type_name, grain_id.key)
         outcome = FireOutcome.GRAIN_ERROR
