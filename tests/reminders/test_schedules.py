@@ -167,13 +167,14 @@ async def test_jitter_spreads_ticks_inside_their_slots_the_same_way_every_time(
 async def test_max_ticks_stops_the_reminder_and_removes_its_row(table, clock) -> None:
     await table.upsert(entry(clock, name="five", due=10, period=10, max_ticks=5))
     rec = Recorder()
-    async with running(table, clock, rec):
+    async with running(table, clock, rec) as svc:
         for _ in range(8):
             await advance(clock, 10)
         await wait_for(lambda: len(rec.calls) == 5, 5.0, interval=0)
         await _gone(table, "five")
         await advance(clock, 60)
         await clock.settle()
+        assert svc.stats.ended == 1
     assert rec.slots("five") == [START + 10 * k * S for k in range(1, 6)]
     assert [s.final for _, s in rec.calls] == [False] * 4 + [True]
 
@@ -258,6 +259,7 @@ async def test_retry_is_given_up_when_the_next_slot_comes(table, clock) -> None:
         await wait_for(lambda: svc.stats.grain_errors == 3, 5.0, interval=0)
         await advance(clock, 6)  # its retry at +26 succeeds
         await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
+        assert (svc.stats.grain_retries, svc.stats.retries_given_up) == (2, 1)
     status = rec.calls[0][1]
     assert (status.current_tick_time, status.attempt) == (START + 20 * S, 2)
 
