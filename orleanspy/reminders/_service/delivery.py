@@ -4,7 +4,7 @@ A tick is one grain call, ``receive_reminder``. Failures of the call path are
 retried until the grain acknowledges; only then is the row's next slot handed
 to the persister. A silo lost between the two leaves the old slot in the table
 and the next owner delivers the tick again: at least once. A row reached later
-than the grace gets its ``MissedReminderAction`` instead (``_missed``), and
+than the grace gets its ``MissedReminderAction`` instead (``missed``), and
 its grid resumes after now, so a long outage costs at most one catch-up tick
 per row.
 """
@@ -27,10 +27,10 @@ from orleanspy.errors import (
 )
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._history import NoHistory, skip_outcome
-from orleanspy.reminders._missed import MissedNotifier, PublishMissed, TickPlan, plan_tick
-from orleanspy.reminders._persist import Persister
-from orleanspy.reminders._window import DueWindow, Row
+from orleanspy.reminders._service.history import NoHistory, skip_outcome
+from orleanspy.reminders._service.missed import MissedNotifier, PublishMissed, TickPlan, plan_tick
+from orleanspy.reminders._service.persist import Persister
+from orleanspy.reminders._service.window import DueWindow, Row
 from orleanspy.reminders.model import (
     ENDED,
     FireOutcome,
@@ -80,7 +80,7 @@ class Delivery:
       schedule CAS, after the delivery, as a CAS would;
     - the next slot is submitted for persistence only after ``deliver`` has
       returned (or raised a grain error), never before;
-    - the missed-tick rule (``_missed``) applies: FIRE_IMMEDIATELY delivers
+    - the missed-tick rule (``missed``) applies: FIRE_IMMEDIATELY delivers
       one catch-up tick, SKIP and NOTIFY deliver none, and the grid resumes at
       the first slot after now;
     - a dropped row is not ticked or re-queued again (a delivery already running
