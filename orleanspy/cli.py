@@ -458,10 +458,17 @@ def _rows_table(rows: Sequence[ReminderEntry]) -> str:
     )
 
 
+_OPTIONAL = frozenset(
+    {"one_shot", "jitter_seconds", "starts_at", "ends_at", "max_ticks", "final_due", "payload",
+     "retry"}
+)  # fmt: skip
+
+
 def _row_detail(row: ReminderEntry) -> str:
     from orleanspy._cli_reminders import entry_json
 
-    doc = entry_json(row)
+    # The optional schedule fields only when set: most rows have none of them.
+    doc = {k: v for k, v in entry_json(row).items() if k not in _OPTIONAL or v not in (None, False)}
     width = max(len(k) for k in doc)
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in doc.items())
 
