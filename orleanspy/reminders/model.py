@@ -302,9 +302,14 @@ def payload_size(value: Any) -> int:
         raise ReminderError(f"payload cannot be stored: {exc}") from exc
 
 
+_EXTRA_KEYS = frozenset({"j", "sa", "ea", "mt", "fd", "py", "rt"})
+
+
 def extras_from_record(rec: dict[str, Any]) -> dict[str, Any]:
     """``ReminderEntry`` keyword arguments for the optional fields present in ``rec``
     (``ReminderEntry.extras_record``'s form); absent keys are left out."""
+    if _EXTRA_KEYS.isdisjoint(rec):  # most rows: one set operation, no lookups
+        return {}
     out: dict[str, Any] = {}
     if (j := rec.get("j")) is not None:
         out["jitter"] = timedelta(milliseconds=j)
@@ -434,7 +439,8 @@ class TickStatus:
     ``triggered``: an extra tick asked for by an operator (``trigger``), off the
     schedule; ``current_tick_time`` is then the time it was asked for.
     ``due_at``: the instant the tick was due, ``current_tick_time`` plus the
-    row's jitter offset (equal to it without jitter). ``payload``: the row's
+    row's jitter offset (equal to it without jitter); the service sets it on
+    every tick (``None`` only in a status built without it). ``payload``: the row's
     payload. ``attempt``: which delivery of this slot it is (above 1 only for
     a ``RetryPolicy`` retry). ``final``: the reminder's last tick (a one-shot,
     or the last slot of a bounded one); its row is removed after it.
@@ -452,10 +458,6 @@ class TickStatus:
     payload: Any = None
     attempt: int = 1
     final: bool = False
-
-    def __post_init__(self) -> None:
-        if self.due_at is None:
-            object.__setattr__(self, "due_at", self.current_tick_time)
 
 
 @dataclass(frozen=True, slots=True)
