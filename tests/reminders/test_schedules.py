@@ -9,7 +9,10 @@ from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import (
@@ -278,3 +281,72 @@ async def test_no_retry_by_default(table, clock) -> None:
         await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
     assert rec.calls[0][1].current_tick_time == START + 20 * S
     assert rec.calls[0][1].attempt == 1
+
+
+# -- a property through the service -----------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    period_s=st.integers(1, 30),
+    jitter_pct=st.one_of(st.none(), st.integers(1, 100)),
+    max_ticks=st.one_of(st.none(), st.integers(1, 8)),
+    span_s=st.one_of(st.none(), st.integers(0, 200)),
+    action=st.sampled_from(list(MissedReminderAction)),
+    outage_s=st.one_of(st.none(), st.integers(1, 120)),
+)
+async def test_the_service_never_ticks_past_the_bounds(
+    period_s: int,
+    jitter_pct: int | None,
+    max_ticks: int | None,
+    span_s: int | None,
+    action: MissedReminderAction,
+    outage_s: int | None,
+) -> None:
+    # Whatever the schedule, jitter, action and an outage before the start: no
+    # tick past ends_at, at most max_ticks, each within its jitter, and the row
+    # goes once its last slot has passed.
+    clock = ManualClock(START)
+    period = period_s * S
+    jitter = None if jitter_pct is None else period * jitter_pct / 100
+    ends = None if span_s is None else START + span_s * S
+    async with AsyncExitStack() as stack:
+        table = InMemoryReminderTable()
+        await table.start(stack)
+        try:
+            row = entry(clock, name="b", due=period_s, period=period_s, jitter=jitter,
+                        ends_at=ends, max_ticks=max_ticks, action=action)  # fmt: skip
+        except ReminderError:
+            assert ends is not None and ends < START + period  # no slot at all
+            return
+        await table.upsert(row)
+        if outage_s is not None:
+            await clock.advance(outage_s)  # no service yet: slots pass unseen
+        rec = Recorder()
+        last = ends or START + 240 * S
+        async with running(table, clock, rec):
+            while clock.now() < last + 2 * period:
+                await advance(clock, 1)
+            await clock.settle()
+        statuses = [s for _, s in rec.calls]
+        assert max_ticks is None or len(statuses) <= max_ticks
+        for status in statuses:
+            assert ends is None or status.current_tick_time <= ends
+            assert status.due_at is not None
+            assert ends is None or status.due_at <= ends
+            offset = status.due_at - status.current_tick_time
+            assert timedelta(0) <= offset < (jitter or timedelta(milliseconds=1))
+        if ends is not None or max_ticks is not None:
+            assert await table.read(row.grain_id, "b") is None, "an ended row was kept"
+        if outage_s is None and action is MissedReminderAction.SKIP:
+            # No outage: every slot inside the bounds is delivered.
+            expected = [
+                START + k * period
+                for k in range(1, 10_000)
+                if START + k * period <= last and (max_ticks is None or k <= max_ticks)
+            ]
+            if ends is None and max_ticks is None:
+                expected = [t for t in expected if t <= clock.now() - period]
+                assert [s.current_tick_time for s in statuses][: len(expected)] == expected
+            else:
+                assert [s.current_tick_time for s in statuses] == expected
