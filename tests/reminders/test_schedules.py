@@ -4,6 +4,7 @@ service on the in-memory table with a manual clock."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
@@ -20,8 +21,10 @@ from orleanspy.reminders.model import (
     MissedReminder,
     MissedReminderAction,
     RetryPolicy,
+    TickStatus,
 )
 from orleanspy.reminders.schedule import schedule_for
+from orleanspy.serialization import Codec
 from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
 from tests.reminders.test_service import OPTIONS, Recorder, advance, entry, running
@@ -350,3 +353,19 @@ async def test_the_service_never_ticks_past_the_bounds(
                 assert [s.current_tick_time for s in statuses][: len(expected)] == expected
             else:
                 assert [s.current_tick_time for s in statuses] == expected
+
+
+def test_rows_and_tick_statuses_with_every_field_travel_through_the_codec() -> None:
+    # What client.reminders returns through a gateway, and what a tick carries.
+    codec = Codec()
+    row = entry(
+        ManualClock(START), period=60, jitter=5, ends_at=START + timedelta(days=1),
+        max_ticks=10, payload={"id": uuid.UUID(int=3), "at": START, "raw": b"\x01"},
+        retry=RetryPolicy(4, 2 * S),
+    )  # fmt: skip
+    assert codec.decode(codec.encode(row)) == row
+    status = TickStatus(
+        first_tick_time=START, period=60 * S, cron=None, current_tick_time=START,
+        delivered_at=START, due_at=START + 2 * S, payload=row.payload, attempt=2, final=True,
+    )  # fmt: skip
+    assert codec.decode(codec.encode(status)) == status
