@@ -410,8 +410,13 @@ def _with_final(entry: ReminderEntry, base: Schedule, max_ticks: int) -> Reminde
 
 
 def _first_slot(entry: ReminderEntry) -> ReminderEntry:
-    """``entry`` with ``next_due`` its first (jittered) slot at or after ``start_at``."""
-    first = schedule_for(entry).next_after(entry.start_at - _MS)
+    """``entry`` with ``next_due`` its first slot at or after ``start_at``, jittered.
+
+    The nominal slot is found first: a cron's slot before ``start_at`` may have
+    a jittered instant after it, and it is not one of the row's slots."""
+    nominal = schedule_for(replace(entry, jitter=None)).next_after(entry.start_at - _MS)
+    # The jittered instant of that slot: the previous slot's instant lies before it.
+    first = None if nominal is None else schedule_for(entry).next_after(nominal - _MS)
     if first is None:
         raise ReminderError(
             f"the reminder has no slot between {entry.start_at.isoformat()} and its end "

@@ -313,3 +313,12 @@ def test_jitter_zero_is_none() -> None:
     assert make(period=10, jitter=timedelta(milliseconds=1500)).jitter == timedelta(
         milliseconds=1500
     )
+
+
+def test_a_jittered_cron_starts_at_its_first_slot_after_registration() -> None:
+    # The slot before start_at (11:59:45) may
+    # have a jittered instant after start_at; it is not one of the row's slots.
+    for k in range(200):
+        e = make(cron="15,45 * * * * *", jitter=16, grain_id=GrainId("J", k))
+        assert utc(2024, 5, 3, 12, 0, 15) <= e.next_due < utc(2024, 5, 3, 12, 0, 31), k
+        assert schedule_for(e).nominal(e.next_due) == utc(2024, 5, 3, 12, 0, 15)
