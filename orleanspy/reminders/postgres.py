@@ -24,13 +24,16 @@ One table holds every service's rows (``service_id`` leads every key)::
                                        and the record's place in it
         slot, at, outcome, silo, triggered, attempt, final
 
+    orleanspy_reminder_ended_history   histories of ended rows (``end``), kept
+        the history's columns, ended_at    ENDED_HISTORY_KEPT; no foreign key
+
 The schema is versioned (``_SCHEMA``, one step per version, applied by
 ``start``): version 2 added ``declared``, the upcoming index (in place of
 v1's ``(service_id, next_due)``) and the notification with a priority;
 version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
 the history table; version 4 added ``extras`` (jitter, bounds, payload, retry:
-one column, since only the service reads them and no index needs them) and the
-history's ``attempt`` and ``final``.
+one column, since only the service reads them and no index needs them), the
+history's ``attempt`` and ``final``, and the ended histories.
 
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
@@ -79,7 +82,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
@@ -95,6 +98,7 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
     extras_from_record,
 )
+from orleanspy.reminders.table import ENDED_HISTORY_KEPT
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, unpack
 
@@ -206,6 +210,26 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
         "ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1",
         "ALTER TABLE orleanspy_reminder_history "
         "ADD COLUMN IF NOT EXISTS final boolean NOT NULL DEFAULT false",
+        # The histories of ended rows (``end``), kept for ENDED_HISTORY_KEPT after
+        # their rows went: no foreign key, swept by ended_at as rows end.
+        """CREATE TABLE IF NOT EXISTS orleanspy_reminder_ended_history (
+            service_id text NOT NULL,
+            grain_id text NOT NULL,
+            name text NOT NULL,
+            batch bigint NOT NULL,
+            i bigint NOT NULL,
+            slot bigint NOT NULL,
+            at bigint NOT NULL,
+            outcome text NOT NULL,
+            silo text NOT NULL,
+            triggered boolean NOT NULL,
+            attempt smallint NOT NULL,
+            final boolean NOT NULL,
+            ended_at bigint NOT NULL,
+            PRIMARY KEY (service_id, grain_id, name, batch, i)
+        )""",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminder_ended_history_at "
+        "ON orleanspy_reminder_ended_history (service_id, ended_at)",
     ),
 )
 
@@ -323,6 +347,33 @@ WITH w AS (
     DELETE FROM orleanspy_reminders
     WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
     RETURNING grain_hash, grain_id, name
+), e AS (
+    DELETE FROM orleanspy_reminder_ended_history
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND EXISTS (SELECT 1 FROM w)
+)
+SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FROM w
+"""
+
+# end: remove, copying the row's history (which the foreign key's cascade
+# deletes) to the ended histories, stamped $6 (now, ms); ended histories older
+# than $7 are swept. Every part reads the statement's snapshot, so the copy sees
+# the history the cascade removes.
+_END: Final = """
+WITH w AS (
+    DELETE FROM orleanspy_reminders
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
+    RETURNING grain_hash, grain_id, name
+), old AS (
+    DELETE FROM orleanspy_reminder_ended_history
+    WHERE service_id = $1 AND (ended_at < $7
+        OR (grain_id = $2 AND name = $3 AND EXISTS (SELECT 1 FROM w)))
+), kept AS (
+    INSERT INTO orleanspy_reminder_ended_history (service_id, grain_id, name, batch, i,
+        slot, at, outcome, silo, triggered, attempt, final, ended_at)
+    SELECT h.service_id, h.grain_id, h.name, h.batch, h.i, h.slot, h.at, h.outcome, h.silo,
+        h.triggered, h.attempt, h.final, $6
+    FROM orleanspy_reminder_history h JOIN w ON h.grain_id = w.grain_id AND h.name = w.name
+    WHERE h.service_id = $1
 )
 SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FROM w
 """
@@ -435,9 +486,17 @@ WHERE h.service_id = $1 AND h.grain_id = cut.grain_id AND h.name = cut.name
     AND (h.batch, h.i) <= (cut.batch, cut.i)
 """
 
+# A row's history, with what an ended row of that key left (kept since $4).
 _READ_HISTORY: Final = """
-SELECT slot, at, outcome, silo, triggered, attempt, final FROM orleanspy_reminder_history
-WHERE service_id = $1 AND grain_id = $2 AND name = $3
+SELECT slot, at, outcome, silo, triggered, attempt, final FROM (
+    SELECT batch, i, slot, at, outcome, silo, triggered, attempt, final
+    FROM orleanspy_reminder_history
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3
+    UNION ALL
+    SELECT batch, i, slot, at, outcome, silo, triggered, attempt, final
+    FROM orleanspy_reminder_ended_history
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND ended_at >= $4
+) h
 ORDER BY batch DESC, i DESC
 """
 
@@ -757,6 +816,20 @@ class PostgresReminderTable:
             )
         return bool(records)
 
+    async def end(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """``remove``, keeping the row's history in the ended histories for
+        ``ENDED_HISTORY_KEPT`` (``_END``: one statement)."""
+        version = _version(etag)
+        if version is None:
+            return False
+        now = to_ms(datetime.now(UTC))
+        cutoff = now - ENDED_HISTORY_KEPT // timedelta(milliseconds=1)
+        with translate_errors("reminder end"):
+            records = await self._p.fetch(
+                _END, self.service_id, grain_id.canonical, name, version, self._channel, now, cutoff
+            )
+        return bool(records)
+
     # -- fire history ---------------------------------------------------------------
 
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
@@ -786,7 +859,10 @@ class PostgresReminderTable:
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         """The row's fire history, newest first (empty if none or no row)."""
         with translate_errors("reminder read_history"):
-            records = await self._p.fetch(_READ_HISTORY, self.service_id, grain_id.canonical, name)
+            kept_since = to_ms(datetime.now(UTC)) - ENDED_HISTORY_KEPT // timedelta(milliseconds=1)
+            records = await self._p.fetch(
+                _READ_HISTORY, self.service_id, grain_id.canonical, name, kept_since
+            )
         try:
             return [
                 FireRecord(

@@ -58,7 +58,7 @@ import logging
 import secrets
 from collections.abc import Container, Iterable, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
 import msgpack
@@ -74,7 +74,7 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
     row_key,
 )
-from orleanspy.reminders.table import FeedScope
+from orleanspy.reminders.table import ENDED_HISTORY_KEPT, FeedScope
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, unpack
 
@@ -248,13 +248,15 @@ while i <= #u do
       redis.call('LPUSH', hist, cmsgpack.pack(rec))
     end
     redis.call('LTRIM', hist, 0, keep - 1)
+    redis.call('PERSIST', hist)  -- an ended row's history, continued by a new row
   end
   i = i + 3 + n * 5
 end
 return 1
 """
 
-# KEYS: rows, due, grain, history. ARGV: key, due member, expected etag, channel, payload.
+# KEYS: rows, due, grain, history. ARGV: key, due member, expected etag, channel,
+# payload, and (``end``) how many ms the history list stays (else it is deleted).
 _REMOVE: Final = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 0 end
@@ -263,7 +265,7 @@ if rec['e'] ~= ARGV[3] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('DEL', KEYS[4])
+if ARGV[6] then redis.call('PEXPIRE', KEYS[4], ARGV[6]) else redis.call('DEL', KEYS[4]) end
 redis.call('SPUBLISH', ARGV[4], ARGV[5])
 return 1
 """
@@ -608,6 +610,17 @@ class RedisReminderTable:
 
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
+        return await self._remove(grain_id, name, etag, None)
+
+    async def end(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """``remove``, leaving the row's history list to expire after
+        ``ENDED_HISTORY_KEPT`` instead of deleting it."""
+        kept_ms = ENDED_HISTORY_KEPT // timedelta(milliseconds=1)
+        return await self._remove(grain_id, name, etag, kept_ms)
+
+    async def _remove(
+        self, grain_id: GrainId, name: str, etag: str, history_ms: int | None
+    ) -> bool:
         h = grain_id.uniform_hash()
         s = self.shard_of(h)
         key = row_key(grain_id, name)
@@ -625,6 +638,7 @@ class RedisReminderTable:
                     etag,
                     self._channel(s),
                     change_payload(self._writer, h, grain_id, name, None),
+                    *(() if history_ms is None else (history_ms,)),
                 ],
             )
         return bool(done)

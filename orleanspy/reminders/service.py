@@ -140,15 +140,21 @@ class ReminderService:
             enable_priority=options.enable_priority,
             name=name,
         )
-        self._persister = persister = Persister(
-            table, clock, options, self._persisted, metrics=metrics
-        )
         self._notifier = notifier = MissedNotifier(publish_missed, name)
         # Fire history goes to the table from its own task (``_service.history``).
         self._history: History | None = None
         history: NoHistory | None = None
         if options.history_size and isinstance(table, PausableReminderTable):
             self._history = history = History(table, keep=options.history_size, silo=name)
+        self._persister = persister = Persister(
+            table,
+            clock,
+            options,
+            self._persisted,
+            metrics=metrics,
+            # An ended row's final record must reach its history before the row ends.
+            before_removals=None if self._history is None else self._history.flush,
+        )
         self._delivery = delivery = Delivery(
             clock,
             options,

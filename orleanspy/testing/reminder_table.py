@@ -30,7 +30,8 @@ the table is a ``ConditionalReminderTable``), ``upsert_many`` (when it is a
 ``PausableReminderTable``), ``upcoming``,
 ``count``, the change feed and a field-by-field round trip, including the
 optional schedule fields (one-shot rows, jitter, bounds, payload, retry policy:
-``check_schedule_fields``). Rows are written with the table's ``service_id``
+``check_schedule_fields``) and ended rows' history (when it is an
+``EndingReminderTable``). Rows are written with the table's ``service_id``
 attribute when it has one.
 """
 
@@ -62,6 +63,7 @@ from orleanspy.reminders.table import (
     BulkReminderTable,
     ChangeFeed,
     ConditionalReminderTable,
+    EndingReminderTable,
     PausableReminderTable,
     ReminderTable,
     SkippingReminderTable,
@@ -996,6 +998,45 @@ async def check_schedule_fields(factory: TableFactory) -> None:
             assert got_history == records[::-1], f"attempt/final did not round-trip: {got_history}"
 
 
+async def check_ended_rows_keep_their_history(factory: TableFactory) -> None:
+    """``end`` removes the row as ``remove`` does (the etag checked, the row out of
+    ``read``, the due index and ``count``, a removal published) and keeps its fire
+    history readable; ``remove`` of a row written again under that key deletes
+    every record. Skipped for tables that are not an ``EndingReminderTable``."""
+    async with factory() as table:
+        if not isinstance(table, EndingReminderTable):
+            return
+        gid = GrainId("Ended", "e")
+        etag = await table.upsert(_entry(table, gid))
+        records = [
+            FireRecord(gid, "r", _T0, _T0, FireOutcome.RETRYING, "silo-a", attempt=1),
+            FireRecord(gid, "r", _T0, _T0, FireOutcome.OK, "silo-a", attempt=2, final=True),
+        ]
+        await table.append_history(records, 5)
+        feed = table.changes()
+        try:
+            await _prime(table, feed)
+            assert await table.end(gid, "r", "0") is False, "end ignored the etag"
+            assert await table.read(gid, "r") is not None, "a refused end removed the row"
+            counted = await table.count()
+            assert await table.end(gid, "r", etag) is True, "end refused the row's etag"
+            change = await _next_change(feed)
+            assert (change.grain_id, change.next_due) == (gid, None), f"end published {change}"
+        finally:
+            await feed.aclose()
+        assert await table.read(gid, "r") is None, "end kept the row"
+        assert await table.count() == counted - 1, "end left the row counted"
+        due = await table.read_due(RingRange.full(), _T0 + timedelta(days=1), 10)
+        assert gid not in {e.grain_id for e in due}, "end left the row in the due index"
+        got = await table.read_history(gid, "r")
+        assert got == records[::-1], f"end dropped the history: {got}"
+        assert await table.end(gid, "r", etag) is False, "end of a missing row succeeded"
+        # Written again and then removed by an operator: nothing is left.
+        etag = await table.upsert(_entry(table, gid))
+        assert await table.remove(gid, "r", etag) is True
+        assert await table.read_history(gid, "r") == [], "remove kept an ended history"
+
+
 REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upsert_returns_distinct_etags,
     check_read_and_read_grain,
@@ -1016,6 +1057,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_paused_rows_leave_the_due_index,
     check_fire_history,
     check_schedule_fields,
+    check_ended_rows_keep_their_history,
 )
 """Every check, each taking the factory; for one pytest case per check."""
 

@@ -18,9 +18,11 @@ from orleanspy.errors import StorageError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.reminders.table import (
     BatchingReminderTable,
+    EndingReminderTable,
     FeedScope,
     ReminderTable,
     subscribe,
@@ -29,6 +31,7 @@ from orleanspy.ring import RingRange
 from orleanspy.testing.redis_server import RedisServer
 from orleanspy.testing.reminder_table import (
     REMINDER_TABLE_CHECKS,
+    check_ended_rows_keep_their_history,
     check_read_due_against_brute_force,
     check_reminder_table,
     check_schedule_fields,
@@ -170,6 +173,27 @@ def _factory_of(cls: type[InMemoryReminderTable]) -> Factory:
             yield table
 
     return make
+
+
+class _EndForgetsHistoryTable(InMemoryReminderTable):
+    """Breaks the contract: ``end`` deletes the history as ``remove`` does."""
+
+    async def end(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        return await self.remove(grain_id, name, etag)
+
+
+async def test_contract_suite_catches_an_end_that_drops_the_history() -> None:
+    with pytest.raises(AssertionError, match="end dropped the history"):
+        await check_ended_rows_keep_their_history(_factory_of(_EndForgetsHistoryTable))
+
+
+async def test_every_backend_ends_rows_keeping_their_history() -> None:
+    # So the kit's check runs on each, not skips.
+    assert isinstance(InMemoryReminderTable(), EndingReminderTable)
+    assert isinstance(RedisReminderTable("redis://x", service_id="s"), EndingReminderTable)
+    assert isinstance(
+        PostgresReminderTable("postgresql://x/y", service_id="s"), EndingReminderTable
+    )
 
 
 async def test_contract_suite_catches_a_table_that_drops_the_optional_fields() -> None:

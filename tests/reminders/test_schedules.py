@@ -67,6 +67,14 @@ async def test_one_shot_fires_once_then_its_row_is_removed(table, clock) -> None
         assert status.final and status.period is None and status.cron is None
         assert status.payload == {"order": 7}
         await _gone(table, "once")
+        # The row went; its history keeps the final delivery.
+
+        async def recorded() -> bool:
+            return len(await table.read_history(GrainId("G", 1), "once")) == 1
+
+        await wait_for(recorded, 5.0, interval=0.01)
+        [record] = await table.read_history(GrainId("G", 1), "once")
+        assert (record.outcome, record.final, record.slot) == (FireOutcome.OK, True, START + 5 * S)
         await advance(clock, 3600)
         await clock.settle()
         assert len(rec.calls) == 1

@@ -1,6 +1,6 @@
 """One-shot, bounded, jittered and retried reminders through the service on real
 Redis and PostgreSQL: the row's fields survive the store, the row is removed
-after its last tick, and a retried slot is persisted once."""
+after its last tick with its history kept, and a retried slot is persisted once."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from orleanspy.identity import GrainId
-from orleanspy.reminders.model import ReminderEntry, RetryPolicy
+from orleanspy.reminders.model import FireOutcome, ReminderEntry, RetryPolicy
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.table import ReminderTable
+from orleanspy.reminders.table import EndingReminderTable, ReminderTable
 from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
 from tests.reminders.test_service import Recorder, advance, entry, running
@@ -83,6 +83,10 @@ async def _end_and_retry(table: ReminderTable) -> None:
 
         await wait_for(ended, 10.0, interval=0.01)
         flaky = await table.read(GrainId("G", 3), "flaky")
+        # The ended rows' histories keep their final deliveries.
+        assert isinstance(table, EndingReminderTable)
+        once_history = await table.read_history(GrainId("G", 1), "once")
+        three_history = await table.read_history(GrainId("G", 2), "three")
     once = [s for e, s in rec.calls if e.name == "once"]
     assert [(s.payload, s.final) for s in once] == [(payload, True)]
     three = [s for e, s in rec.calls if e.name == "three"]
@@ -96,3 +100,5 @@ async def _end_and_retry(table: ReminderTable) -> None:
     assert (retried.attempt, retried.delivered_at) == (2, START + 12 * S)
     assert flaky is not None and flaky.next_due == START + 70 * S
     assert flaky.retry == RetryPolicy(2, 2 * S)
+    assert [(r.outcome, r.final) for r in once_history] == [(FireOutcome.OK, True)]
+    assert [r.final for r in three_history] == [True, False, False]

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -47,7 +47,7 @@ from orleanspy.clock import Clock, to_ms
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import ScheduleUpdate, row_key
-from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
+from orleanspy.reminders.table import BatchingReminderTable, EndingReminderTable, ReminderTable
 
 __all__ = ["LINGER_S", "REMOVED", "Persister", "update_key"]
 
@@ -76,6 +76,8 @@ class Persister:
     ``on_result`` gets the new etag, or ``None`` for a lost CAS (row gone or
     moved by another writer), and the row's key (``update_key(update)``). It is
     not called for updates that are still pending when the persister stops.
+    ``before_removals`` (the fire history's flush) is awaited before a batch
+    that removes ended rows, so their final records are in before they go.
     """
 
     def __init__(
@@ -86,8 +88,10 @@ class Persister:
         on_result: Callable[[ScheduleUpdate, str | None, str], None],
         *,
         metrics: ReminderMetrics | None = None,
+        before_removals: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._table = table
+        self._before_removals = before_removals
         self.metrics = metrics or ReminderMetrics()
         self._batching = isinstance(table, BatchingReminderTable)
         self._clock = clock
@@ -321,14 +325,21 @@ class Persister:
         self, batch: list[ScheduleUpdate]
     ) -> Sequence[str | BaseException | None]:
         """A batch holding removals (rows whose schedule ended): the CASes as usual,
-        each removal as ``remove`` against its etag. A removal that took place
+        each removal as ``end`` (``remove`` on a table that cannot end rows) against
+        its etag. A removal that took place
         reports ``REMOVED`` as its etag, a lost one ``None``, as a lost CAS."""
+        if self._before_removals is not None:
+            # The fire history's buffered records first (the final ticks' among
+            # them): records of a row that is gone are dropped.
+            await self._before_removals()
         cas = [u for u in batch if not u.remove]
         gone = [u for u in batch if u.remove]
+        # An ending table keeps the ended row's history readable.
+        table = self._table
+        end = table.end if isinstance(table, EndingReminderTable) else table.remove
         removed, written = await asyncio.gather(
             asyncio.gather(
-                *(self._table.remove(u.grain_id, u.name, u.etag) for u in gone),
-                return_exceptions=True,
+                *(end(u.grain_id, u.name, u.etag) for u in gone), return_exceptions=True
             ),
             self._write(cas) if cas else _nothing(),
         )
