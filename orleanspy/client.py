@@ -22,7 +22,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
-from orleanspy.errors import ClosedError, SiloUnavailableError
+from orleanspy.errors import AuthenticationError, ClosedError, SiloUnavailableError
 from orleanspy.grain import Grain
 from orleanspy.identity import GrainId, GrainKey
 from orleanspy.messaging.message import Message, MessageKind
@@ -104,13 +104,16 @@ class ClusterClient:
         self._refresh_lock = asyncio.Lock()
         self._timeout_ms = int(self._options.response_timeout.total_seconds() * 1000)
         self._last_connect_error: Exception | None = None
+        # Gateways that refused this client's secret, since the last success.
+        self._refused_by: set[str] = set()
 
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Connect to the gateways; ``SiloUnavailableError`` if none can be reached,
-        chained (``__cause__``) to the last connection error, e.g. the
-        ``AuthenticationError`` of a refused cluster secret."""
+        """Connect to the gateways. ``AuthenticationError`` ("refused: wrong or
+        missing cluster secret") if a gateway refused this client's secret and
+        none accepted it; ``SiloUnavailableError`` if none could be reached,
+        chained (``__cause__``) to the last connection error."""
         if self._state is not _State.CREATED:
             raise ClosedError("a ClusterClient starts once")
         self._state = _State.OPEN
@@ -125,8 +128,13 @@ class ClusterClient:
             self._stack.push_async_callback(self._close_connections)
             await self._refresh()
             if not self._connections:
-                # Chain why the last gateway failed: a refused cluster secret
-                # (AuthenticationError) must not read as a mere outage.
+                if self._refused_by:
+                    # A refused secret must not read as an outage.
+                    raise AuthenticationError(
+                        "refused: wrong or missing cluster secret (MessagingOptions."
+                        "cluster_secret, --secret); refused by gateway "
+                        f"{', '.join(sorted(self._refused_by))}"
+                    ) from self._last_connect_error
                 raise SiloUnavailableError(
                     f"no gateway of the cluster could be reached: {await self._why_no_gateway()}"
                 ) from self._last_connect_error
@@ -277,6 +285,8 @@ class ClusterClient:
                 except Exception as exc:
                     log.info("gateway unreachable endpoint=%s error=%r", endpoint, exc)
                     self._last_connect_error = exc
+                    if isinstance(exc, AuthenticationError):
+                        self._refused_by.add(endpoint)
                     return
                 self._connections[endpoint] = conn
                 self._live = None

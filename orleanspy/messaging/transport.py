@@ -9,6 +9,7 @@ lost with the message unsent, refused) is handed back through
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Protocol, runtime_checkable
@@ -16,7 +17,26 @@ from typing import Protocol, runtime_checkable
 from orleanspy.identity import SiloAddress
 from orleanspy.messaging.message import Message
 
-__all__ = ["MessageSink", "Transport"]
+__all__ = ["MessageSink", "ProbeOutcome", "Transport"]
+
+
+class ProbeOutcome(enum.Enum):
+    """What one probe of a peer silo found (a transport's optional ``probe``).
+
+    ``ANSWERED``: that very incarnation answered. ``REFUSED``: the peer's host
+    refused the connection (nothing listens on the port: the process is gone
+    from a live host). ``GONE``: another incarnation answered on its address.
+    ``UNAUTHORIZED``: the peer refused this silo's credentials. ``SILENT``: no
+    answer within the timeout, or any other failure. ``REFUSED`` and ``GONE``
+    are strong evidence of death and prove this silo's network works;
+    ``SILENT`` proves nothing either way.
+    """
+
+    ANSWERED = "answered"
+    REFUSED = "refused"
+    GONE = "gone"
+    UNAUTHORIZED = "unauthorized"
+    SILENT = "silent"
 
 
 class MessageSink(Protocol):

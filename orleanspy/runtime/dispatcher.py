@@ -73,7 +73,7 @@ _VERDICT_POLL = 0.1
 _MAX_STRANGERS = 1000
 # What gateway clients may always call on the reminder management grain.
 _MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all", "history"})
-# Local calls run inline (in the caller's task) at most this many in a row.
+# Local calls run inline (in the caller's task) this many in a row between yields.
 _INLINE_STREAK = 64
 
 
@@ -177,11 +177,14 @@ class Dispatcher:
         """
         act = self._activations.get(grain_id)
         # The grain is here and idle: the call runs as a turn in this task (no
-        # message, response or turn task). Every _INLINE_STREAK-th call takes the
-        # queued path below instead, whose turn is a task: a caller awaiting
-        # local grains back to back (none of which suspends) still yields to the
-        # loop that often.
-        if act is not None and not one_way and self._inline_streak:
+        # message, response or turn task).
+        if act is not None and not one_way:
+            if not self._inline_streak:
+                # A caller awaiting local grains back to back, none of which
+                # suspends, would never yield: every _INLINE_STREAK-th inline call
+                # yields to the loop first (the activation is checked after).
+                self._inline_streak = _INLINE_STREAK
+                await asyncio.sleep(0)
             if reminder_tick:
                 if not kwargs and act.idle_and_valid() and method in act.definition.methods:
                     self._inline_streak -= 1
@@ -226,7 +229,6 @@ class Dispatcher:
                     if result_immutable(result):
                         return result
                     return codec.decode(codec.encode(result))
-        self._inline_streak = _INLINE_STREAK
         # A tick's arguments are the reminder's name and a TickStatus, both
         # immutable by construction: no need to walk them.
         local = reminder_tick or all_immutable(args, kwargs)

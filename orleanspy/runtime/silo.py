@@ -126,6 +126,8 @@ class Silo:
         self.membership: MembershipService | None = None
         self.ring: RingFollower | None = None
         self.declared_dead = False
+        self.stop_reason: str | None = None
+        """Why the silo stopped itself (declared Dead, its store lost its data), if it did."""
         self.gateway_port: int | None = None
         """The port clients connect to (a cluster silo with a gateway), once started."""
         self._aborted = False
@@ -177,6 +179,10 @@ class Silo:
         token = set_current_silo(self.name)
         try:
             await self._start()
+        except BaseException:
+            # What started has been stopped; a failed silo does not restart.
+            self.state = SiloState.STOPPED
+            raise
         finally:
             reset_current_silo(token)
         if self.options.tune_gc:
@@ -210,8 +216,12 @@ class Silo:
             self._stack = stack.pop_all()
 
     async def stop(self) -> None:
-        """Stop gracefully: deactivate grains, stop components in reverse order."""
+        """Stop gracefully: deactivate grains, stop components in reverse order.
+        While the silo is stopping itself (declared dead), wait for that."""
         if self.state in (SiloState.STOPPING, SiloState.STOPPED):
+            own = self._stop_task
+            if own is not None and own is not asyncio.current_task() and not own.done():
+                await asyncio.shield(own)
             return
         self.state = SiloState.STOPPING
         try:
@@ -392,6 +402,8 @@ class Silo:
     ) -> MembershipService:
         """The membership service, wired to the transport's gossip and the locator;
         a graceful stop ends with its final write (Dead)."""
+        from orleanspy.membership.credentials import cluster_verifier
+
         o = self.options
         assert self._membership_table is not None
         membership = MembershipService(
@@ -399,7 +411,9 @@ class Silo:
             address=self.address,
             name=self.name,
             gateway_port=transport.gateway_port,
-            ping=transport.ping,
+            # A transport that tells a refused connection from silence lets
+            # membership declare a killed process Dead at once.
+            ping=getattr(transport, "probe", transport.ping),
             clock=self.clock,
             options=o.membership,
             on_declared_dead=self._on_declared_dead,
@@ -407,6 +421,9 @@ class Silo:
                 _gossip, transport, o.membership.probe_timeout.total_seconds()
             ),
             grain_types=types.keys(),
+            verifier=cluster_verifier(
+                o.messaging, service_id=o.service_id, cluster_id=o.cluster_id
+            ),
         )
         transport.on_gossip(membership.gossip_received)
         stack.callback(transport.on_gossip, None)
@@ -494,11 +511,13 @@ class Silo:
             log.warning("could not write ShuttingDown name=%s error=%r", self.name, exc)
 
     def _on_declared_dead(self) -> None:
-        """The table says we are Dead: stop at once (no more writes as a member)."""
+        """The table says we are Dead (or lost our row): stop at once, no more
+        writes as a member. The lease is already revoked, so no tick goes out."""
         if self.declared_dead:
             return
         self.declared_dead = True
-        log.error("silo declared dead by the cluster; stopping name=%s", self.name)
+        self.stop_reason = self.membership.stop_reason if self.membership else None
+        log.error("silo stops itself name=%s reason=%s", self.name, self.stop_reason)
         self._stop_task = asyncio.get_running_loop().create_task(self.stop())
 
     async def _start_reminders(
@@ -542,6 +561,7 @@ class Silo:
             load=load,
             name=self.name,
             metrics=self.metrics.reminders,
+            lease=self.membership.lease if self.membership is not None else None,
         )
         await service.start(stack)
         registry.add_listener(service.notify_change)
@@ -590,10 +610,16 @@ class Silo:
 
         checks = {"silo": Check(self.state is SiloState.RUNNING, self.state.name.lower())}
         if self._clustered:
-            status = self.membership.status if self.membership is not None else None
+            membership = self.membership
+            status = membership.status if membership is not None else None
             checks["membership"] = Check(
-                status is SiloStatus.ACTIVE, status.name.lower() if status else "not joined"
+                status is SiloStatus.ACTIVE and not self.declared_dead,
+                self.stop_reason or (status.name.lower() if status else "not joined"),
             )
+            if membership is not None:
+                lease = membership.lease
+                held = lease.held()
+                checks["lease"] = Check(held, "held" if held else lease.revoked or "lapsed")
         checks["storage"] = await self._storage_check()
         ranges = self.reminder_service.ranges if self.reminder_service is not None else ()
         checks["ranges"] = Check(bool(ranges), f"{len(ranges)} owned")

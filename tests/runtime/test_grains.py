@@ -284,8 +284,8 @@ async def test_a_grain_calling_local_grains_in_a_loop_still_yields_to_the_loop(
 ) -> None:
     # A local call to an idle activation runs inline in the caller's task and
     # need not suspend; so that a grain awaiting local grains back to back
-    # cannot starve everything else, every 64th such call takes the queued
-    # path, whose turn is a task of its own (Dispatcher._INLINE_STREAK).
+    # cannot starve everything else, every 64th such call yields to the loop
+    # first (Dispatcher._INLINE_STREAK).
     ticks = 0
 
     async def ticker() -> None:
