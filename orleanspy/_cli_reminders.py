@@ -24,7 +24,7 @@ from orleanspy.identity import GrainId
 from orleanspy.options import MessagingOptions, ReminderOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry, TickStatus
 from orleanspy.reminders.schedule import next_slot
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import check_grace, new_entry
 
 __all__ = [
     "ReminderAccess",
@@ -73,6 +73,7 @@ def entry_json(entry: ReminderEntry) -> dict[str, Any]:
         "priority": int(entry.priority),
         "action": entry.action.name,
         "paused": entry.paused,
+        "grace_seconds": None if entry.grace is None else entry.grace.total_seconds(),
         "one_shot": entry.one_shot,
         "jitter_seconds": None if entry.jitter is None else entry.jitter.total_seconds(),
         "starts_at": iso(entry.starts_at),
@@ -121,6 +122,7 @@ def fire_json(rec: FireRecord) -> dict[str, Any]:
         "outcome": rec.outcome.value,
         "silo": rec.silo,
         "triggered": rec.triggered,
+        "error": rec.error,
         "attempt": rec.attempt,
         "final": rec.final,
     }
@@ -138,6 +140,9 @@ class ReminderAccess(Protocol):
     async def set_priority(self, grain: GrainId, name: str, priority: int) -> ReminderEntry: ...
     async def set_action(
         self, grain: GrainId, name: str, action: MissedReminderAction
+    ) -> ReminderEntry: ...
+    async def set_grace(
+        self, grain: GrainId, name: str, grace: timedelta | None
     ) -> ReminderEntry: ...
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry: ...
     async def delete(self, grain: GrainId, name: str) -> bool: ...
@@ -177,6 +182,9 @@ class _ViaGateway:
         self, grain: GrainId, name: str, action: MissedReminderAction
     ) -> ReminderEntry:
         return await self._m.set_action(grain, name, action)  # type: ignore[no-any-return]
+
+    async def set_grace(self, grain: GrainId, name: str, grace: timedelta | None) -> ReminderEntry:
+        return await self._m.set_grace(grain, name, grace)  # type: ignore[no-any-return]
 
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
         return await self._m.repair(grain, name)  # type: ignore[no-any-return]
@@ -249,6 +257,10 @@ class _Direct:
     ) -> ReminderEntry:
         row = await self.get(grain, name)
         return await self._store(replace(row, action=action))
+
+    async def set_grace(self, grain: GrainId, name: str, grace: timedelta | None) -> ReminderEntry:
+        row = await self.get(grain, name)
+        return await self._store(replace(row, grace=check_grace(grace)))
 
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
         row = await self.get(grain, name)

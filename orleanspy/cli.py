@@ -205,6 +205,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub(ops, "set-action", "change what a row does with missed ticks")
     _row_args(p)
     p.add_argument("action", type=_action, help="fire_immediately, skip or notify")
+    p = sub(ops, "set-grace", "change how late a row's ticks may be and still be on time")
+    _row_args(p)
+    p.add_argument(
+        "grace",
+        type=_grace,
+        help="seconds (e.g. 2.5), or default for ReminderOptions.missed_tick_grace (10 s)",
+    )
     p = sub(ops, "repair", "move a row's next due time to its first slot after now")
     _row_args(p)
     p = sub(ops, "delete", "remove a row")
@@ -240,6 +247,20 @@ def _priority(text: str) -> int:
     if not -128 <= value <= 127:
         raise argparse.ArgumentTypeError(f"priority {value} is outside -128..127")
     return value
+
+
+def _grace(text: str) -> timedelta | None:
+    if text.lower() == "default":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a grace: {text!r} (seconds, e.g. 2.5, or default)"
+        ) from None
+    if not 0 <= seconds <= 366 * 86400:
+        raise argparse.ArgumentTypeError(f"grace {text} s is outside 0 .. 366 days")
+    return timedelta(seconds=seconds)
 
 
 def _action(text: str) -> MissedReminderAction:
@@ -486,7 +507,7 @@ def _row_detail(row: ReminderEntry) -> str:
 
 def _history_table(history: Sequence[FireRecord]) -> str:
     return _table(
-        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO"),
+        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO", "ERROR"),
         [
             (
                 f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
@@ -497,6 +518,7 @@ def _history_table(history: Sequence[FireRecord]) -> str:
                 + (" (final)" if r.final else "")
                 + (" (triggered)" if r.triggered else ""),
                 r.silo,
+                "" if r.error is None else r.error[:80],
             )
             for r in history
         ],
@@ -586,6 +608,7 @@ async def _reminders(args: argparse.Namespace) -> int:
             "get": lambda: access.get(grain, args.name),
             "set-priority": lambda: access.set_priority(grain, args.name, args.priority),
             "set-action": lambda: access.set_action(grain, args.name, args.action),
+            "set-grace": lambda: access.set_grace(grain, args.name, args.grace),
             "repair": lambda: access.repair(grain, args.name),
             "pause": lambda: access.pause(grain, args.name),
             "resume": lambda: access.resume(grain, args.name),

@@ -90,6 +90,7 @@ class GrainReminders(Protocol):
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        grace: timedelta | float | None = None,
         at: datetime | None = None,
         jitter: timedelta | float | None = None,
         starts_at: datetime | None = None,
@@ -173,6 +174,8 @@ class DeclaredReminder:
     action: MissedReminderAction
     #: The grain keys to create the row for; ``None``: the class's ``reminder_keys``.
     keys: tuple[GrainKey, ...] | None = None
+    #: The row's missed-tick grace; ``None``: ``ReminderOptions.missed_tick_grace``.
+    grace: timedelta | None = None
     jitter: timedelta | None = None
     starts_at: datetime | None = None
     ends_at: datetime | None = None
@@ -234,7 +237,9 @@ def lookup_definition(type_name: str) -> GrainDefinition:
     try:
         return _registry[type_name]
     except KeyError:
-        raise UnknownGrainTypeError(f"no grain class is registered as {type_name!r}") from None
+        raise UnknownGrainTypeError.known(
+            f"no grain class is registered as {type_name!r}", _registry
+        ) from None
 
 
 def definition_of(cls: type[Grain]) -> GrainDefinition:
@@ -434,6 +439,7 @@ class Grain:
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        grace: timedelta | float | None = None,
         at: datetime | None = None,
         jitter: timedelta | float | None = None,
         starts_at: datetime | None = None,
@@ -447,14 +453,16 @@ class Grain:
         Interval form: ``period`` (and optional ``due``, default ``period``); cron
         form: ``cron`` with optional IANA ``tz``; one-shot form: ``at`` (an aware
         datetime) or ``due`` alone: it fires once, then its row is removed.
-        Options: ``jitter`` (a stable offset in ``[0, jitter)`` per slot, never
-        reaching the next slot), ``starts_at``/``ends_at``/``max_ticks``
-        (bounds; the row is removed after its last slot), ``payload`` (a small
-        value of the codec's types, given back in ``TickStatus.payload``) and
-        ``retry`` (``RetryPolicy``: re-deliver a tick whose ``receive_reminder``
-        raised, within the slot). Registering again re-anchors the schedule at
-        now. Invalid input raises ``ReminderError``. The grain class must
-        derive from ``Remindable``.
+        Options: ``grace`` (how late a tick may be delivered and still be on
+        time, default ``ReminderOptions.missed_tick_grace``, 10 s; later, or
+        once a further slot has passed, ``action`` decides), ``jitter`` (a stable
+        offset in ``[0, jitter)`` per slot, never reaching the next slot),
+        ``starts_at``/``ends_at``/``max_ticks`` (bounds; the row is removed after
+        its last slot), ``payload`` (a small value of the codec's types, given
+        back in ``TickStatus.payload``) and ``retry`` (``RetryPolicy``:
+        re-deliver a tick whose ``receive_reminder`` raised, within the slot).
+        Registering again re-anchors the schedule at now. Invalid input raises
+        ``ReminderError``. The grain class must derive from ``Remindable``.
         """
         return await self._orleanspy_reminders.register(
             self.grain_id,
@@ -465,6 +473,7 @@ class Grain:
             tz=tz,
             priority=priority,
             action=action,
+            grace=grace,
             at=at,
             jitter=jitter,
             starts_at=starts_at,
@@ -496,7 +505,11 @@ class Remindable:
     """Mixin for grains that receive reminders: implement ``receive_reminder``."""
 
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
-        """Called for every tick of every reminder of this grain (a normal grain call)."""
+        """Called for every tick of every reminder of this grain (a normal grain call).
+
+        Only a silo's reminder service calls it: a client's or another grain's
+        call is refused (``MessageRejectedError``). Tests deliver a tick with
+        ``orleanspy.testing.simulate_tick``."""
         raise NotImplementedError(f"{type(self).__name__} must implement receive_reminder")
 
 
@@ -560,6 +573,7 @@ def register_reminder(
     priority: int = 0,
     action: MissedReminderAction | None = None,
     keys: Iterable[GrainKey] | None = None,
+    grace: timedelta | float | None = None,
     jitter: timedelta | float | None = None,
     starts_at: datetime | None = None,
     ends_at: datetime | None = None,
@@ -572,7 +586,7 @@ def register_reminder(
     each key in ``keys`` (default: the class's ``reminder_keys``, itself
     defaulting to the key ``""``), straight in the table and without activating
     the grain: a missing row is created, a row whose period, cron, zone,
-    priority or action differs from the declaration is updated, an unchanged
+    priority, action or grace differs from the declaration is updated, an unchanged
     row keeps its ``next_due`` and ``last_fire``. A row a declaration created
     is removed once the class no longer declares it for that key. The
     schedule is validated when the silo registers it (``ReminderError`` naming
@@ -607,6 +621,7 @@ def register_reminder(
             priority=priority,
             action=_declared_action(cls, name, action),
             keys=None if keys is None else tuple(keys),
+            grace=_seconds(grace, "grace"),
             jitter=_seconds(jitter, "jitter"),
             starts_at=starts_at,
             ends_at=ends_at,

@@ -197,6 +197,11 @@ class MembershipSnapshot:
         """The Active silos that host ``type_name``, sorted."""
         return tuple(s for s in self._active if self.entries[s][0].hosts(type_name))
 
+    def hosted_types(self) -> set[str]:
+        """The grain types some Active silo names in its row (a row naming none,
+        from a silo that hosts everything registered there, adds nothing)."""
+        return {t for s in self._active for t in (self.entries[s][0].grain_types or ())}
+
     def gateways(self) -> list[tuple[str, int]]:
         """``(host, gateway_port)`` of every Active silo that runs a gateway, sorted."""
         out = []

@@ -4,11 +4,11 @@ For each grain class the silo hosts, each declared reminder and each of its
 keys (``keys=[...]`` on the declaration, else the class's ``reminder_keys``):
 
 - a missing row is created, marked ``declared``;
-- a row whose period, cron, zone, jitter, bounds, priority, action, payload
-  or retry policy differs from the declaration is updated. A changed schedule
-  (period, cron, zone, jitter, bounds) re-anchors the row at now (like a
-  registration from code); a changed priority, action, payload or retry policy
-  alone keeps the row's ``next_due`` and ``last_fire``;
+- a row whose period, cron, zone, jitter, bounds, priority, action, grace,
+  payload or retry policy differs from the declaration is updated. A changed
+  schedule (period, cron, zone, jitter, bounds) re-anchors the row at now (like
+  a registration from code); a changed priority, action, grace, payload or
+  retry policy alone keeps the row's ``next_due`` and ``last_fire``;
 - a declaration whose ``ends_at`` has passed creates no row (and its row,
   if any, ends on its own after its last slot);
 - an unchanged row is left alone (``next_due``, ``last_fire``, etag).
@@ -81,6 +81,7 @@ def _desired(
             tz=declared.tz,
             priority=declared.priority,
             action=declared.action,
+            grace=declared.grace,
             jitter=declared.jitter,
             starts_at=declared.starts_at,
             ends_at=declared.ends_at,
@@ -107,8 +108,14 @@ def _same_schedule(a: ReminderEntry, b: ReminderEntry) -> bool:
 
 
 def _same_options(a: ReminderEntry, b: ReminderEntry) -> bool:
-    """Same priority, action, payload and retry policy (what changes in place)."""
-    return (a.priority, a.action, a.payload, a.retry) == (b.priority, b.action, b.payload, b.retry)
+    """Same priority, action, grace, payload and retry policy (what changes in place)."""
+    return (a.priority, a.action, a.grace, a.payload, a.retry) == (
+        b.priority,
+        b.action,
+        b.grace,
+        b.payload,
+        b.retry,
+    )
 
 
 #: Conditional writes one declaration may lose to other silos before giving up.
@@ -131,6 +138,7 @@ async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
                 stored,
                 priority=desired.priority,
                 action=desired.action,
+                grace=desired.grace,
                 payload=desired.payload,
                 retry=desired.retry,
                 declared=True,

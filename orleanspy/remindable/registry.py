@@ -9,7 +9,7 @@ registry validates input (``ReminderError``) and refuses grains that are not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -25,6 +25,7 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     ReminderPriority,
     RetryPolicy,
+    TickStatus,
 )
 from orleanspy.reminders.spec import new_entry
 from orleanspy.reminders.table import (
@@ -53,6 +54,7 @@ class Registration:
     tz: str | None = None
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
+    grace: timedelta | float | None = None
     at: datetime | None = None
     jitter: timedelta | float | None = None
     starts_at: datetime | None = None
@@ -80,6 +82,9 @@ class ReminderRegistry:
         self.options = options
         self._definitions = definitions
         self._listeners: list[Callable[[ReminderChange], None]] = []
+        #: Delivers one off-schedule tick as the reminder service does (set by
+        #: the silo; ``receive_reminder`` refuses calls that are not ticks).
+        self.deliver_tick: Callable[[GrainId, str, TickStatus], Awaitable[None]] | None = None
 
     def add_listener(self, listener: Callable[[ReminderChange], None]) -> None:
         """``listener`` hears of every write made through this registry."""
@@ -93,6 +98,7 @@ class ReminderRegistry:
             name,
             entry.next_due if live and entry is not None else None,
             int(entry.priority) if live and entry is not None else None,
+            entry=entry,
         )
         for listener in self._listeners:
             listener(change)
@@ -116,6 +122,7 @@ class ReminderRegistry:
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        grace: timedelta | float | None = None,
         at: datetime | None = None,
         jitter: timedelta | float | None = None,
         starts_at: datetime | None = None,
@@ -138,6 +145,7 @@ class ReminderRegistry:
             tz=tz,
             priority=ReminderPriority.NORMAL if priority is None else priority,
             action=MissedReminderAction.SKIP if action is None else action,
+            grace=grace,
             at=at,
             jitter=jitter,
             starts_at=starts_at,
@@ -182,6 +190,7 @@ class ReminderRegistry:
                         tz=r.tz,
                         priority=r.priority,
                         action=r.action,
+                        grace=r.grace,
                         at=r.at,
                         jitter=r.jitter,
                         starts_at=r.starts_at,

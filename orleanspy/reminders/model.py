@@ -15,6 +15,7 @@ from orleanspy.serialization import pack, register_type, unpack
 
 __all__ = [
     "ENDED",
+    "MAX_ERROR_TEXT",
     "MAX_RETRY_ATTEMPTS",
     "FireOutcome",
     "FireRecord",
@@ -26,6 +27,7 @@ __all__ = [
     "RetryPolicy",
     "ScheduleUpdate",
     "TickStatus",
+    "error_text",
     "extras_from_record",
     "row_key",
 ]
@@ -55,9 +57,12 @@ class ReminderPriority(enum.IntEnum):
 
 
 class MissedReminderAction(enum.IntEnum):
-    """What to do with a tick reached later than ``missed_tick_grace`` after its slot.
+    """What to do with missed ticks: a tick reached later than its grace after its
+    slot (the row's ``grace``, else ``ReminderOptions.missed_tick_grace``), or once
+    a further slot of the row has passed too (catch-up is never a burst).
 
-    ``FIRE_IMMEDIATELY``: deliver one coalesced catch-up tick now, then resume the grid.
+    ``FIRE_IMMEDIATELY``: deliver one tick now for the latest passed slot
+    (``TickStatus.missed_ticks`` counts the earlier ones), then resume the grid.
     ``SKIP``: move on to the next future slot (Orleans' only behaviour; the default).
     ``NOTIFY``: skip, and publish a ``MissedReminder`` on ``orleanspy.reminders.missed``.
     """
@@ -110,6 +115,8 @@ class ReminderEntry:
     ``False`` and are never removed that way.
     ``paused``: the row is kept but out of the due index, so nothing is delivered
     until it is resumed; ``next_due`` keeps the slot it stopped at.
+    ``grace``: how late a tick may be reached and still count as on time (see
+    ``MissedReminderAction``); ``None`` means ``ReminderOptions.missed_tick_grace``.
 
     Optional schedule fields (``None``: not used; see ``spec.new_entry``):
     a *one-shot* row has neither ``period`` nor ``cron``: its one slot is
@@ -138,6 +145,7 @@ class ReminderEntry:
     etag: str | None = None
     declared: bool = False
     paused: bool = False
+    grace: timedelta | None = None
     jitter: timedelta | None = None
     starts_at: datetime | None = None
     ends_at: datetime | None = None
@@ -205,6 +213,7 @@ class ReminderEntry:
             etag=etag,
             declared=self.declared,
             paused=self.paused,
+            grace=self.grace,
             jitter=self.jitter,
             starts_at=self.starts_at,
             ends_at=self.ends_at,
@@ -216,9 +225,10 @@ class ReminderEntry:
 
     def to_record(self) -> dict[str, Any]:
         """Storage form: plain msgpack types, times as integer ms since the epoch.
-        ``"u"`` (paused) is present only on paused rows, and the optional schedule
-        fields (``extras_record``) only when set, so rows without them are stored
-        as before and rows written before them read unchanged."""
+        ``"u"`` (paused) is present only on paused rows, ``"gr"`` (grace, ms) only
+        on rows with a grace of their own, and the optional schedule fields
+        (``extras_record``) only when set, so rows without them are stored as
+        before and rows written before them read unchanged."""
         rec: dict[str, Any] = {
             "s": self.service_id,
             "g": self.grain_id.canonical,
@@ -236,6 +246,8 @@ class ReminderEntry:
         }
         if self.paused:
             rec["u"] = True
+        if self.grace is not None:
+            rec["gr"] = self.grace // _MS
         extras = self.extras_record()
         if extras:
             rec.update(extras)
@@ -284,6 +296,7 @@ class ReminderEntry:
             # Absent in records written before the field existed.
             declared=bool(rec.get("o")),
             paused=bool(rec.get("u", False)),
+            grace=None if rec.get("gr") is None else timedelta(milliseconds=rec["gr"]),
             **extras_from_record(rec),
         )
 
@@ -328,6 +341,19 @@ def extras_from_record(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: The longest exception text a fire record keeps.
+MAX_ERROR_TEXT = 500
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` for a fire record (the remote type for a
+    ``RemoteGrainError``), cut to ``MAX_ERROR_TEXT`` characters."""
+    kind = getattr(exc, "remote_type", None) or type(exc).__name__
+    message = getattr(exc, "remote_message", None)
+    text = f"{kind}: {exc if message is None else message}"
+    return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 1] + "…"
+
+
 class FireOutcome(enum.StrEnum):
     """What became of one slot of a reminder (an entry of its fire history)."""
 
@@ -345,9 +371,11 @@ class FireRecord:
     ``slot``: the scheduled slot (for a triggered tick, when it was asked for;
     with jitter, the jittered instant); ``at``: when the silo delivered or
     skipped it; ``silo``: that silo's name (its address for a triggered tick,
-    which the management grain delivers). ``attempt``: which delivery of the
-    slot this was (1 unless a ``RetryPolicy`` retried it); ``final``: the
-    reminder's last slot (its row is removed after it).
+    which the management grain delivers); ``error``: for ``GRAIN_ERROR`` and
+    ``RETRYING``, the exception ``receive_reminder`` raised, as ``Type: message``
+    (at most ``MAX_ERROR_TEXT`` characters), else ``None``. ``attempt``: which
+    delivery of the slot this was (1 unless a ``RetryPolicy`` retried it);
+    ``final``: the reminder's last slot (its row is removed after it).
     """
 
     grain_id: GrainId
@@ -357,6 +385,7 @@ class FireRecord:
     outcome: FireOutcome
     silo: str
     triggered: bool = False
+    error: str | None = None
     attempt: int = 1
     final: bool = False
 
@@ -379,6 +408,8 @@ class FireRecord:
         }
         if self.triggered:
             rec["x"] = True
+        if self.error is not None:
+            rec["m"] = self.error
         if self.attempt != 1:
             rec["n"] = self.attempt
         if self.final:
@@ -395,6 +426,7 @@ class FireRecord:
             outcome=FireOutcome(rec["o"]),
             silo=str(rec["s"]),
             triggered=bool(rec.get("x", False)),
+            error=None if rec.get("m") is None else str(rec["m"]),
             attempt=int(rec.get("n", 1)),
             final=bool(rec.get("f", False)),
         )
@@ -406,14 +438,18 @@ class ReminderChange:
 
     ``priority`` is set by writes that replace the whole row (``upsert``: a
     registration or a management call) to the row's priority, and ``None`` for
-    schedule CASes and removals (see ``ReminderTable``). It does not take part
-    in equality.
+    schedule CASes and removals (see ``ReminderTable``). ``entry``: the row as
+    written, with its new etag, when the writer is in this process (a local
+    registration or management call; tables' change feeds never carry it), so
+    the reminder service applies it at once, without reading it back. Neither
+    takes part in equality.
     """
 
     grain_id: GrainId
     name: str
     next_due: datetime | None
     priority: int | None = field(default=None, compare=False)
+    entry: ReminderEntry | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ One table holds every service's rows (``service_id`` leads every key)::
         next_due    bigint             ms since the epoch (as start_at, last_fire)
         declared    boolean            made by a @register_reminder declaration
         paused      boolean            out of the due index (see below)
+        grace_ms    bigint             the row's missed-tick grace, NULL: the default
         extras      bytea              the optional schedule fields, msgpack of
                                        ``ReminderEntry.extras_record`` (NULL: none)
         version     bigint             the etag; every write takes a fresh value
@@ -31,9 +32,10 @@ The schema is versioned (``_SCHEMA``, one step per version, applied by
 ``start``): version 2 added ``declared``, the upcoming index (in place of
 v1's ``(service_id, next_due)``) and the notification with a priority;
 version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
-the history table; version 4 added ``extras`` (jitter, bounds, payload, retry:
-one column, since only the service reads them and no index needs them), the
-history's ``attempt`` and ``final``, and the ended histories.
+the history table; version 4 added ``grace_ms`` and the history's ``error``;
+version 5 added ``extras`` (jitter, bounds, payload, retry: one column, since
+only the service reads them and no index needs them), the history's
+``attempt`` and ``final``, and the ended histories.
 
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
@@ -99,12 +101,11 @@ from orleanspy.reminders.model import (
     extras_from_record,
 )
 from orleanspy.reminders.table import ENDED_HISTORY_KEPT
-from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.ring import RingRange
 from orleanspy.serialization import pack, unpack
 
 __all__ = ["PostgresReminderTable"]
 
-_TOP: Final = HASH_SPACE - 1
 _BUCKET_SHIFT: Final = 24
 # read_due's first pass asks each scan for at least this many rows.
 _MIN_FIRST_ASK: Final = 16
@@ -200,9 +201,16 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
                 REFERENCES orleanspy_reminders (service_id, grain_id, name) ON DELETE CASCADE
         )""",
     ),
-    # v4: the optional schedule fields of a row (one-shot rows need no column:
+    # v4: a row's own missed-tick grace; a failed tick's exception in its fire
+    # record. Both nullable: v3 silos still running during an upgrade neither
+    # write nor read them (their upserts leave grace_ms as it was).
+    (
+        "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS grace_ms bigint",
+        "ALTER TABLE orleanspy_reminder_history ADD COLUMN IF NOT EXISTS error text",
+    ),
+    # v5: the optional schedule fields of a row (one-shot rows need no column:
     # period_ms and cron are both NULL), and a history record's attempt and
-    # final flag. v3 silos still running during an upgrade neither write nor
+    # final flag. v4 silos still running during an upgrade neither write nor
     # read them: their whole-row writes leave extras as they are.
     (
         "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS extras bytea",
@@ -223,6 +231,7 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
             outcome text NOT NULL,
             silo text NOT NULL,
             triggered boolean NOT NULL,
+            error text,
             attempt smallint NOT NULL,
             final boolean NOT NULL,
             ended_at bigint NOT NULL,
@@ -235,22 +244,22 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, declared, paused, version, extras"
+    "last_fire, priority, action, declared, paused, grace_ms, extras, version"
 )
 
-# The columns a whole-row write sets, in the order of its parameters $2..$16.
+# The columns a whole-row write sets, in the order of its parameters $2..$17.
 _ROW_COLUMNS: Final = (
     "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
-    "period_ms, cron, tz, last_fire, action, declared, paused, extras"
+    "period_ms, cron, tz, last_fire, action, declared, paused, grace_ms, extras"
 )
-_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16"
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17"
 _SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
         action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
-        extras = EXCLUDED.extras, version = EXCLUDED.version"""
+        grace_ms = EXCLUDED.grace_ms, extras = EXCLUDED.extras, version = EXCLUDED.version"""
 # A paused row left the schedule: its changes are told as removals (no next_due,
 # no priority), whatever the write.
 _DUE_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.next_due END"
@@ -259,14 +268,14 @@ _PRIORITY_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.priority END"
 # row's priority, for the rows written (none when a condition failed).
 _NOTIFY_ROWS: Final = f"""
 SELECT w.version, orleanspy_reminder_notify(
-    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $18, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 _RETURNING_ROW: Final = (
     "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority, t.paused"
 )
 
-# $1 service, $2..$16 the row (_ROW_COLUMNS), $17 channel.
+# $1 service, $2..$17 the row (_ROW_COLUMNS), $18 channel.
 _UPSERT: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -289,20 +298,20 @@ WITH w AS (
 {_NOTIFY_ROWS}
 """
 
-# upsert_if with an etag: replace the row only while its version is $18.
+# upsert_if with an etag: replace the row only while its version is $19.
 _REPLACE_IF: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders AS t
     SET ({_ROW_COLUMNS}, version) =
         ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
-    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $18
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $19
     {_RETURNING_ROW}
 )
 {_NOTIFY_ROWS}
 """
 
-# upsert_many: $2..$16 parallel arrays of the rows' columns (no key twice), in
-# key order so two batches lock shared rows in one order; $17 channel.
+# upsert_many: $2..$17 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $18 channel.
 _UPSERT_MANY: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -310,13 +319,13 @@ WITH w AS (
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                 $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
                 $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
-                $16::bytea[]) AS u
+                $16::bigint[], $17::bytea[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $18, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -369,9 +378,9 @@ WITH w AS (
         OR (grain_id = $2 AND name = $3 AND EXISTS (SELECT 1 FROM w)))
 ), kept AS (
     INSERT INTO orleanspy_reminder_ended_history (service_id, grain_id, name, batch, i,
-        slot, at, outcome, silo, triggered, attempt, final, ended_at)
+        slot, at, outcome, silo, triggered, error, attempt, final, ended_at)
     SELECT h.service_id, h.grain_id, h.name, h.batch, h.i, h.slot, h.at, h.outcome, h.silo,
-        h.triggered, h.attempt, h.final, $6
+        h.triggered, h.error, h.attempt, h.final, $6
     FROM orleanspy_reminder_history h JOIN w ON h.grain_id = w.grain_id AND h.name = w.name
     WHERE h.service_id = $1
 )
@@ -437,8 +446,7 @@ ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $3
 """
 
-# append_history: $2..$8, $10, $11 parallel arrays of the records (oldest
-# first), $9 keep.
+# append_history: $2..$11 parallel arrays of the records (oldest first), $12 keep.
 # Only rows that exist take records (locked FOR KEY SHARE, so a racing remove
 # waits or wins, and its cascade never meets a record it did not see); each
 # row keeps the newest ``keep``: its newest new records, and of the old ones
@@ -451,9 +459,9 @@ _APPEND_HISTORY: Final = """
 WITH u AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.grain_id, u.name ORDER BY u.i DESC) AS rn
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[],
-                $8::boolean[], $10::smallint[], $11::boolean[])
-        WITH ORDINALITY AS u(grain_id, name, slot, at, outcome, silo, triggered, attempt,
-                             final, i)
+                $8::boolean[], $9::text[], $10::smallint[], $11::boolean[])
+        WITH ORDINALITY AS u(grain_id, name, slot, at, outcome, silo, triggered, error,
+                             attempt, final, i)
 ), k AS (
     SELECT grain_id, name, count(*) AS cnt FROM u GROUP BY grain_id, name
 ), r AS (
@@ -466,19 +474,19 @@ WITH u AS (
     SELECT nextval('orleanspy_reminder_history_batch') AS batch
 ), ins AS (
     INSERT INTO orleanspy_reminder_history
-        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered, attempt,
-         final)
+        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered, error,
+         attempt, final)
     SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered,
-           u.attempt, u.final
+           u.error, u.attempt, u.final
     FROM u JOIN r ON u.grain_id = r.grain_id AND u.name = r.name CROSS JOIN b
-    WHERE u.rn <= $9
+    WHERE u.rn <= $12
 ), cut AS (
     SELECT r.grain_id, r.name, c.batch, c.i FROM r
     CROSS JOIN LATERAL (
         SELECT h.batch, h.i FROM orleanspy_reminder_history h
         WHERE h.service_id = $1 AND h.grain_id = r.grain_id AND h.name = r.name
         ORDER BY h.batch DESC, h.i DESC
-        OFFSET greatest($9 - r.cnt, 0) LIMIT 1
+        OFFSET greatest($12 - r.cnt, 0) LIMIT 1
     ) c
 )
 DELETE FROM orleanspy_reminder_history h USING cut
@@ -488,12 +496,12 @@ WHERE h.service_id = $1 AND h.grain_id = cut.grain_id AND h.name = cut.name
 
 # A row's history, with what an ended row of that key left (kept since $4).
 _READ_HISTORY: Final = """
-SELECT slot, at, outcome, silo, triggered, attempt, final FROM (
-    SELECT batch, i, slot, at, outcome, silo, triggered, attempt, final
+SELECT slot, at, outcome, silo, triggered, error, attempt, final FROM (
+    SELECT batch, i, slot, at, outcome, silo, triggered, error, attempt, final
     FROM orleanspy_reminder_history
     WHERE service_id = $1 AND grain_id = $2 AND name = $3
     UNION ALL
-    SELECT batch, i, slot, at, outcome, silo, triggered, attempt, final
+    SELECT batch, i, slot, at, outcome, silo, triggered, error, attempt, final
     FROM orleanspy_reminder_ended_history
     WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND ended_at >= $4
 ) h
@@ -506,22 +514,12 @@ WHERE service_id = $1 AND grain_hash BETWEEN $2 AND $3
 """
 
 
-def _intervals(r: RingRange) -> list[tuple[int, int]]:
-    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
-    if r.size == HASH_SPACE:
-        return [(0, _TOP)]
-    lo = (r.begin + 1) % HASH_SPACE
-    if lo <= r.end:
-        return [(lo, r.end)]
-    return [(lo, _TOP), (0, r.end)]
-
-
 def _slices(r: RingRange) -> tuple[list[int], list[int], list[int]]:
     """The buckets ``r`` overlaps, each with ``r``'s inclusive hash bounds inside it."""
     buckets: list[int] = []
     los: list[int] = []
     his: list[int] = []
-    for a, b in _intervals(r):
+    for a, b in r.intervals():
         for bucket in range(a >> _BUCKET_SHIFT, (b >> _BUCKET_SHIFT) + 1):
             buckets.append(bucket)
             los.append(max(a, bucket << _BUCKET_SHIFT))
@@ -568,6 +566,7 @@ def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
         int(entry.action),
         entry.declared,
         entry.paused,
+        None if entry.grace is None else entry.grace // timedelta(milliseconds=1),
         _extras(entry),
     )
 
@@ -597,6 +596,7 @@ def _row(rec: Any) -> ReminderEntry:
             etag=str(rec["version"]),
             declared=bool(rec["declared"]),
             paused=bool(rec["paused"]),
+            grace=None if rec["grace_ms"] is None else timedelta(milliseconds=rec["grace_ms"]),
             **({} if extras is None else extras_from_record(unpack(extras))),
         )
     except (KeyError, TypeError, ValueError, SerializationError) as exc:
@@ -713,7 +713,7 @@ class PostgresReminderTable:
     async def _upsert_round(
         self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
     ) -> None:
-        columns: list[list[Any]] = [[] for _ in range(15)]
+        columns: list[list[Any]] = [[] for _ in range(16)]
         for i in indices:
             for column, value in zip(columns, _row_values(entries[i]), strict=True):
                 column.append(value)
@@ -851,9 +851,10 @@ class PostgresReminderTable:
                 [r.outcome.value for r in records],
                 [r.silo for r in records],
                 [r.triggered for r in records],
-                keep,
+                [r.error for r in records],
                 [r.attempt for r in records],
                 [r.final for r in records],
+                keep,
             )
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
@@ -873,6 +874,7 @@ class PostgresReminderTable:
                     outcome=FireOutcome(rec["outcome"]),
                     silo=rec["silo"],
                     triggered=bool(rec["triggered"]),
+                    error=rec["error"],
                     attempt=int(rec["attempt"]),
                     final=bool(rec["final"]),
                 )
@@ -911,7 +913,7 @@ class PostgresReminderTable:
         """Every row in ``r``, ordered by hash then key (index range scans)."""
         rows: list[ReminderEntry] = []
         with translate_errors("reminder read_range"):
-            for lo, hi in _intervals(r):
+            for lo, hi in r.intervals():
                 records = await self._p.fetch(_READ_RANGE, self.service_id, lo, hi)
                 rows.extend(_row(rec) for rec in records)
         rows.sort(key=lambda row: (row.hash, row.key))

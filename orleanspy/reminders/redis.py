@@ -61,8 +61,6 @@ from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
-import msgpack
-
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy.clock import to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
@@ -76,7 +74,7 @@ from orleanspy.reminders.model import (
 )
 from orleanspy.reminders.table import ENDED_HISTORY_KEPT, FeedScope
 from orleanspy.ring import HASH_SPACE, RingRange
-from orleanspy.serialization import pack, unpack
+from orleanspy.serialization import pack, pack_lua, unpack
 
 __all__ = ["RedisReminderTable"]
 
@@ -95,7 +93,7 @@ _MIN_FIRST_ASK: Final = 16
 _NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None, "o": None}
 
 # Optional fields of a fire record, merged into its stored map by the script.
-_HISTORY_FLAGS: Final = frozenset({"x", "n", "f"})
+_HISTORY_FLAGS: Final = frozenset({"x", "m", "n", "f"})
 
 #: Width of a priority lane in the due score: next_due ms must lie in [0, 2**44).
 LANE_WIDTH: Final = 1 << 44
@@ -228,7 +226,7 @@ return out
 # prefix. ARGV[3]: msgpack flat list, per row: its shard, its key, how many
 # records follow, then five items per record, oldest first: slot ms, delivery
 # ms, outcome, silo, and false or a map of the record's optional fields
-# (``FireRecord.to_record``'s "x", "n", "f"). The record map is built here
+# (``FireRecord.to_record``'s "x", "m", "n", "f"). The record map is built here
 # (``FireRecord.to_record``'s form), so the client packs one string per batch,
 # not one per record. Records of a missing row are dropped.
 _APPEND_HISTORY: Final = """
@@ -319,13 +317,8 @@ return out
 
 
 def _intervals(r: RingRange | None) -> list[tuple[int, int]]:
-    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
-    if r is None or r.size == HASH_SPACE:
-        return [(0, _TOP)]
-    lo = (r.begin + 1) % HASH_SPACE
-    if lo <= r.end:
-        return [(lo, r.end)]
-    return [(lo, _TOP), (0, r.end)]
+    """``r`` as inclusive intervals of hashes (``None``: the whole ring)."""
+    return [(0, _TOP)] if r is None else r.intervals()
 
 
 def _decode_row(raw: bytes | str) -> ReminderEntry:
@@ -337,13 +330,6 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
         return ReminderEntry.from_record({**_NULLABLE, **unpack(raw)})
     except (SerializationError, KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
-
-
-def _lua_pack(value: Any) -> bytes:
-    """msgpack for a script's ``cmsgpack.unpack``: bytes as the old raw type (it
-    has no bin types), so they arrive in Lua as strings."""
-    packed: bytes = msgpack.packb(value, use_bin_type=False)
-    return packed
 
 
 class RedisReminderTable:
@@ -574,7 +560,7 @@ class RedisReminderTable:
             )
         with translate_errors("reminder update_schedule_many"):
             results = await self._script("update_many")(
-                args=[self._etag_suffix, self._shard_prefix, _lua_pack(flat)]
+                args=[self._etag_suffix, self._shard_prefix, pack_lua(flat)]
             )
         return [None if r is None else r.decode() for r in results]
 
@@ -594,7 +580,7 @@ class RedisReminderTable:
                 flags = {k: v for k, v in r.to_record().items() if k in _HISTORY_FLAGS}
                 flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, flags or False)
         with translate_errors("reminder append_history"):
-            await self._script("history")(args=[keep, self._shard_prefix, _lua_pack(flat)])
+            await self._script("history")(args=[keep, self._shard_prefix, pack_lua(flat)])
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         key = row_key(grain_id, name)

@@ -27,7 +27,10 @@ goes through it, so the rules below hold for every stored row:
   the bounds leave at least one slot; ``max_ticks`` is an int ``>= 1`` (at most
   ``MAX_CRON_TICKS`` for a cron);
 * ``payload`` is a value the codec carries, at most ``MAX_PAYLOAD_BYTES``
-  encoded; ``retry`` is a ``RetryPolicy``.
+  encoded; ``retry`` is a ``RetryPolicy``;
+* the grace (``grace``, optional) is a duration (seconds or ``timedelta``) in
+  ``0 .. MAX_GRACE``; ``None`` leaves the row on
+  ``ReminderOptions.missed_tick_grace``.
 
 Anything else raises ``ReminderError`` saying what is wrong and how to fix it.
 Times are stored with millisecond precision, so ``start_at``, ``next_due`` and
@@ -63,10 +66,12 @@ from orleanspy.reminders.schedule import (
 from orleanspy.serialization import pack, unpack
 
 __all__ = [
+    "MAX_GRACE",
     "MAX_GRAIN_ID_LENGTH",
     "MAX_PAYLOAD_BYTES",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "check_grace",
     "new_entry",
 ]
 
@@ -79,6 +84,8 @@ MAX_GRAIN_ID_LENGTH = 1024
 #: Largest payload a reminder may carry, encoded by the codec: it is stored in the
 #: row and read by every owner, so it stays small (a key, a few ids, a flag).
 MAX_PAYLOAD_BYTES = 4096
+#: The longest missed-tick grace a row may have.
+MAX_GRACE = timedelta(days=366)
 
 _MS = timedelta(milliseconds=1)
 _FORBIDDEN_IN_NAME = ("|", "\n", "\r")
@@ -149,6 +156,20 @@ def _check_priority(priority: int) -> None:
         )
 
 
+def check_grace(grace: timedelta | float | None) -> timedelta | None:
+    """A row's missed-tick grace as stored (whole ms), or ``None`` for the default;
+    ``ReminderError`` unless it is a duration in ``0 .. MAX_GRACE``."""
+    if grace is None:
+        return None
+    value = _whole_ms(_duration(grace, "grace"))
+    if not timedelta(0) <= value <= MAX_GRACE:
+        raise ReminderError(
+            f"grace must be between 0 and {MAX_GRACE.days} days, got {grace!r}: "
+            "or None for ReminderOptions.missed_tick_grace"
+        )
+    return value
+
+
 def _start(now: datetime, due: timedelta) -> datetime:
     try:
         start = _truncate_ms(now + due)
@@ -180,6 +201,7 @@ def new_entry(
     max_ticks: int | None = None,
     payload: Any = None,
     retry: RetryPolicy | None = None,
+    grace: timedelta | float | None = None,
 ) -> ReminderEntry:
     """Validate a registration and build its row (``etag`` ``None``, never fired).
 
@@ -221,6 +243,7 @@ def new_entry(
         )
     if tz is not None and cron is None:
         raise ReminderError("tz applies to cron reminders only: drop tz or give a cron expression")
+    grace_td = check_grace(grace)
     due_td = None if due is None else _duration(due, "due")
     if due_td is not None and due_td < timedelta(0):
         raise ReminderError(f"due must be >= 0, got {due!r}: use 0 to fire at once")
@@ -232,6 +255,7 @@ def new_entry(
             f"retry must be a RetryPolicy(max_attempts, backoff), got {type(retry).__name__}"
         )
     extra: dict[str, Any] = {
+        "grace": grace_td,
         "jitter": jitter_td,
         "starts_at": bounds[0],
         "ends_at": bounds[1],
@@ -372,7 +396,7 @@ def _bounds(
 
 def _check_payload(payload: Any) -> Any:
     """The payload as it will read back from storage (the codec's round trip:
-    tuples and sets become lists), so the registered row equals the stored one."""
+    tuples become lists), so the registered row equals the stored one."""
     if payload is None:
         return None
     size = payload_size(payload)

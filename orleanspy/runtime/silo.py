@@ -14,6 +14,7 @@ import functools
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
@@ -24,11 +25,11 @@ from orleanspy.directory.cached import CachedDirectory
 from orleanspy.directory.table import GrainDirectory
 from orleanspy.errors import ClosedError, ConfigurationError
 from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_definitions
-from orleanspy.identity import GrainKey, SiloAddress
+from orleanspy.identity import GrainId, GrainKey, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
-from orleanspy.messaging.transport import Transport
+from orleanspy.messaging.transport import AnswersOnly, Transport
 from orleanspy.metrics import SiloMetrics
 from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
@@ -133,6 +134,8 @@ class Silo:
         self._aborted = False
         self._stop_task: asyncio.Task[None] | None = None
         self._clustered = self.options.clustered or transport is not None
+        # Set by ``start`` when this silo tuned the garbage collector; ``stop`` calls it.
+        self._restore_collector: Callable[[], None] = _nothing
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
@@ -185,8 +188,9 @@ class Silo:
             raise
         finally:
             reset_current_silo(token)
-        if self.options.tune_gc:
-            tune_collector()
+        tune = self.options.tune_gc
+        if tune or (tune is None and self._clustered):
+            self._restore_collector = tune_collector()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
 
@@ -230,6 +234,7 @@ class Silo:
         finally:
             if self._dispatcher is not None:
                 await self._dispatcher.close(ClosedError(f"silo {self.name} stopped"))
+            self._restore_collector()
             self.state = SiloState.STOPPED
             log.info("silo stopped name=%s", self.name)
 
@@ -373,9 +378,8 @@ class Silo:
             transport=transport,
         )
         self._dispatcher = dispatcher
-        answer_only = getattr(transport, "answer_only", None)
-        if answer_only is not None:
-            answer_only(locator.knows)
+        if isinstance(transport, AnswersOnly):
+            transport.answer_only(locator.knows)
         dispatcher.grain_metrics = self.metrics.grains
         self.transport = transport
         return locator, dispatcher
@@ -502,9 +506,13 @@ class Silo:
             await membership.shutdown()
 
     async def _leave_cluster(self, membership: MembershipService) -> None:
-        """First step of a graceful stop: tell the cluster we are going."""
+        """First step of a graceful stop: hand the reminders over (ticks in flight
+        finished and persisted, nothing more delivered), then tell the cluster
+        we are going, so the next owners read what we last wrote."""
         if self.declared_dead or self._aborted:
             return
+        if self.reminder_service is not None:
+            await self.reminder_service.drain()
         try:
             await membership.update_status(SiloStatus.SHUTTING_DOWN)
         except Exception as exc:
@@ -539,10 +547,27 @@ class Silo:
         )
         dispatcher.set_reminders(registry)
 
-        async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+        # A tick gives up well before a plain call would (ReminderOptions.tick_timeout).
+        tick_cap = self.options.messaging.response_timeout.total_seconds() / 2
+
+        async def deliver(entry: ReminderEntry, status: TickStatus, deadline: float) -> None:
             await dispatcher.invoke(
-                entry.grain_id, "receive_reminder", (entry.name, status), {}, reminder_tick=True
+                entry.grain_id,
+                "receive_reminder",
+                (entry.name, status),
+                {},
+                reminder_tick=True,
+                deadline=min(deadline, tick_cap),
             )
+
+        async def deliver_tick(grain_id: GrainId, name: str, status: TickStatus) -> None:
+            # An off-schedule tick (the management grain's trigger, tests): a
+            # tick like the service's own, waited for as long as any call.
+            await dispatcher.invoke(
+                grain_id, "receive_reminder", (name, status), {}, reminder_tick=True
+            )
+
+        registry.deliver_tick = deliver_tick
 
         async def publish_missed(event: MissedReminder) -> None:
             await streams.publish(MISSED_REMINDERS_STREAM, event)
@@ -630,6 +655,11 @@ class Silo:
 
         if not self._clustered:
             return Check(True, "in memory")
+        if self.state is not SiloState.RUNNING or self.declared_dead:
+            # A silo that is stopping (itself, or by the cluster's verdict) may be
+            # closing the client: a ping now could take a connection from a pool
+            # that no longer releases it.
+            return Check(False, "stopping")
         client = self._storage_client
         if client is None:
             ok = self._membership_table is not None and self.membership is not None
@@ -645,7 +675,12 @@ class Silo:
 
     def _factory(self) -> GrainFactory:
         if self.state is not SiloState.RUNNING or self._dispatcher is None:
-            raise ClosedError(f"silo {self.name} is not running (state {self.state.name})")
+            hint = (
+                "start it first: `async with Silo.local() as silo:` (or `await silo.start()`)"
+                if self.state is SiloState.CREATED
+                else "a stopped silo does not restart: make a new one"
+            )
+            raise ClosedError(f"silo {self.name} is not running (state {self.state.name}); {hint}")
         return self._dispatcher.factory
 
     @property
@@ -710,3 +745,7 @@ async def _default_grain_storage(
     if o.storage is not None or url is None:
         return None
     return await connections.grain_storage(url, service_id=o.service_id)
+
+
+def _nothing() -> None:
+    return None

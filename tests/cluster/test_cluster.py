@@ -229,11 +229,17 @@ async def test_client_without_the_cluster_secret_is_refused(
             client.get_grain(ClusterWhereGrain, "x")
 
 
-async def test_client_with_the_cluster_secret_works(redis_url: str) -> None:
+@pytest.mark.parametrize("given_as", ["options", "secret="])
+async def test_client_with_the_cluster_secret_works(redis_url: str, given_as: str) -> None:
     async with InProcessCluster(
         redis_url, size=2, membership=FAST_MEMBERSHIP, messaging=SECRET
     ) as cluster:
-        async with ClusterClient(redis_url=redis_url, options=SECRET) as client:
+        client = (
+            ClusterClient(redis_url=redis_url, options=SECRET)
+            if given_as == "options"
+            else ClusterClient(redis_url=redis_url, secret="s3cret")
+        )
+        async with client:
             where = {await client.get_grain(ClusterWhereGrain, k).where() for k in range(20)}
         # Silo-to-silo traffic carries the secret too: both silos host grains.
         assert where == {str(s.address) for s in cluster.silos}

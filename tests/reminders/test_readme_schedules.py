@@ -1,6 +1,7 @@
-"""The README's "Schedules" example runs as written: in an embedded silo on a manual
-clock, the one-shot fires once with its payload and goes, the bounded reminder
-stops after ten ticks, and the declared jittered row holds its options."""
+"""The "Schedules" example of docs/reminders.md (the README links to it) runs as
+written: in an embedded silo on a manual clock, the one-shot fires once with its
+payload and goes, the bounded reminder stops after ten ticks, and the declared
+jittered row holds its options."""
 
 from __future__ import annotations
 
@@ -18,20 +19,20 @@ from orleanspy.options import ReminderOptions
 from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "reminders.md").read_text()
 START = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
 
 
 def _example() -> str:
-    start = README.index("## Schedules")
-    block = README.index("```python\n", start) + len("```python\n")
-    return README[block : README.index("```\n", block)]
+    start = DOC.index("## Schedules")
+    block = DOC.index("```python\n", start) + len("```python\n")
+    return DOC[block : DOC.index("```\n", block)]
 
 
 @pytest.fixture
 def order_grain() -> Iterator[type[Any]]:
     namespace: dict[str, Any] = {"__name__": "readme_schedules"}
-    exec(compile(_example(), "README.md (Schedules)", "exec"), namespace)
+    exec(compile(_example(), "docs/reminders.md (Schedules)", "exec"), namespace)
     try:
         yield namespace["OrderGrain"]
     finally:

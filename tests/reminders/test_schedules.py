@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orleanspy.errors import ReminderError
+from orleanspy.errors import ReminderError, SiloUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import (
@@ -276,6 +276,45 @@ async def test_retry_is_given_up_when_the_next_slot_comes(table, clock) -> None:
         assert (svc.stats.grain_retries, svc.stats.retries_given_up) == (2, 1)
     status = rec.calls[0][1]
     assert (status.current_tick_time, status.attempt) == (START + 20 * S, 2)
+
+
+async def test_a_retry_that_fails_on_the_call_path_is_the_same_attempt_again(table, clock) -> None:
+    # Attempt 1 raises in the grain; attempt 2 meets an unreachable silo twice
+    # (each time its permit is given back) and then reaches the grain: it is still
+    # attempt 2, and the records keep the grain's exception.
+    retry = RetryPolicy(3, timedelta(seconds=2))
+    await table.upsert(entry(clock, name="flaky", due=10, period=60, retry=retry))
+    rec = Recorder()
+    rec.failures["flaky"] = [
+        ValueError("bad input"),
+        SiloUnavailableError("down"),
+        SiloUnavailableError("down"),
+    ]
+    async with running(table, clock, rec) as svc:
+        await advance(clock, 10)
+        await wait_for(lambda: svc.stats.grain_errors == 1, 5.0, interval=0)
+        await advance(clock, 2)  # attempt 2: the call path fails
+        await wait_for(lambda: svc.stats.retries == 1, 5.0, interval=0)
+        await wait_for(lambda: svc.stats.in_flight == 0, 5.0, interval=0)
+        while not rec.calls:
+            await advance(clock, 0.5)  # through the call-path backoff
+        assert rec.attempts == 4 and svc.stats.retries == 2
+        [(_, status)] = rec.calls
+        assert (status.current_tick_time, status.attempt) == (START + 10 * S, 2)
+        gid = GrainId("G", 1)
+
+        async def two_records() -> bool:
+            return len(await table.read_history(gid, "flaky")) == 2
+
+        await wait_for(two_records, 5.0, interval=0.01)
+        records = await table.read_history(gid, "flaky")
+        assert [(r.attempt, r.outcome, r.error) for r in records] == [
+            (2, FireOutcome.OK, None),
+            (1, FireOutcome.RETRYING, "ValueError: bad input"),
+        ]
+        await svc.wait_persisted()
+        stored = await table.read(gid, "flaky")
+        assert stored is not None and stored.next_due == START + 70 * S
 
 
 async def test_no_retry_by_default(table, clock) -> None:

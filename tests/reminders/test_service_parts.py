@@ -13,7 +13,9 @@ import pytest
 
 from orleanspy._retry import Backoff
 from orleanspy.identity import GrainId
+from orleanspy.options import ReminderOptions
 from orleanspy.reminders._service.adaptive import LoadSignals, bucket_size, read_memory_load
+from orleanspy.reminders._service.delivery import tick_deadline
 from orleanspy.reminders._service.lanes import LaneDrainer, Lanes
 from orleanspy.reminders._service.missed import TickPlan, plan_tick
 from orleanspy.reminders._service.ownership import Ownership
@@ -160,37 +162,154 @@ def test_released_rows_leave_the_heap() -> None:
 # -- ticks and lanes ---------------------------------------------------------------------
 
 
-def _plan(row: Row, now: datetime, grace: timedelta, *, reloaded: bool = False) -> TickPlan:
-    return plan_tick(row.schedule, row.entry.action, row.next_due, now, grace, reloaded=reloaded)
+def _plan(row: Row, now: datetime, grace: timedelta) -> TickPlan:
+    return plan_tick(row.schedule, row.entry.action, row.next_due, now, grace)
 
 
 def test_plan_tick_within_grace_delivers_the_slot() -> None:
-    plan = _plan(_row(1, 10), T0 + 35 * S, 30 * S)
+    # 5 s late on a 10 s grid: the only passed slot, inside the grace.
+    plan = _plan(_row(1, 10), T0 + 15 * S, 30 * S)
     assert plan.deliver and not plan.missed and plan.slot == T0 + 10 * S
 
 
 def test_plan_tick_past_grace_applies_the_action() -> None:
     now = T0 + 95 * S
     fire = _plan(_row(1, 10, action=MissedReminderAction.FIRE_IMMEDIATELY), now, 30 * S)
-    assert (fire.deliver, fire.missed_ticks, fire.resume) == (True, 8, T0 + 100 * S)
-    skip = _plan(_row(1, 10, action=MissedReminderAction.SKIP), now, 30 * S)
-    assert (skip.deliver, skip.missed_ticks, skip.resume) == (False, 9, T0 + 100 * S)
-
-
-def test_plan_tick_of_a_reloaded_row_behind_by_several_slots_applies_the_action() -> None:
-    # A row read back from the table 25 s behind its 10 s grid, inside a 30 s grace:
-    # the slots at 10, 20 and 30 s have passed, so they count as missed.
-    now = T0 + 35 * S
-    row = _row(1, 10, action=MissedReminderAction.SKIP)
-    assert _plan(row, now, 30 * S).deliver  # a held row: late but on time
-    skip = _plan(row, now, 30 * S, reloaded=True)
-    assert (skip.deliver, skip.missed_ticks, skip.resume) == (False, 3, T0 + 40 * S)
-    fire = _plan(
-        _row(1, 10, action=MissedReminderAction.FIRE_IMMEDIATELY), now, 30 * S, reloaded=True
+    # One catch-up for the latest passed slot (+90), the eight before it folded in.
+    assert (fire.deliver, fire.slot, fire.missed_ticks, fire.resume) == (
+        True,
+        T0 + 90 * S,
+        8,
+        T0 + 100 * S,
     )
-    assert (fire.deliver, fire.missed_ticks, fire.slot) == (True, 2, T0 + 10 * S)
-    # Behind by less than one period: an ordinary late tick.
-    assert _plan(row, T0 + 15 * S, 30 * S, reloaded=True).deliver
+    skip = _plan(_row(1, 10, action=MissedReminderAction.SKIP), now, 30 * S)
+    assert (skip.deliver, skip.slot, skip.missed_ticks, skip.resume) == (
+        False,
+        T0 + 10 * S,
+        9,
+        T0 + 100 * S,
+    )
+
+
+def test_plan_tick_one_slot_past_its_grace_is_missed() -> None:
+    row = _row(1, 10, action=MissedReminderAction.SKIP)
+    # +10 is 1.5 s late with a 1 s grace; +20 is not due yet.
+    late = _plan(row, T0 + 11.5 * S, 1 * S)
+    assert (late.deliver, late.missed, late.missed_ticks, late.resume) == (
+        False,
+        True,
+        1,
+        T0 + 20 * S,
+    )
+    assert _plan(row, T0 + 10.5 * S, 1 * S).deliver
+
+
+@pytest.mark.parametrize("grace_s", [0, 1, 30, 3600, 10**6])
+@pytest.mark.parametrize("action", list(MissedReminderAction))
+def test_plan_tick_several_passed_slots_never_burst_whatever_the_grace(
+    grace_s: int, action: MissedReminderAction
+) -> None:
+    # A 2 s row whose owner was killed: 11 s later six slots have passed. Each
+    # plan is followed as the service follows it (deliver or skip, then resume).
+    entry = dataclasses.replace(_row(1, 2, action=action).entry, period=2 * S)
+    row = Row(entry, schedule_for(entry), entry.next_due, None)
+    now = T0 + 13 * S
+    deliveries, slot = 0, row.next_due
+    while slot <= now:
+        plan = plan_tick(row.schedule, action, slot, now, grace_s * S)
+        deliveries += plan.deliver
+        slot = plan.resume or row.schedule.next_after(plan.slot)
+    assert deliveries == (1 if action is MissedReminderAction.FIRE_IMMEDIATELY else 0)
+    assert slot == T0 + 14 * S
+    plan = plan_tick(row.schedule, action, row.next_due, now, grace_s * S)
+    assert plan.missed and plan.resume == T0 + 14 * S
+    if plan.deliver:
+        assert (plan.slot, plan.missed_ticks) == (T0 + 12 * S, 5)
+    else:
+        assert (plan.slot, plan.missed_ticks) == (T0 + 2 * S, 6)
+
+
+def test_plan_tick_catches_up_a_cron_row_on_its_latest_slot() -> None:
+    # Every 10 s by cron, reached 25 s after +10: +10, +20, +30 have passed.
+    entry = ReminderEntry(
+        service_id="s",
+        grain_id=GrainId("G", 1),
+        name="r",
+        start_at=T0,
+        next_due=T0 + 10 * S,
+        period=None,
+        cron="*/10 * * * * *",
+        action=MissedReminderAction.FIRE_IMMEDIATELY,
+    )
+    plan = plan_tick(schedule_for(entry), entry.action, entry.next_due, T0 + 35 * S, 60 * S)
+    assert (plan.deliver, plan.slot, plan.missed_ticks, plan.resume) == (
+        True,
+        T0 + 30 * S,
+        2,
+        T0 + 40 * S,
+    )
+
+
+@pytest.mark.parametrize("action", list(MissedReminderAction))
+def test_plan_tick_a_bounded_jittered_row_never_bursts_and_ends(
+    action: MissedReminderAction,
+) -> None:
+    # Five slots 10 s apart with up to 3 s of jitter, all passed when the row is
+    # reached: at most one delivery, for the latest (jittered) slot, and no slot
+    # after it, so the row ends.
+    entry = ReminderEntry(
+        service_id="s",
+        grain_id=GrainId("G", 1),
+        name="r",
+        start_at=T0,
+        next_due=T0,
+        period=10 * S,
+        action=action,
+        jitter=3 * S,
+        max_ticks=5,
+        final_due=T0 + 40 * S,
+    )
+    schedule = schedule_for(entry)
+    first = schedule.next_after(T0 - timedelta(milliseconds=1))
+    assert first is not None
+    plan = plan_tick(schedule, action, first, T0 + 60 * S, 30 * S)
+    assert plan.missed and plan.ended and plan.resume is None
+    last = schedule.next_after(T0 + 40 * S - timedelta(milliseconds=1))
+    if action is MissedReminderAction.FIRE_IMMEDIATELY:
+        assert (plan.deliver, plan.slot, plan.missed_ticks) == (True, last, 4)
+        assert schedule.nominal(plan.slot) == T0 + 40 * S
+    else:
+        assert (plan.deliver, plan.slot, plan.missed_ticks) == (False, first, 5)
+
+
+@pytest.mark.parametrize("action", list(MissedReminderAction))
+def test_plan_tick_a_one_shot_is_on_time_within_its_grace_else_missed(
+    action: MissedReminderAction,
+) -> None:
+    entry = ReminderEntry(
+        service_id="s", grain_id=GrainId("G", 1), name="once", start_at=T0, next_due=T0
+    )
+    schedule = schedule_for(entry)
+    on_time = plan_tick(schedule, action, T0, T0 + 5 * S, 10 * S)
+    assert (on_time.deliver, on_time.missed, on_time.resume) == (True, False, None)
+    late = plan_tick(schedule, action, T0, T0 + 11 * S, 10 * S)
+    assert (
+        late.missed
+        and late.ended
+        and late.missed_ticks == (0 if action is MissedReminderAction.FIRE_IMMEDIATELY else 1)
+    )
+    assert late.deliver is (action is MissedReminderAction.FIRE_IMMEDIATELY)
+
+
+def test_a_last_slot_gets_the_longest_tick_deadline() -> None:
+    options = ReminderOptions()
+    once = ReminderEntry(
+        service_id="s", grain_id=GrainId("G", 1), name="once", start_at=T0, next_due=T0
+    )
+    assert tick_deadline(schedule_for(once), T0, options) == options.tick_timeout.total_seconds()
+    # A 3 s interval row: its period, inside minimum_tick_timeout .. tick_timeout.
+    every = dataclasses.replace(once, period=3 * S)
+    assert tick_deadline(schedule_for(every), T0, options) == 3.0
 
 
 def test_lanes_take_critical_first() -> None:
@@ -282,6 +401,7 @@ def test_rescheduled_keeps_every_other_field() -> None:
         etag="e1",
         declared=True,
         paused=True,
+        grace=timedelta(seconds=3),
         jitter=timedelta(seconds=2),
         starts_at=t,
         ends_at=t + timedelta(days=1),

@@ -51,12 +51,15 @@ class NoHistory:
         slot: datetime,
         at: datetime,
         outcome: FireOutcome,
+        error: str | None = None,
         *,
         attempt: int = 1,
         final: bool = False,
     ) -> None:
-        """The slot ``slot`` of ``entry`` met ``outcome`` at ``at`` (its ``attempt``-th
-        delivery; ``final``: the reminder's last slot)."""
+        """The slot ``slot`` of ``entry`` met ``outcome`` at ``at`` (``error``: the
+        grain's exception as ``Type: message``, for ``GRAIN_ERROR`` and
+        ``RETRYING``; its ``attempt``-th delivery; ``final``: the reminder's last
+        slot)."""
 
 
 class History(NoHistory):
@@ -78,6 +81,7 @@ class History(NoHistory):
         slot: datetime,
         at: datetime,
         outcome: FireOutcome,
+        error: str | None = None,
         *,
         attempt: int = 1,
         final: bool = False,
@@ -90,6 +94,7 @@ class History(NoHistory):
                 at,
                 outcome,
                 self._silo,
+                error=error,
                 attempt=attempt,
                 final=final,
             )
