@@ -17,6 +17,7 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders.model import FireOutcome, ReminderEntry, RetryPolicy
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.reminders.redis import RedisReminderTable
+from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.table import EndingReminderTable, ReminderTable
 from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
@@ -67,10 +68,29 @@ async def _end_and_retry(table: ReminderTable) -> None:
         await table.upsert(row)
     rec = Recorder()
     rec.failures["flaky"] = [ValueError("once")]
+    three_slots = schedule_for(rows[1])
+
+    def expected(now: datetime) -> tuple[int, int]:
+        """Ticks delivered and grain errors by ``now``: once at +5, three's jittered
+        slots, flaky's failure at +10 and its retry at +12."""
+        ticks = (now >= START + 5 * S) + (now >= START + 12 * S)
+        ticks += three_slots.slots_between(START, now)
+        return ticks, int(now >= START + 10 * S)
+
     async with running(table, clock, rec) as svc:
         for _ in range(45):
             await advance(clock, 1)
-        await wait_for(lambda: len(rec.calls) == 5, 10.0, interval=0.01)
+            # The store is real: its I/O runs in real time, so each second's work
+            # is awaited before the clock moves on (a jump past it would make the
+            # ticks late, and a late tick with a passed slot behind it is missed).
+            want = expected(clock.now())
+            await wait_for(
+                lambda: (len(rec.calls), svc.stats.grain_errors) == want,
+                10.0,
+                interval=0.01,
+                what=f"{want} by {clock.now()}",
+            )
+        assert len(rec.calls) == 5
         await svc.wait_persisted()
 
         async def ended() -> bool:

@@ -16,11 +16,18 @@ from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._service.adaptive import LoadSignals, bucket_size, read_memory_load
 from orleanspy.reminders._service.delivery import tick_deadline
+from orleanspy.reminders._service.history import History
 from orleanspy.reminders._service.lanes import LaneDrainer, Lanes
 from orleanspy.reminders._service.missed import TickPlan, plan_tick
 from orleanspy.reminders._service.ownership import Ownership
 from orleanspy.reminders._service.window import DueWindow, Row, RowState
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, RetryPolicy
+from orleanspy.reminders.model import (
+    FireOutcome,
+    FireRecord,
+    MissedReminderAction,
+    ReminderEntry,
+    RetryPolicy,
+)
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.testing.cluster import wait_for
@@ -421,3 +428,39 @@ def test_rescheduled_keeps_every_other_field() -> None:
         if f.default is not dataclasses.MISSING and getattr(entry, f.name) == f.default
     ]
     assert at_default == ["period"]
+
+
+# -- fire history -------------------------------------------------------------------------
+
+
+class _SlowHistoryTable:
+    """``append_history`` that waits for ``release``; records what it wrote."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+        self.written: list[str] = []
+
+    async def append_history(self, records: list[FireRecord], keep: int) -> None:
+        self.started.set()
+        await self.release.wait()
+        self.written += [r.name for r in records]
+
+
+async def test_history_flush_waits_for_a_batch_already_being_written() -> None:
+    # The persister flushes the history before it ends rows: the records a
+    # linger batch already took must be in the table by then too, or the end
+    # would remove the row before them and they would be dropped.
+    table = _SlowHistoryTable()
+    history = History(table, keep=10, silo="s")  # type: ignore[arg-type]
+    entry = _row(1, 10).entry
+    history.fired(entry, T0, T0, FireOutcome.OK)
+    linger = asyncio.create_task(history.flush())
+    await table.started.wait()  # the linger batch is in flight, the buffer empty
+    flush = asyncio.create_task(history.flush())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not flush.done()
+    table.release.set()
+    await asyncio.gather(linger, flush)
+    assert table.written == ["r"]

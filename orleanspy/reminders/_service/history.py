@@ -74,6 +74,9 @@ class History(NoHistory):
         self._wake = asyncio.Event()
         self.written = 0
         self.failures = 0
+        # One batch in flight at a time: a flush returns only once the records
+        # buffered before it are written, also those a linger batch already took.
+        self._writing = asyncio.Lock()
 
     def fired(
         self,
@@ -111,23 +114,27 @@ class History(NoHistory):
 
     async def flush(self) -> None:
         """Write the records buffered when called (a failed batch is dropped, not
-        retried). Records that arrive meanwhile wait for the next linger: draining
-        them too would write a handful per round trip under a tick stream."""
-        left = len(self._buffer)
-        while left and self._buffer:
-            n = min(left, len(self._buffer), _BATCH)
-            left -= n
-            batch = [self._buffer.popleft() for _ in range(n)]
-            try:
-                await self._table.append_history(batch, self._keep)
-            except Exception as exc:
-                raise_if_cancelled()
-                self.failures += 1
-                log.warning(
-                    "reminder history not written silo=%s records=%d error=%r",
-                    self._silo,
-                    len(batch),
-                    exc,
-                )
-                return
-            self.written += len(batch)
+        retried), after any batch already being written: so once it returns,
+        every record buffered before it is in the table (what the persister
+        relies on before ending rows, whose records would be dropped after).
+        Records that arrive meanwhile wait for the next linger: draining them too
+        would write a handful per round trip under a tick stream."""
+        async with self._writing:
+            left = len(self._buffer)
+            while left and self._buffer:
+                n = min(left, len(self._buffer), _BATCH)
+                left -= n
+                batch = [self._buffer.popleft() for _ in range(n)]
+                try:
+                    await self._table.append_history(batch, self._keep)
+                except Exception as exc:
+                    raise_if_cancelled()
+                    self.failures += 1
+                    log.warning(
+                        "reminder history not written silo=%s records=%d error=%r",
+                        self._silo,
+                        len(batch),
+                        exc,
+                    )
+                    return
+                self.written += len(batch)
