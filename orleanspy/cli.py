@@ -499,8 +499,22 @@ def _print_json(doc: object) -> None:
 
 def _schedule(row: ReminderEntry) -> str:
     if row.cron:
-        return f"cron {row.cron} {row.tz or 'UTC'}"
-    return f"every {row.period}"
+        text = f"cron {row.cron} {row.tz or 'UTC'}"
+    elif row.period is not None:
+        text = f"every {row.period}"
+    else:
+        text = f"once at {row.start_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.jitter is not None:
+        text += f", jitter {row.jitter}"
+    if row.starts_at is not None:
+        text += f", from {row.starts_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.ends_at is not None:
+        text += f", until {row.ends_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.max_ticks is not None:
+        text += f", {row.max_ticks} ticks"
+    if row.retry is not None:
+        text += f", retry {row.retry.max_attempts}x/{row.retry.backoff}"
+    return text
 
 
 def _rows_table(rows: Sequence[ReminderEntry]) -> str:
@@ -521,10 +535,17 @@ def _rows_table(rows: Sequence[ReminderEntry]) -> str:
     )
 
 
+_OPTIONAL = frozenset(
+    {"one_shot", "jitter_seconds", "starts_at", "ends_at", "max_ticks", "final_due", "payload",
+     "retry"}
+)  # fmt: skip
+
+
 def _row_detail(row: ReminderEntry) -> str:
     from orleanspy._cli_reminders import entry_json
 
-    doc = entry_json(row)
+    # The optional schedule fields only when set: most rows have none of them.
+    doc = {k: v for k, v in entry_json(row).items() if k not in _OPTIONAL or v not in (None, False)}
     width = max(len(k) for k in doc)
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in doc.items())
 
@@ -537,7 +558,10 @@ def _history_table(history: Sequence[FireRecord]) -> str:
                 f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
                 f"{r.at:%H:%M:%S.%f}"[:-3],
                 f"{r.lateness.total_seconds() * 1000:.0f} ms",
-                r.outcome.value + (" (triggered)" if r.triggered else ""),
+                r.outcome.value
+                + (f" (attempt {r.attempt})" if r.attempt > 1 else "")
+                + (" (final)" if r.final else "")
+                + (" (triggered)" if r.triggered else ""),
                 r.silo,
                 "" if r.error is None else r.error[:80],
             )

@@ -19,7 +19,14 @@ from typing import Any
 
 import pytest
 
-from orleanspy import ClusterClient, Silo, SiloOptions, SiloUnavailableError, __version__
+from orleanspy import (
+    ClusterClient,
+    RetryPolicy,
+    Silo,
+    SiloOptions,
+    SiloUnavailableError,
+    __version__,
+)
 from orleanspy.cli import main
 from orleanspy.identity import GrainId
 from orleanspy.options import MembershipOptions, MessagingOptions, ReminderOptions
@@ -425,6 +432,49 @@ async def test_silo_from_a_config_file_listens_everywhere_and_advertises_its_hos
         assert await asyncio.to_thread(proc.wait, 30) == 0
     finally:
         _stop(proc)
+
+
+async def test_reminder_commands_show_one_shots_jitter_bounds_payload_and_retry(
+    redis_url: str,
+) -> None:
+    now = datetime.now(UTC)
+    service = f"sched-{os.getpid()}"
+    grain = GrainId("CliEchoGrain", "shaped")
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id=service)
+        await table.start(stack)
+        shaped = new_entry(
+            service_id=service, grain_id=grain, name="bounded", now=now,
+            options=ReminderOptions(), period=timedelta(hours=1),
+            jitter=timedelta(minutes=5), ends_at=now + timedelta(days=2), max_ticks=10,
+            payload={"order": 42, "when": now}, retry=RetryPolicy(3, timedelta(seconds=2)),
+        )  # fmt: skip
+        once = new_entry(
+            service_id=service, grain_id=grain, name="once", now=now,
+            options=ReminderOptions(), at=now + timedelta(hours=3),
+        )  # fmt: skip
+        await table.upsert(shaped)
+        await table.upsert(once)
+    url = ("--redis-url", redis_url, "--service-id", service)
+    got, human, listed = await asyncio.gather(
+        acli(*url, "reminders", "get", grain.canonical, "bounded", "--json"),
+        acli(*url, "reminders", "get", grain.canonical, "once"),
+        acli(*url, "reminders", "list", "--grain", grain.canonical),
+    )
+    doc = ok_json(got)
+    assert isinstance(doc, dict)
+    assert doc["jitter_seconds"] == 300.0 and doc["max_ticks"] == 10
+    assert shaped.ends_at is not None and doc["ends_at"] == shaped.ends_at.isoformat()
+    assert doc["final_due"] == (shaped.start_at + timedelta(hours=9)).isoformat()
+    assert doc["payload"] == {"order": 42, "when": now.isoformat()}
+    assert doc["retry"] == {"max_attempts": 3, "backoff_seconds": 2.0}
+    assert doc["one_shot"] is False
+    assert human.returncode == 0, human.stderr
+    assert "one_shot" in human.stdout and "True" in human.stdout
+    assert listed.returncode == 0, listed.stderr
+    assert "once at" in listed.stdout
+    assert "jitter 0:05:00" in listed.stdout and "10 ticks" in listed.stdout
+    assert "retry 3x/0:00:02" in listed.stdout
 
 
 async def _dead_row_written(redis_url: str, address: str) -> None:
