@@ -16,7 +16,6 @@ from orleanspy.clock import to_ms
 from orleanspy.errors import GrainCallTimeoutError, SiloUnavailableError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._service.loader import FULL_REFILL_EVERY
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import (
     FireOutcome,
@@ -622,13 +621,10 @@ async def test_a_lost_cas_reads_the_row_again_before_the_poll(clock, table) -> N
         assert svc.stats.refills == 1  # the start's only: no poll was needed
 
 
-async def test_polls_read_past_the_horizon_and_still_find_rows_entering_the_look_ahead(
-    clock,
-) -> None:
-    # After a complete refill, a poll reads only rows due after the previous
-    # refill's horizon. A row far beyond the look-ahead at start (and, on a quiet
-    # feed, never announced) is found by such a poll once it comes near, and
-    # delivered on time; every FULL_REFILL_EVERY-th poll reads everything again.
+async def test_polls_read_the_whole_look_ahead_and_find_rows_entering_it(clock) -> None:
+    # Every poll reads the whole look-ahead (held rows left out by the table), so
+    # a row far beyond the look-ahead at start (and, on a quiet feed, never
+    # announced) is found by the poll after it comes near, and delivered on time.
     table = ReadCountingTable()
     near = entry(clock, 1, due=10, period=10)
     far = entry(clock, 2, due=OPTIONS.look_ahead + 45 * S, period=3600)
@@ -636,13 +632,11 @@ async def test_polls_read_past_the_horizon_and_still_find_rows_entering_the_look
         await table.upsert(e)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
-        assert table.afters == [None]  # the start reads everything
         assert svc.stats.resident == 1
         for _ in range(4):  # two polls (30 s each), ticking the near row
             await advance(clock, 15)
         await wait_for(lambda: len(table.afters) == 3, 5.0, interval=0)
-        assert table.afters[1] == START + OPTIONS.look_ahead
-        assert table.afters[2] == START + OPTIONS.look_ahead + 30 * S
+        assert table.afters == [None, None, None]
         assert svc.stats.resident == 2  # the far row entered with the second poll
         await clock.set(far.next_due)
         await wait_for(
@@ -650,9 +644,6 @@ async def test_polls_read_past_the_horizon_and_still_find_rows_entering_the_look
         )
         late = next(s for e, s in rec.calls if e.key == far.key)
         assert late.current_tick_time == far.next_due and late.missed_ticks == 0
-        while len(table.afters) < FULL_REFILL_EVERY + 1:
-            await advance(clock, 30)
-        assert table.afters[FULL_REFILL_EVERY] is None  # the periodic full read
 
 
 async def test_storage_outage_ticks_continue_and_persistence_catches_up(clock) -> None:
