@@ -325,12 +325,22 @@ class ReminderService:
     # -- shutdown ---------------------------------------------------------------------
 
     async def _final_flush(self) -> None:
+        """Write what the stopping service still holds, within ``FINAL_FLUSH_SECONDS``.
+
+        The schedule updates (what at-least-once rests on) and the fire history
+        (best effort) are written side by side, each on its own connection: a
+        history backlog, slower to write on PostgreSQL, must neither delay the
+        schedules nor use up their time budget."""
+
+        async def history() -> None:
+            if self._history is not None:
+                await self._history.flush()
+
         async def bounded() -> int:
             try:
                 async with asyncio.timeout(FINAL_FLUSH_SECONDS):
-                    if self._history is not None:
-                        await self._history.flush()
-                    return await self._persister.flush()
+                    left, _ = await asyncio.gather(self._persister.flush(), history())
+                    return left
             except TimeoutError:
                 return len(self._persister)
 
