@@ -739,9 +739,9 @@ class ReadCountingTable(QuietTable):
         super().__init__()
         self.afters: list[datetime | None] = []
 
-    async def read_due_skipping(self, *a: Any, after: datetime | None = None) -> Any:
+    async def read_due_skipping(self, *a: Any, after: datetime | None = None, **kw: Any) -> Any:
         self.afters.append(after)
-        return await self.inner.read_due_skipping(*a, after=after)
+        return await self.inner.read_due_skipping(*a, after=after, **kw)
 
 
 class FlakyTable(_Delegate):
@@ -849,6 +849,47 @@ async def test_rotation_keeps_priority_first(table, clock) -> None:
     normal = [per_row[e.key] for e in rows if int(e.priority) == 0]
     assert min(critical) >= 18, critical  # every slot of 20 s, less start-up
     assert min(normal) >= 2, sorted(normal)[:10]
+
+
+class ReturnCountingTable(_Delegate):
+    """The in-memory table recording how many rows each due read returned."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.returned: list[int] = []
+
+    async def read_due_skipping(self, *a: Any, **kw: Any) -> Any:
+        rows = await self.inner.read_due_skipping(*a, **kw)
+        self.returned.append(len(rows))
+        return rows
+
+
+async def test_a_rotation_refill_reads_about_what_it_admits_not_a_bucket(clock) -> None:
+    # 200 one-second reminders through a window of 64: each rotation refill
+    # admits about an eighth of the bucket, and must read about that many rows
+    # (each returned row is fetched and decoded), not a bucket's worth again
+    # (the old refill read 68 to 96 rows each time here).
+    table = ReturnCountingTable()
+    rows = [entry(clock, i, due=0.005 * (i + 1), period=1) for i in range(200)]
+    for e in rows:
+        await table.upsert(e)
+    rec = Recorder()
+    options = replace(OPTIONS, base_bucket_size=64, permits=64)
+    async with running(table, clock, rec, options=options) as svc:
+        for _ in range(50):
+            await advance(clock, 0.1)
+            for _ in range(20):  # let the tasks catch up with the clock
+                await asyncio.sleep(0)
+            # Persistence keeps up, as it does in real time (rows released with
+            # an update unwritten come back from a read: the table lags).
+            await svc.wait_persisted()
+        rotation_reads = table.returned[1:]  # after the start's refill
+        assert svc.stats.rotated > 0 and len(rotation_reads) > 5
+    # What it wants (free space + an eighth) plus released rows whose update is
+    # not written yet (the table has them earlier: they come first).
+    assert sum(rotation_reads) / len(rotation_reads) <= 64 // 2, rotation_reads
+    assert max(rotation_reads) < 64, rotation_reads
+    assert len(set(rec.keys())) == 200  # every row got ticks: the rotation still turns
 
 
 # -- hand-over and permits ---------------------------------------------------------------

@@ -6,7 +6,10 @@ the repair pass), so that reads of the table never race each other.
 A *refill* reads every owned range with ``read_due(range, now + look_ahead,
 limit)`` and keeps the first ``bucket_size`` rows overall in the admission
 order — highest priority first, then earliest due (queued rows that lose are
-evicted; rows being delivered are never evicted). On a
+evicted; rows being delivered are never evicted). It reads as many candidates
+as the free space takes plus an eighth of the bucket (to evict worse queued
+rows for, and so the rotation knows what waits), never a bucket's worth to
+admit a few; the rest come with later refills. On a
 ``SkippingReminderTable`` the read leaves the rows the window holds out
 (``read_due_skipping``): they are not fetched or decoded again. After each
 refill the window learns how many near-due rows it left outside and the best
@@ -293,17 +296,26 @@ class Loader:
         window.bucket_size = adapted_bucket_size(self._options, self._load, self._name)
         now = self._clock.now()
         before = now + self._options.look_ahead
+        # Candidates: what the free space takes, plus an eighth of the bucket to
+        # evict worse queued rows for and to learn what waits outside (the
+        # rotation's batch). Reading a bucket's worth to admit an eighth of one
+        # made each rotation refill decode eight rows per row it admitted.
+        wanted = window.space + max(1, window.bucket_size // 8)
         # Rows we hold come back from the read too (the table may lag behind us):
         # read past them so they cannot hide the rows we are looking for.
-        limit = window.bucket_size + len(window) + len(self._persister)
+        limit = wanted + len(window) + len(self._persister)
         table = self._table
         reads: list[Awaitable[list[ReminderEntry]]]
         if isinstance(table, SkippingReminderTable):
             # Held rows are left out by the table itself: they are not fetched or
             # decoded again. They still count towards the limit, so an answer of
             # ``full`` rows may have stopped at it.
-            reads = [table.read_due_skipping(r, before, limit, window) for r in ranges]
-            full = limit - len(window)
+            # Only the first ``take`` rows not held are fetched and decoded: those
+            # wanted, and room for released rows whose update is still unwritten
+            # (the table has them earlier than they are: they come first).
+            take = wanted + len(self._persister)
+            reads = [table.read_due_skipping(r, before, limit, window, take=take) for r in ranges]
+            full = min(limit - len(window), take)
         else:
             reads = [table.read_due(r, before, limit) for r in ranges]
             full = limit
