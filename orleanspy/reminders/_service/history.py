@@ -70,6 +70,11 @@ class History(NoHistory):
         self.written = 0
         self.failures = 0
 
+    @property
+    def buffered(self) -> int:
+        """Records not written yet."""
+        return len(self._buffer)
+
     def fired(
         self,
         entry: ReminderEntry,
