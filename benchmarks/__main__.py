@@ -22,6 +22,8 @@ BENCHMARKS = [
     "bench_reminder_overload",
     "bench_grain_state",
     "bench_metrics_overhead",
+    "bench_dashboard_cost",
+    "bench_dashboard_search",
 ]
 
 
