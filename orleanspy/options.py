@@ -237,6 +237,35 @@ class ReminderOptions:
         return self.missed_tick_grace if self.missed_tick_grace is not None else self.poll_interval
 
 
+@dataclass(frozen=True, slots=True)
+class RedisOptions:
+    """How the Redis providers write.
+
+    ``wait_replicas``: after each write that must survive a failover (a reminder
+    registration or removal, a grain-state write or clear, a membership change)
+    send ``WAIT wait_replicas wait_timeout`` on the same connection; fewer
+    replicas acknowledging in time raises ``StorageUnavailableError`` (the write
+    may still have happened on the primary: retry it, etags make that safe).
+    0 (the default) does not wait: Redis replicates asynchronously, so a write
+    acknowledged just before the primary dies can be lost (docs/redis.md).
+    """
+
+    wait_replicas: int = 0
+    wait_timeout: timedelta = timedelta(seconds=1)
+
+    def __post_init__(self) -> None:
+        if self.wait_replicas < 0:
+            raise ConfigurationError(
+                f"RedisOptions.wait_replicas must be >= 0, got {self.wait_replicas}"
+            )
+        if self.wait_timeout <= timedelta(0):
+            raise ConfigurationError("RedisOptions.wait_timeout must be positive")
+
+    @property
+    def wait_ms(self) -> int:
+        return max(1, int(self.wait_timeout.total_seconds() * 1000))
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SiloOptions:
     """Everything a silo needs; the embedded default is ``SiloOptions()``.
@@ -275,7 +304,8 @@ class SiloOptions:
     garbage collector's young-generation threshold to 10,000 (never lowers it),
     so full collections are rare and do not walk start-up objects
     (``orleanspy.runtime.collector``); ``False`` leaves the collector as the
-    application set it.
+    application set it. ``redis``: how the Redis providers write
+    (``RedisOptions``: replicas to ``WAIT`` for).
     """
 
     cluster_id: str = "dev"
@@ -296,6 +326,7 @@ class SiloOptions:
     messaging: MessagingOptions = field(default_factory=MessagingOptions)
     membership: MembershipOptions = field(default_factory=MembershipOptions)
     reminders: ReminderOptions = field(default_factory=ReminderOptions)
+    redis: RedisOptions = field(default_factory=RedisOptions)
     grain_types: tuple[Any, ...] | None = None
     use_uvloop: bool = True
     tune_gc: bool = True
@@ -411,7 +442,15 @@ def _check_storage(storage: Mapping[str, Any]) -> None:
             )
 
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+REDIS_SCHEMES = (
+    "redis://",
+    "rediss://",
+    "redis+cluster://",
+    "rediss+cluster://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+    "unix://",
+)
 
 
 def check_redis_url(url: str, what: str) -> None:
@@ -420,5 +459,6 @@ def check_redis_url(url: str, what: str) -> None:
     if not url.startswith(REDIS_SCHEMES):
         raise ConfigurationError(
             f"{what} {url!r} has no Redis scheme; use redis://HOST:PORT/DB, "
-            "rediss://HOST:PORT/DB (TLS) or unix:///PATH/redis.sock"
+            "rediss://HOST:PORT/DB (TLS), redis+cluster://HOST:PORT[,HOST:PORT...], "
+            "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER or unix:///PATH/redis.sock"
         )

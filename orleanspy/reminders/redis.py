@@ -59,15 +59,31 @@ import logging
 import secrets
 from collections.abc import Container, Iterable, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime, timedelta
-from typing import Any, Final, cast
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Final, cast
 
 import msgpack
+import redis.asyncio as aioredis
 
-from orleanspy._redis import Redis, connect, key_prefix, translate_errors
-from orleanspy._retry import Backoff
+from orleanspy._redis import (
+    Client,
+    Redis,
+    call_script,
+    connect,
+    is_cluster,
+    key_prefix,
+    node_groups,
+    resolve,
+    run_script_calls,
+    translate_errors,
+)
 from orleanspy.clock import from_ms, to_ms
-from orleanspy.errors import ConfigurationError, SerializationError, StorageError
+from orleanspy.errors import (
+    ConfigurationError,
+    SerializationError,
+    StorageError,
+    StorageUnavailableError,
+)
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import (
     FireRecord,
@@ -79,6 +95,9 @@ from orleanspy.reminders.model import (
 from orleanspy.reminders.table import FeedScope
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, unpack
+
+if TYPE_CHECKING:
+    from orleanspy.options import RedisOptions
 
 __all__ = ["RedisReminderTable"]
 
@@ -94,8 +113,6 @@ _MIN_FIRST_ASK: Final = 16
 # The change feed polls its socket this often so a close from another task is
 # noticed; between polls it blocks in Redis, it does not busy-wait.
 _FEED_POLL_S: Final = 0.5
-_BACKOFF_MIN: Final = timedelta(milliseconds=50)
-_BACKOFF_MAX: Final = timedelta(seconds=2)
 
 # Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
 # values when a script rewrites a row.
@@ -387,9 +404,24 @@ class RedisReminderTable:
     (the table never closes it). ``shards`` is a power of two in 1..65536 and is
     fixed for the life of the stored table: ``start`` fails with
     ``StorageError`` if the stored table was created with another count.
+
+    On Redis Cluster (a ``RedisCluster`` client, or a URL that names one) each
+    shard is its own hash slot, so shards spread over the masters; reads that
+    span shards go to every node concurrently, the per-tick batch scripts run
+    once per node. ``options``: ``RedisOptions``; with ``wait_replicas`` every
+    whole-row write (``upsert``, ``upsert_if``, ``upsert_many``) and ``remove``
+    waits for that many replicas. Schedule CASes and history do not (a lost
+    one is re-read: see docs/redis.md).
     """
 
-    def __init__(self, url_or_client: str | Redis, *, service_id: str, shards: int = 256) -> None:
+    def __init__(
+        self,
+        url_or_client: str | Redis,
+        *,
+        service_id: str,
+        shards: int = 256,
+        options: RedisOptions | None = None,
+    ) -> None:
         if shards < 1 or shards > 65536 or shards & (shards - 1):
             raise ConfigurationError(
                 f"RedisReminderTable shards must be a power of two in 1..65536, got {shards}"
@@ -398,7 +430,13 @@ class RedisReminderTable:
         self.shards = shards
         self._shift = 32 - (shards.bit_length() - 1)
         self._url = url_or_client if isinstance(url_or_client, str) else None
-        self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._source: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._client: Client | None = None
+        self._cluster = False
+        self._options = options if options is not None and options.wait_replicas else None
+        # A cluster feed that lost a node marks the topology stale: the next
+        # subscription re-reads the slot map before it subscribes.
+        self._topology_stale = False
         self._prefix = key_prefix(service_id)
         # What every shard key starts with (``_key``); the per-tick scripts
         # build their keys from it.
@@ -423,11 +461,13 @@ class RedisReminderTable:
         Raises ``StorageError`` if the table was created with another shard count,
         ``StorageUnavailableError`` if Redis cannot be reached.
         """
-        if self._client is None:
+        if self._source is None:
             assert self._url is not None
-            self._client = connect(self._url)
-            stack.push_async_callback(self._client.aclose)
-        client = self._client
+            self._source = connect(self._url)
+            stack.push_async_callback(self._source.aclose)
+        with translate_errors("reminder table start"):
+            client = self._client = await resolve(self._source)
+        self._cluster = is_cluster(client)
         # Pushed after the client's close, so it unwinds first: the change feeds
         # end before the client they read from is closed.
         stack.push_async_callback(self._close_subscriptions)
@@ -454,7 +494,7 @@ class RedisReminderTable:
             self._scripts[name] = client.register_script(text)
 
     @property
-    def _c(self) -> Redis:
+    def _c(self) -> Client:
         if self._client is None:
             raise RuntimeError("RedisReminderTable used before start()")
         return self._client
@@ -506,16 +546,22 @@ class RedisReminderTable:
                 row.append(True)
             packed.append(row)
         script = self._script("upsert_many")
+        calls = [
+            (
+                [self._key(s, k) for k in ("rows", "due", "grain", "etag")],
+                [
+                    self._etag_suffix,
+                    self._channel(s),
+                    pack([packed[i] for i in indexes]),
+                    self._writer,
+                ],
+            )
+            for s, indexes in by_shard.items()
+        ]
         with translate_errors("reminder upsert_many"):
-            pipe = self._c.pipeline(transaction=False)
-            pipe.script_load(_UPSERT_MANY)
-            for s, indexes in by_shard.items():
-                keys = [self._key(s, k) for k in ("rows", "due", "grain", "etag")]
-                rows = pack([packed[i] for i in indexes])
-                pipe.evalsha(
-                    script.sha, 4, *keys, self._etag_suffix, self._channel(s), rows, self._writer
-                )
-            replies = (await pipe.execute())[1:]
+            replies = await run_script_calls(
+                self._c, _UPSERT_MANY, script.sha, calls, wait=self._options
+            )
         etags: list[str] = [""] * len(entries)
         for indexes, reply in zip(by_shard.values(), replies, strict=True):
             for i, etag in zip(indexes, reply, strict=True):
@@ -531,7 +577,7 @@ class RedisReminderTable:
     async def _upsert(self, entry: ReminderEntry, condition: str, what: str) -> str | None:
         keys, args = self._upsert_call(entry, condition)
         with translate_errors(what):
-            etag = await self._script("upsert")(keys=keys, args=args)
+            etag = await call_script(self._c, self._script("upsert"), keys, args, self._options)
         return None if etag is None else str(etag.decode())
 
     def _upsert_call(self, entry: ReminderEntry, condition: str) -> tuple[list[str], list[Any]]:
@@ -606,10 +652,58 @@ class RedisReminderTable:
                 -1 if u.last_fire is None else to_ms(u.last_fire),
             )
         with translate_errors("reminder update_schedule_many"):
-            results = await self._script("update_many")(
-                args=[self._etag_suffix, self._shard_prefix, _lua_pack(flat)]
-            )
+            if self._cluster:
+                results = await self._per_node(
+                    "update_many", _UPDATE_MANY, flat, 6, [self._etag_suffix]
+                )
+            else:
+                results = await self._script("update_many")(
+                    args=[self._etag_suffix, self._shard_prefix, _lua_pack(flat)]
+                )
         return [None if r is None else r.decode() for r in results]
+
+    async def _per_node(
+        self, name: str, text: str, flat: list[Any], width: int | None, head: list[Any]
+    ) -> list[Any]:
+        """Run a batch script whose items (``flat``, each starting with its shard)
+        span shards once per cluster node, over that node's items only, routed by
+        a key of the node's first shard; the replies in ``flat``'s item order.
+
+        ``width``: items of a fixed number of fields; ``None``: history items
+        (shard, key, n, then 5 fields per record). The script's ARGV stay
+        ``head + [shard prefix, packed items]``: the routing key is the one
+        declared key, and the other shards' keys it builds are local to the node
+        (a key whose slot moved meanwhile fails the call: unavailable, retried).
+        """
+        items: list[tuple[int, int]] = []  # (start, end) of each item in flat
+        i = 0
+        while i < len(flat):
+            end = i + (width if width is not None else 3 + 5 * int(flat[i + 2]))
+            items.append((i, end))
+            i = end
+        shards = [int(flat[a]) for a, _ in items]
+        distinct = sorted(set(shards))
+        groups = await node_groups(self._c, [self._key(sh, "rows") for sh in distinct])
+        group_of = {distinct[i]: g for g, members in enumerate(groups) for i in members}
+        parts: list[list[int]] = [[] for _ in groups]
+        for n, sh in enumerate(shards):
+            parts[group_of[sh]].append(n)
+        calls = []
+        for members in parts:
+            sub: list[Any] = []
+            for n in members:
+                a, b = items[n]
+                sub += flat[a:b]
+            routing = self._key(int(flat[items[members[0]][0]]), "rows")
+            calls.append(([routing], [*head, self._shard_prefix, _lua_pack(sub)]))
+        replies = await run_script_calls(self._c, text, self._script(name).sha, calls)
+        if width is None:
+            return replies
+        out: list[Any] = [None] * len(items)
+        for members, reply in zip(parts, replies, strict=True):
+            for n, r in zip(members, reply, strict=True):
+                out[n] = r
+        return out
 
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
         """The whole batch in one script call, records packed in one argument;
@@ -626,7 +720,10 @@ class RedisReminderTable:
             for r in recs:
                 flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered)
         with translate_errors("reminder append_history"):
-            await self._script("history")(args=[keep, self._shard_prefix, _lua_pack(flat)])
+            if self._cluster:
+                await self._per_node("history", _APPEND_HISTORY, flat, None, [keep])
+            else:
+                await self._script("history")(args=[keep, self._shard_prefix, _lua_pack(flat)])
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         key = row_key(grain_id, name)
@@ -646,20 +743,23 @@ class RedisReminderTable:
         s = self.shard_of(h)
         key = row_key(grain_id, name)
         with translate_errors("reminder remove"):
-            done = await self._script("remove")(
-                keys=[
+            done = await call_script(
+                self._c,
+                self._script("remove"),
+                [
                     self._key(s, "rows"),
                     self._key(s, "due"),
                     self._key(s, "grain"),
                     self._key(s, f"hist:{key}"),
                 ],
-                args=[
+                [
                     key,
                     self._member(h, key),
                     etag,
                     self._channel(s),
                     _change_payload(self._writer, h, grain_id, name, None),
                 ],
+                self._options,
             )
         return bool(done)
 
@@ -859,25 +959,25 @@ class RedisReminderTable:
         script = self._script("read_due")
         page = min(max(limit, _MIN_PAGE), _MAX_PAGE) if limit > 0 else _MAX_PAGE
         mins = [min_scores] * len(plan) if isinstance(min_scores, int) else min_scores
-        with translate_errors(what):
-            pipe = self._c.pipeline(transaction=False)
-            # Loading first on the same connection makes NOSCRIPT impossible.
-            pipe.script_load(_READ_DUE)
-            for (s, parts), lo in zip(plan, mins, strict=True):
-                bounds = [f"{x:08x}" for lo_hi in parts for x in lo_hi]
-                pipe.evalsha(
-                    script.sha,
-                    1,
-                    self._key(s, "due"),
+        calls = [
+            (
+                [self._key(s, "due")],
+                [
                     lo,
                     max_score,
                     before_ms,
                     limit,
                     page,
                     after_ms,
-                    *bounds,
-                )
-            replies = (await pipe.execute())[1:]
+                    *(f"{x:08x}" for lo_hi in parts for x in lo_hi),
+                ],
+            )
+            for (s, parts), lo in zip(plan, mins, strict=True)
+        ]
+        with translate_errors(what):
+            # One Redis: loaded first on the same connection, so NOSCRIPT cannot
+            # happen. A cluster: every node's calls at once, concurrently.
+            replies = await run_script_calls(self._c, _READ_DUE, script.sha, calls)
         # Scores are integers below 2**52, exact as doubles.
         return [
             [(int(float(flat[i + 1])), flat[i]) for i in range(0, len(flat), 2)] for flat in replies
@@ -893,9 +993,10 @@ class RedisReminderTable:
     def changes(self) -> _RedisChanges:
         """A new subscription to the change channels of every shard, all writers.
 
-        It subscribes on the first ``anext`` (changes published before that are
-        not seen), reconnects with backoff when Redis goes away (logging, never
-        raising), and ends on ``aclose`` or when the table is closed.
+        It subscribes on ``open`` or the first ``anext`` (changes published
+        before that are not seen), raises ``StorageUnavailableError`` when Redis
+        goes away (changes may have been missed: open a new feed, then re-read),
+        and ends on ``aclose`` or when the table is closed.
         """
         return self.scoped_changes(FeedScope())
 
@@ -926,11 +1027,24 @@ class RedisReminderTable:
 
 class _RedisChanges:
     """One sharded pub/sub subscription to the change channels a scope wants,
-    resubscribing as needed."""
+    resubscribing as the scope changes.
+
+    On one Redis it reads its one connection directly. On a cluster each
+    shard's channel lives on the node that serves its slot: the feed holds one
+    pub/sub connection per node, each read by a task of its own into one queue,
+    so a change on any node is seen as soon as it arrives (no node waits for
+    another's poll).
+
+    Losing Redis (a connection, a node, a slot that moved: the server ends the
+    subscription) raises ``StorageUnavailableError`` from ``__anext__``: changes
+    may have been missed, so the reader opens a new feed, ``open``s it, and only
+    then re-reads the table (``ReminderLoader.follow``).
+    """
 
     def __init__(self, table: RedisReminderTable, scope: FeedScope) -> None:
         self._table = table
         self._client = table._c
+        self._cluster = table._cluster
         self._scope = scope
         self._skip = table._writer if scope.skip_own_writes else None
         self._registry = table._subscriptions
@@ -941,15 +1055,26 @@ class _RedisChanges:
         self._scope_changed = asyncio.Event()
         self._lock = asyncio.Lock()
         self._busy = False
-        self._backoff = Backoff(_BACKOFF_MIN, _BACKOFF_MAX)
         self._following: asyncio.Task[None] | None = None
+        # Subscriptions sent but not yet confirmed by Redis, and what arrived
+        # while ``open`` waited for the confirmations.
+        self._unconfirmed = 0
+        self._confirmed = asyncio.Event()
+        self._early: list[bytes] = []
+        # Cluster: per node name, its pub/sub, its client and its reader task;
+        # the node each channel was subscribed on; what the readers found.
+        self._nodes: dict[str, tuple[Any, aioredis.Redis, asyncio.Task[None]]] = {}
+        self._channel_node: dict[str, str] = {}
+        self._leaving: set[str] = set()
+        self._queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
         scope.add_listener(self._on_scope_change)
 
     def _on_scope_change(self) -> None:
         """Re-subscribe at once, beside a reader blocked on the socket (redis-py
         lets one task send subscriptions while another reads)."""
         self._scope_changed.set()
-        if self._pubsub is not None and self._following is None and not self._closed.is_set():
+        subscribed = self._pubsub is not None or bool(self._nodes)
+        if subscribed and self._following is None and not self._closed.is_set():
             self._following = asyncio.get_running_loop().create_task(self._follow_now())
 
     async def _follow_now(self) -> None:
@@ -964,6 +1089,31 @@ class _RedisChanges:
 
     def __aiter__(self) -> _RedisChanges:
         return self
+
+    async def open(self, timeout: float = 10.0) -> None:
+        """Subscribe now and return once Redis has confirmed every subscription:
+        a change written after this returns is delivered. ``StorageError`` (most
+        often ``StorageUnavailableError``) if Redis cannot be reached."""
+        try:
+            with translate_errors("reminder change feed open"):
+                await self._follow_scope()
+                if self._cluster:
+                    await asyncio.wait_for(self._confirmed.wait(), timeout)
+                    return
+                deadline = asyncio.get_running_loop().time() + timeout
+                while self._unconfirmed > 0:
+                    left = deadline - asyncio.get_running_loop().time()
+                    if left <= 0:
+                        raise StorageUnavailableError("reminder change feed: no confirmation")
+                    data = await self._read_single(min(left, _FEED_POLL_S))
+                    if data is not None:
+                        self._early.append(data)
+        except TimeoutError as exc:
+            await self._drop()
+            raise StorageUnavailableError("reminder change feed: no confirmation") from exc
+        except StorageError:
+            await self._drop()
+            raise
 
     async def __anext__(self) -> ReminderChange:
         self._busy = True
@@ -989,34 +1139,160 @@ class _RedisChanges:
 
     async def _follow_scope(self) -> None:
         """Subscribe to the channels the scope wants now (and only those)."""
-        if self._pubsub is not None and self._scope.version == self._version:
+        subscribed = self._pubsub is not None or bool(self._nodes)
+        if subscribed and self._scope.version == self._version:
             return  # the common case, checked before taking the lock
         async with self._lock:
             with translate_errors("reminder change feed"):
-                await self._follow_scope_locked()
+                if self._cluster:
+                    await self._follow_scope_cluster()
+                else:
+                    await self._follow_scope_locked()
+
+    def _wanted(self) -> set[str]:
+        return {self._table._channel(s) for s in self._table._shards_of(self._scope.ranges)}
+
+    def _sent(self, n: int) -> None:
+        self._unconfirmed += n
+        if self._unconfirmed > 0:
+            self._confirmed.clear()
+
+    def _confirm(self) -> None:
+        self._unconfirmed -= 1
+        if self._unconfirmed <= 0:
+            self._unconfirmed = 0
+            self._confirmed.set()
 
     async def _follow_scope_locked(self) -> None:
         self._scope_changed.clear()
         version = self._scope.version
         if self._pubsub is not None and version == self._version:
             return
-        wanted = {self._table._channel(s) for s in self._table._shards_of(self._scope.ranges)}
+        wanted = self._wanted()
         if self._pubsub is None:
             self._pubsub = self._client.pubsub()
             self._channels = set()
         pubsub = self._pubsub
         gone, new = self._channels - wanted, wanted - self._channels
         if gone:
+            self._leaving |= gone
             await pubsub.sunsubscribe(*sorted(gone))
         if new:
+            self._sent(len(new))
             await pubsub.ssubscribe(*sorted(new))
         self._channels = wanted
         self._version = version
+        if not self._channels:
+            self._confirmed.set()
+
+    async def _follow_scope_cluster(self) -> None:
+        """One pub/sub connection per node that serves a wanted channel's slot;
+        one SSUBSCRIBE per channel (a command's channels must share a slot)."""
+        self._scope_changed.clear()
+        version = self._scope.version
+        if self._nodes and version == self._version:
+            return
+        client = cast(aioredis.RedisCluster, self._client)
+        if self._table._topology_stale:
+            self._table._topology_stale = False
+            await client.nodes_manager.initialize()
+        elif client._initialize:
+            await client.initialize()
+        wanted = self._wanted()
+        for channel in sorted(self._channels - wanted):
+            name = self._channel_node.pop(channel, None)
+            if name in self._nodes:
+                self._leaving.add(channel)
+                await self._nodes[name][0].sunsubscribe(channel)
+        for channel in sorted(wanted - self._channels):
+            node = client.get_node_from_key(channel)
+            if node is None:
+                raise StorageUnavailableError(f"no redis cluster node serves {channel!r}")
+            if node.name not in self._nodes:
+                pool = aioredis.ConnectionPool(
+                    connection_class=node.connection_class,
+                    max_connections=2,
+                    **node.connection_kwargs,
+                )
+                node_client = aioredis.Redis.from_pool(pool)
+                pubsub = node_client.pubsub()
+                self._sent(1)
+                await pubsub.ssubscribe(channel)
+                task = asyncio.get_running_loop().create_task(self._read_node(pubsub))
+                self._nodes[node.name] = (pubsub, node_client, task)
+            else:
+                self._sent(1)
+                await self._nodes[node.name][0].ssubscribe(channel)
+            self._channel_node[channel] = node.name
+        self._channels = wanted
+        self._version = version
+        if not self._channels:
+            self._confirmed.set()
+
+    async def _read_node(self, pubsub: Any) -> None:
+        """Read one node's subscription into the queue until it fails or the
+        server ends a subscription nobody asked to end (its slot moved)."""
+        queue = self._queue
+        try:
+            while True:
+                with translate_errors("reminder change feed"):
+                    response = await pubsub.parse_response(block=False, timeout=_FEED_POLL_S)
+                if response is None:
+                    continue
+                if isinstance(response, list) and len(response) == 3:
+                    kind = response[0]
+                    if kind in (b"smessage", "smessage"):
+                        if isinstance(response[2], bytes):
+                            queue.put_nowait(response[2])
+                        continue
+                    if not self._subscription_event(kind, response[1]):
+                        raise StorageUnavailableError(
+                            "reminder change feed: redis ended the subscription of "
+                            f"{response[1]!r} (its slot moved)"
+                        )
+                with translate_errors("reminder change feed"):
+                    await pubsub.handle_message(response, ignore_subscribe_messages=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            queue.put_nowait(exc)
+
+    def _subscription_event(self, kind: Any, channel: Any) -> bool:
+        """Count a confirmation; ``False`` for an end of subscription we did not ask for."""
+        if kind in (b"ssubscribe", "ssubscribe"):
+            self._confirm()
+        elif kind in (b"sunsubscribe", "sunsubscribe"):
+            name = channel.decode() if isinstance(channel, bytes) else str(channel)
+            if name not in self._leaving:
+                return False
+            self._leaving.discard(name)
+        return True
+
+    async def _read_single(self, timeout: float) -> bytes | None:
+        """One reply of the one-Redis subscription: a change's payload or ``None``."""
+        pubsub = self._pubsub
+        response = await pubsub.parse_response(block=False, timeout=timeout)
+        if response is None:
+            return None
+        # A change is ["smessage", channel, payload]: taken straight from the
+        # reply, skipping redis-py's per-message dict and bookkeeping.
+        if isinstance(response, list) and len(response) == 3:
+            kind = response[0]
+            if kind in (b"smessage", "smessage"):
+                data = response[2]
+                return data if isinstance(data, bytes) else None
+            if not self._subscription_event(kind, response[1]):
+                raise StorageUnavailableError("reminder change feed: redis ended a subscription")
+        # Subscription confirmations and the like keep redis-py's state right.
+        await pubsub.handle_message(response, ignore_subscribe_messages=True)
+        return None
 
     async def _receive(self) -> bytes | None:
-        """The next change message's payload, or ``None`` after a timeout, a
-        message of another kind, or a failure (which has been logged, backed off
-        from, and will be reconnected)."""
+        """The next change message's payload, or ``None`` after a timeout or a
+        message of another kind. ``StorageUnavailableError`` when Redis was lost
+        (the subscription is dropped: changes may have been missed)."""
+        if self._early:
+            return self._early.pop(0)
         try:
             with translate_errors("reminder change feed"):
                 await self._follow_scope()
@@ -1024,42 +1300,46 @@ class _RedisChanges:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._scope_changed.wait(), _FEED_POLL_S)
                     return None
-                pubsub = self._pubsub
-                response = await pubsub.parse_response(block=False, timeout=_FEED_POLL_S)
-                if response is None:
+                if not self._cluster:
+                    return await self._read_single(_FEED_POLL_S)
+                try:
+                    item = await asyncio.wait_for(self._queue.get(), _FEED_POLL_S)
+                except TimeoutError:
                     return None
-                # A change is ["smessage", channel, payload]: taken straight from the
-                # reply, skipping redis-py's per-message dict and bookkeeping.
-                if isinstance(response, list) and len(response) == 3:
-                    kind = response[0]
-                    if kind in (b"smessage", "smessage"):
-                        self._backoff.reset()
-                        data = response[2]
-                        if isinstance(data, bytes):
-                            return data
-                        return None
-                # Subscription confirmations and the like keep redis-py's state right.
-                await pubsub.handle_message(response, ignore_subscribe_messages=True)
-                return None
+                if isinstance(item, BaseException):
+                    raise item
+                return item
         except StorageError as exc:
             if self._closed.is_set():
                 return None
-            delay = self._backoff.next()
-            _log.warning(
-                "reminder change feed lost redis; resubscribing error=%s delay_s=%.2f", exc, delay
-            )
+            _log.warning("reminder change feed lost redis error=%s", exc)
+            if self._cluster:
+                self._table._topology_stale = True
             await self._drop()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), delay)
-            return None
+            if isinstance(exc, StorageUnavailableError):
+                raise
+            raise StorageUnavailableError(f"reminder change feed lost redis: {exc}") from exc
 
     async def _drop(self) -> None:
         pubsub, self._pubsub = self._pubsub, None
+        nodes, self._nodes = self._nodes, {}
         self._channels = set()
+        self._channel_node = {}
+        self._leaving = set()
         self._version = -1
+        self._unconfirmed = 0
+        self._confirmed.clear()
+        self._queue = asyncio.Queue()
         if pubsub is not None:
             with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
                 await pubsub.aclose()
+        for node_pubsub, node_client, task in nodes.values():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
+                await node_pubsub.aclose()
+                await node_client.aclose()
 
     async def aclose(self) -> None:
         """End the subscription. A reader blocked in another task stops within

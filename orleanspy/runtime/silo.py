@@ -256,7 +256,7 @@ class Silo:
         released), Dead, transport and stores closed."""
         # One Redis client or PostgreSQL pool per URL, shared by the providers
         # that live there, closed by the silo.
-        connections = TableConnections(stack)
+        connections = TableConnections(stack, self.options.redis)
         await self._open_cluster_providers(connections)
         transport = self._make_transport()
         directory = await self._start_membership_table_and_directory(stack)
@@ -689,4 +689,4 @@ async def _default_grain_storage(
         return PostgresGrainStorage(await connections.postgres(url), service_id=o.service_id)
     from orleanspy.storage.redis import RedisGrainStorage
 
-    return RedisGrainStorage(connections.redis(url), service_id=o.service_id)
+    return RedisGrainStorage(connections.redis(url), service_id=o.service_id, options=o.redis)
