@@ -127,7 +127,14 @@ class LazyRedis:
                     await plain.aclose()
                     parts = urlsplit(self.url)
                     host, port = parts.hostname or "127.0.0.1", parts.port or 6379
-                    self._target = _cluster(self.url, [(host, port)])
+                    cluster = _cluster(self.url, [(host, port)])
+                    try:
+                        with translate_errors("redis cluster connect"):
+                            await cluster.initialize()
+                    except BaseException:
+                        await cluster.aclose()
+                        raise
+                    self._target = cluster
                     log.info("redis url names a cluster node url=%s", redacted(self.url))
                 else:
                     self._target = plain
@@ -329,6 +336,7 @@ _UNAVAILABLE_REPLIES = (
     "LOADING",
     "READONLY",
     "NOREPLICAS",
+    "WAIT cannot be used with replica",  # a WAIT sent to a node that was just demoted
 )
 
 # redis-py's errors that mean the same (MOVED/ASK that outlived its retries, a
@@ -501,13 +509,14 @@ async def run_script_calls(
             _check_wait(replies.pop(), replicas)
         return replies
     results: list[Any] = [None] * len(calls)
+    waited: dict[str, Any] = {}  # per node, the WAIT reply of the last attempt there
     todo = list(range(len(calls)))
     for attempt in range(2):
         cpipe = client.pipeline(transaction=False)
-        waits: list[Any] = []
         for i in todo:
             keys, args = calls[i]
             cpipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        nodes: list[str] = []
         if replicas:
             assert wait is not None
             if client._initialize:
@@ -517,23 +526,27 @@ async def run_script_calls(
                 node = client.get_node_from_key(calls[i][0][0])
                 if node is not None:
                     seen.setdefault(node.name, node)
-            for node in seen.values():
+            for name, node in seen.items():
                 cpipe.execute_command("WAIT", replicas, wait.wait_ms, target_nodes=node)
-                waits.append(node)
-        replies = await cpipe.execute(raise_on_error=False)
+                nodes.append(name)
+        # With WAIT, a call must not be redirected: redis-py would resend it on
+        # another connection, which the WAIT does not cover.
+        replies = await cpipe.execute(raise_on_error=False, allow_redirections=not replicas)
+        if replicas and any(isinstance(r, (rexc.AskError, rexc.TryAgainError)) for r in replies):
+            await client.nodes_manager.initialize()  # learn where the slots went
+            raise StorageUnavailableError("redis cluster slots moved during a write with WAIT")
         again: list[int] = []
         for i, reply in zip(todo, replies, strict=False):
             if isinstance(reply, NoScriptError) and attempt == 0:
                 again.append(i)
             results[i] = reply
-        for reply in replies[len(todo) :]:
-            if isinstance(reply, Exception):
-                raise reply
-            _check_wait(reply, replicas)
+        waited.update(zip(nodes, replies[len(todo) :], strict=True))
         if not again:
             break
         await client.script_load(script)  # every primary
         todo = again
+    for reply in waited.values():
+        _check_wait(reply, replicas)
     if raise_on_error:
         for reply in results:
             if isinstance(reply, Exception):

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from typing import Any
 
 __all__ = [
     "RedisClusterServer",
@@ -181,19 +182,29 @@ class RedisServer:
 
 
 def _send(host: str, port: int, *args: str, timeout: float = 2.0) -> bytes:
-    """One RESP command on a fresh socket; the raw reply (enough for status checks)."""
+    """One RESP command on a fresh socket; the reply's text (bulk strings and
+    simple replies as is; arrays as their items joined by CRLF)."""
     payload = b"*%d\r\n" % len(args) + b"".join(
         b"$%d\r\n%s\r\n" % (len(a.encode()), a.encode()) for a in args
     )
     with socket.create_connection((host, port), timeout=timeout) as s:
         s.sendall(payload)
-        chunks = []
-        while True:
-            chunk = s.recv(65536)
-            chunks.append(chunk)
-            if not chunk or chunk.endswith(b"\r\n"):
-                break
-        return b"".join(chunks)
+        with s.makefile("rb") as f:
+            return _read_reply(f)
+
+
+def _read_reply(f: Any) -> bytes:
+    line = f.readline()
+    if not line:
+        raise OSError("connection closed")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"$":
+        n = int(rest)
+        return b"" if n < 0 else bytes(f.read(n + 2)[:-2])
+    if kind == b"*":
+        n = int(rest)
+        return b"\r\n".join(_read_reply(f) for _ in range(max(n, 0)))
+    return bytes(line[:-2])
 
 
 def _info(host: str, port: int, section: str) -> dict[str, str]:
@@ -235,6 +246,8 @@ class RedisClusterServer:
                     "--cluster-replica-validity-factor", "0",
                     "--cluster-require-full-coverage", "yes",
                     "--cluster-allow-reads-when-down", "no",
+                    # Replicas sync at once (the default waits 5 s for more).
+                    "--repl-diskless-sync-delay", "0",
                 ),
             )  # fmt: skip
             self.nodes.append(node)
@@ -270,7 +283,8 @@ class RedisClusterServer:
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Return once every running node reports ``cluster_state:ok`` with all
-        16384 slots served and knows ``masters`` masters."""
+        16384 slots served, knows ``masters`` masters, and every running
+        replica's link to its master is up (so ``WAIT`` can be met)."""
         deadline = time.monotonic() + timeout
         last: dict[str, str] = {}
         while time.monotonic() < deadline:
@@ -287,11 +301,20 @@ class RedisClusterServer:
                     for s in states
                 )
                 and len(self.master_ports()) == self.masters
+                and self._replicas_linked()
             ):
                 return
             last = states[0] if states else {}
             time.sleep(0.05)
         raise RuntimeError(f"redis cluster did not become healthy in {timeout}s: {last}")
+
+    def _replicas_linked(self) -> bool:
+        for n in self.nodes:
+            if n.running:
+                info = _info(self.host, n.port, "replication")
+                if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                    return False
+        return True
 
     def roles(self) -> dict[int, str]:
         """``port -> "master" | "slave"`` of the running nodes."""
@@ -337,8 +360,7 @@ class RedisClusterServer:
 
     def dbsize(self, port: int) -> int:
         """Keys held by the node on ``port``."""
-        raw = _send(self.host, port, "DBSIZE")
-        return int(raw[1:].strip())
+        return int(_send(self.host, port, "DBSIZE")[1:])
 
     def flushall(self) -> None:
         """Empty every master (replicas follow)."""
@@ -400,9 +422,17 @@ class RedisSentinelSet:
         self.host = "127.0.0.1"
         self.master_name = master_name
         self.down_after_ms = down_after_ms
-        self.primary = RedisServer()
+        self.primary = RedisServer(extra_args=("--repl-diskless-sync-delay", "0"))
         self.replicas = [
-            RedisServer(extra_args=("--replicaof", self.host, str(self.primary.port)))
+            RedisServer(
+                extra_args=(
+                    "--replicaof",
+                    self.host,
+                    str(self.primary.port),
+                    "--repl-diskless-sync-delay",
+                    "0",
+                )
+            )
             for _ in range(replicas)
         ]
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
@@ -459,9 +489,11 @@ class RedisSentinelSet:
                     _info(self.host, p, "sentinel").get("master0", "") for p in self.sentinel_ports
                 ]
                 port = self.primary_port()
-                synced = port is not None and _info(self.host, port, "replication").get(
-                    "connected_slaves"
-                ) == str(len(self.replicas))
+                synced = port is not None and all(
+                    _info(self.host, n.port, "replication").get("master_link_status") == "up"
+                    for n in self.data_nodes
+                    if n.running and n.port != port
+                )
             except OSError as exc:
                 lines, synced, last = [], False, str(exc)
             if lines and synced and all("status=ok" in x and want in x for x in lines):
@@ -477,7 +509,7 @@ class RedisSentinelSet:
                 raw = _send(
                     self.host, p, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name
                 ).split(b"\r\n")
-                return int(raw[4])
+                return int(raw[1])
         return None
 
     def node(self, port: int) -> RedisServer:
