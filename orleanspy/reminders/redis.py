@@ -1199,35 +1199,77 @@ class _RedisChanges:
         elif client._initialize:
             await client.initialize()
         wanted = self._wanted()
+        gone: dict[str, list[str]] = {}
         for channel in sorted(self._channels - wanted):
             name = self._channel_node.pop(channel, None)
             if name in self._nodes:
-                self._leaving.add(channel)
-                await self._nodes[name][0].sunsubscribe(channel)
+                gone.setdefault(name, []).append(channel)
+        new: dict[str, tuple[Any, list[str]]] = {}
         for channel in sorted(wanted - self._channels):
             node = client.get_node_from_key(channel)
             if node is None:
                 raise StorageUnavailableError(f"no redis cluster node serves {channel!r}")
-            if node.name not in self._nodes:
-                pool = aioredis.ConnectionPool(
-                    connection_class=node.connection_class,
-                    max_connections=2,
-                    **node.connection_kwargs,
-                )
-                node_client = aioredis.Redis.from_pool(pool)
-                pubsub = node_client.pubsub()
-                self._sent(1)
-                await pubsub.ssubscribe(channel)
-                task = asyncio.get_running_loop().create_task(self._read_node(pubsub))
-                self._nodes[node.name] = (pubsub, node_client, task)
-            else:
-                self._sent(1)
-                await self._nodes[node.name][0].ssubscribe(channel)
-            self._channel_node[channel] = node.name
+            new.setdefault(node.name, (node, []))[1].append(channel)
+        # One write per node carries all its (UN)SUBSCRIBE commands: a command's
+        # channels must share a slot, so there is one command per channel, and
+        # sending them one by one made a ring change take a round trip per shard.
+        for name, channels in gone.items():
+            self._leaving.update(channels)
+            await self._send(self._nodes[name][0], "SUNSUBSCRIBE", channels)
+        # Every primary's connection is opened (concurrently) with the first
+        # subscription, so a later ring change costs one write per node, not a
+        # connect and handshake: a row written right after a ring change must
+        # find the new owner subscribed.
+        missing = {
+            n.name: n
+            for n in [*client.get_primaries(), *(node for node, _ in new.values())]
+            if n.name not in self._nodes
+        }
+        if missing:
+            opened = await asyncio.gather(
+                *(self._open_node(n) for n in missing.values()), return_exceptions=True
+            )
+            failed: BaseException | None = None
+            for name, item in zip(missing, opened, strict=True):
+                if isinstance(item, BaseException):
+                    failed = failed or item
+                else:
+                    self._nodes[name] = item  # closed by _drop if another failed
+            if failed is not None:
+                raise failed
+        for name, (_node, channels) in new.items():
+            self._sent(len(channels))
+            await self._send(self._nodes[name][0], "SSUBSCRIBE", channels)
+            for channel in channels:
+                self._channel_node[channel] = name
         self._channels = wanted
         self._version = version
         if not self._channels:
             self._confirmed.set()
+
+    async def _open_node(self, node: Any) -> tuple[Any, aioredis.Redis, asyncio.Task[None]]:
+        """A pub/sub connection to ``node`` with its reader task."""
+        pool = aioredis.ConnectionPool(
+            connection_class=node.connection_class, max_connections=2, **node.connection_kwargs
+        )
+        node_client = aioredis.Redis.from_pool(pool)
+        pubsub = node_client.pubsub()
+        try:
+            await pubsub.connect()  # type: ignore[no-untyped-call]
+        except BaseException:
+            await node_client.aclose()
+            raise
+        task = asyncio.get_running_loop().create_task(self._read_node(pubsub))
+        return pubsub, node_client, task
+
+    @staticmethod
+    async def _send(pubsub: Any, command: str, channels: list[str]) -> None:
+        """``command`` once per channel, all in one write on ``pubsub``'s connection.
+        redis-py's bookkeeping of the subscriptions is not used (the reader counts
+        the confirmations), so it never replays them on a reconnect: a lost
+        connection ends the feed instead."""
+        conn = pubsub.connection
+        await conn.send_packed_command(conn.pack_commands([(command, c) for c in channels]))
 
     async def _read_node(self, pubsub: Any) -> None:
         """Read one node's subscription into the queue until it fails or the
@@ -1250,8 +1292,6 @@ class _RedisChanges:
                             "reminder change feed: redis ended the subscription of "
                             f"{response[1]!r} (its slot moved)"
                         )
-                with translate_errors("reminder change feed"):
-                    await pubsub.handle_message(response, ignore_subscribe_messages=True)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
