@@ -429,6 +429,7 @@ class Silo:
             directory=directory,
             transport=transport,
             on_ranges=self._reminders().set_ranges,
+            balanced=self.options.membership.balanced_ring,
         )
         self.ring = follower
         await membership.start(stack)
