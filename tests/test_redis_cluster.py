@@ -265,11 +265,13 @@ async def _kill_primary_under_writes(
     promoted: Callable[[], bool],
     heal: Callable[[], None],
     bound_s: float,
-) -> None:
+) -> float:
     """Upsert rows and write grain states one by one with wait_replicas=1; kill the
     primary after 300; once a replica is promoted, restart the dead node; stop 300
     acknowledged rows after the writes resumed. Every acknowledged write must read
-    back; only StorageUnavailableError may be raised meanwhile."""
+    back; only StorageUnavailableError may be raised meanwhile. Returns the
+    seconds from the kill to the first write acknowledged after one was refused
+    (writes are retried in order, so that is the dead node's slots back)."""
     sid = f"f{uuid.uuid4().hex[:6]}"
     options = RedisOptions(wait_replicas=1, wait_timeout=timedelta(seconds=1))
     table = RedisReminderTable(url, service_id=sid, options=options)
@@ -281,6 +283,7 @@ async def _kill_primary_under_writes(
         killed_at: float | None = None
         resumed_at: float | None = None
         healed = False
+        failed = False  # a write after the kill was refused: it reached the dead node
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if i == 300 and killed_at is None:
@@ -295,7 +298,7 @@ async def _kill_primary_under_writes(
                     etag = stored.etag
                 acked.add(i)
                 states[i] = etag
-                if killed_at is not None and resumed_at is None:
+                if failed and resumed_at is None:
                     resumed_at = time.monotonic()
                 if resumed_at is not None and i >= 600:
                     break
@@ -303,11 +306,13 @@ async def _kill_primary_under_writes(
             except StorageUnavailableError:
                 # Not acknowledged: the same row is tried again (etags make the
                 # retry safe); nothing else may be raised.
+                failed = True
                 if killed_at is not None and not healed and promoted():
                     heal()
                     healed = True
                 await asyncio.sleep(0.05)
-        assert killed_at is not None and resumed_at is not None, "writes never resumed"
+        assert killed_at is not None and failed, "no write reached the killed node"
+        assert resumed_at is not None, "writes never resumed"
         assert resumed_at - killed_at < bound_s
         rows = {row.grain_id.key for row in await table.read_range(RingRange(0, 0))}
         missing = {i for i in acked if i not in rows}
@@ -315,3 +320,4 @@ async def _kill_primary_under_writes(
         for i, etag in states.items():
             stored = await storage.read(GrainId("f", i), "s")
             assert stored is not None and stored.etag == etag and stored.data == str(i).encode()
+    return resumed_at - killed_at
