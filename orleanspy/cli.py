@@ -49,7 +49,7 @@ from orleanspy import __version__
 from orleanspy._loop import run
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
-from orleanspy.options import MessagingOptions, SiloOptions, check_redis_url
+from orleanspy.options import REDIS_SCHEMES, MessagingOptions, SiloOptions, check_redis_url
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
 from orleanspy.tables import table_backend
 
@@ -77,7 +77,8 @@ class _Global:
 
 _GLOBALS = (
     _Global("--redis-url", "ORLEANSPY_REDIS_URL", None,
-            "Redis of the cluster: redis://HOST:PORT/DB, rediss://... (TLS) or "
+            "Redis of the cluster: redis://HOST:PORT/DB, rediss://... (TLS), "
+            "redis+cluster://HOST:PORT,..., redis+sentinel://HOST:PORT,.../MASTER or "
             "unix:///PATH (this or --storage-url is required but for demo)",
             {"metavar": "URL"}),
     _Global("--storage-url", "ORLEANSPY_STORAGE_URL", None,
@@ -320,7 +321,7 @@ def redis_url(args: argparse.Namespace) -> str:
 def _grain_storage(url: str | None) -> dict[str, str] | None:
     if url is None:
         return None
-    if not url.startswith(("redis://", "rediss://", "unix://", "postgresql://", "postgres://")):
+    if not url.startswith((*REDIS_SCHEMES, "postgresql://", "postgres://")):
         raise ConfigurationError(f"--storage {url!r}: give a redis:// or postgresql:// URL")
     return {"default": url}
 

@@ -321,3 +321,27 @@ async def _kill_primary_under_writes(
             stored = await storage.read(GrainId("f", i), "s")
             assert stored is not None and stored.etag == etag and stored.data == str(i).encode()
     return resumed_at - killed_at
+
+
+def test_bad_redis_urls_are_clear_configuration_errors() -> None:
+    from orleanspy.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="names the master"):
+        connect("redis+sentinel://127.0.0.1:26379")
+    with pytest.raises(ConfigurationError, match="only database 0"):
+        connect("redis+cluster://127.0.0.1:7000/3")
+    with pytest.raises(ConfigurationError, match="bad host:port"):
+        connect("redis+cluster://127.0.0.1:x")
+    with pytest.raises(ConfigurationError, match="unsupported Redis URL scheme"):
+        connect("memcached://127.0.0.1:11211")
+
+
+async def test_sentinel_url_finds_the_primary(redis_sentinel_url: str) -> None:
+    client = await resolve(connect(redis_sentinel_url))
+    try:
+        assert not is_cluster(client)
+        await client.set("k", b"v")
+        info = await client.info("replication")
+        assert info["role"] == "master"
+    finally:
+        await client.aclose()

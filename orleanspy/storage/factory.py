@@ -1,7 +1,8 @@
 """Grain storage from a URL: the one place that maps a scheme to a backend.
 
 ``memory://`` (or ``memory``) is ``InMemoryGrainStorage``; ``redis://``,
-``rediss://`` and ``unix://`` are ``RedisGrainStorage``; ``postgresql://`` and
+``rediss://``, ``unix://`` and the ``+cluster`` / ``+sentinel`` variants are
+``RedisGrainStorage``; ``postgresql://`` and
 ``postgres://`` are ``PostgresGrainStorage``. Backends are imported only when
 their scheme is asked for.
 """
@@ -15,7 +16,16 @@ from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["GRAIN_STORAGE_SCHEMES", "grain_storage_from_url", "storage_scheme"]
 
-GRAIN_STORAGE_SCHEMES: Final = ("memory", "redis", "rediss", "unix", "postgresql", "postgres")
+_REDIS_STORAGE_SCHEMES: Final = (
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "redis+sentinel",
+    "rediss+sentinel",
+    "unix",
+)
+GRAIN_STORAGE_SCHEMES: Final = ("memory", *_REDIS_STORAGE_SCHEMES, "postgresql", "postgres")
 
 
 def storage_scheme(url: str) -> str:
@@ -30,7 +40,7 @@ def grain_storage_from_url(url: str, *, service_id: str) -> GrainStorage:
         from orleanspy.storage.memory import InMemoryGrainStorage
 
         return InMemoryGrainStorage()
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in _REDIS_STORAGE_SCHEMES:
         from orleanspy.storage.redis import RedisGrainStorage
 
         return RedisGrainStorage(url, service_id=service_id)
