@@ -345,3 +345,45 @@ async def test_sentinel_url_finds_the_primary(redis_sentinel_url: str) -> None:
         assert info["role"] == "master"
     finally:
         await client.aclose()
+
+
+async def test_noscript_on_one_node_resends_only_the_calls_that_did_not_run(
+    redis_cluster: RedisClusterServer,
+) -> None:
+    """A promoted replica has no scripts. With one master's script cache emptied,
+    a batch over every node must apply each row exactly once: the calls answered
+    NOSCRIPT are sent again, the ones that ran elsewhere are not (each shard's
+    etag counter counts one increment per row per batch)."""
+    redis_cluster.wait_healthy()
+    redis_cluster.flushall()
+    sid = f"n{uuid.uuid4().hex[:6]}"
+    table = RedisReminderTable(redis_cluster.url, service_id=sid, shards=16)
+    async with _started(table):
+        entries = [_entry(sid, i) for i in range(400)]
+        await table.upsert_many(entries)
+        from orleanspy.testing.redis_server import _send
+
+        _send("127.0.0.1", redis_cluster.master_ports()[0], "SCRIPT", "FLUSH")
+        etags = await table.upsert_many(entries)
+        per_shard: dict[int, int] = {}
+        for e in entries:
+            per_shard[table.shard_of(e.hash)] = per_shard.get(table.shard_of(e.hash), 0) + 1
+        client = await resolve(connect(redis_cluster.url))
+        try:
+            for shard, n in per_shard.items():
+                counter = await client.get(table._key(shard, "etag"))
+                assert int(counter) == 2 * n, (shard, counter, n)
+        finally:
+            await client.aclose()
+        # The per-node schedule CAS after another flush: every update applies once.
+        _send("127.0.0.1", redis_cluster.master_ports()[1], "SCRIPT", "FLUSH")
+        from orleanspy.reminders.model import ScheduleUpdate
+
+        updates = [
+            ScheduleUpdate(e.grain_id, e.name, etag, e.next_due + timedelta(minutes=1), None)
+            for e, etag in zip(entries, etags, strict=True)
+        ]
+        results = await table.update_schedule_many(updates)
+        assert all(r is not None for r in results)
+        rows = {r.grain_id.key: r for r in await table.read_range(RingRange(0, 0))}
+        assert all(rows[e.grain_id.key].etag == r for e, r in zip(entries, results, strict=True))
