@@ -22,7 +22,7 @@ from orleanspy.identity import GrainId
 from orleanspy.options import MessagingOptions, ReminderOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry, TickStatus
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import check_grace, new_entry
 
 __all__ = ["ReminderAccess", "entry_json", "fire_json", "open_reminders", "parse_grain_id"]
 
@@ -64,6 +64,7 @@ def entry_json(entry: ReminderEntry) -> dict[str, Any]:
         "priority": int(entry.priority),
         "action": entry.action.name,
         "paused": entry.paused,
+        "grace_seconds": None if entry.grace is None else entry.grace.total_seconds(),
     }
 
 
@@ -76,6 +77,7 @@ def fire_json(rec: FireRecord) -> dict[str, Any]:
         "outcome": rec.outcome.value,
         "silo": rec.silo,
         "triggered": rec.triggered,
+        "error": rec.error,
     }
 
 
@@ -91,6 +93,9 @@ class ReminderAccess(Protocol):
     async def set_priority(self, grain: GrainId, name: str, priority: int) -> ReminderEntry: ...
     async def set_action(
         self, grain: GrainId, name: str, action: MissedReminderAction
+    ) -> ReminderEntry: ...
+    async def set_grace(
+        self, grain: GrainId, name: str, grace: timedelta | None
     ) -> ReminderEntry: ...
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry: ...
     async def delete(self, grain: GrainId, name: str) -> bool: ...
@@ -130,6 +135,9 @@ class _ViaGateway:
         self, grain: GrainId, name: str, action: MissedReminderAction
     ) -> ReminderEntry:
         return await self._m.set_action(grain, name, action)  # type: ignore[no-any-return]
+
+    async def set_grace(self, grain: GrainId, name: str, grace: timedelta | None) -> ReminderEntry:
+        return await self._m.set_grace(grain, name, grace)  # type: ignore[no-any-return]
 
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
         return await self._m.repair(grain, name)  # type: ignore[no-any-return]
@@ -202,6 +210,10 @@ class _Direct:
     ) -> ReminderEntry:
         row = await self.get(grain, name)
         return await self._store(replace(row, action=action))
+
+    async def set_grace(self, grain: GrainId, name: str, grace: timedelta | None) -> ReminderEntry:
+        row = await self.get(grain, name)
+        return await self._store(replace(row, grace=check_grace(grace)))
 
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
         row = await self.get(grain, name)

@@ -57,6 +57,7 @@ __all__ = [
     "connect",
     "is_cluster",
     "key_prefix",
+    "node_client",
     "node_groups",
     "redacted",
     "resolve",
@@ -463,6 +464,15 @@ async def node_groups(client: Client, keys: Sequence[str]) -> list[list[int]]:
             raise StorageUnavailableError(f"no redis cluster node serves key {key!r}")
         groups.setdefault(node.name, []).append(i)
     return list(groups.values())
+
+
+def node_client(node: ClusterNode) -> aioredis.Redis:
+    """A plain client of one cluster node, with a small pool of its own (for a
+    pub/sub connection to that node: sharded subscriptions live per node)."""
+    pool = aioredis.ConnectionPool(
+        connection_class=node.connection_class, max_connections=2, **node.connection_kwargs
+    )
+    return aioredis.Redis.from_pool(pool)
 
 
 # One script call: its keys (the first routes it on a cluster) and its arguments.

@@ -27,7 +27,9 @@ is Active and stops gracefully on SIGTERM or SIGINT. Read commands print
 tables, or JSON with ``--json``; the reminder commands say on stderr whether
 they went through a gateway or straight to the reminder table (Redis or
 PostgreSQL; ``cluster status`` reads Redis only). Exit status: 0
-done, 1 failed (the message says why), 2 usage error.
+done, 1 failed (the message says why), 2 usage error, 3 the silo stopped
+itself (declared Dead by the cluster, or its membership store lost its data:
+restart it).
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ from orleanspy import __version__
 from orleanspy._loop import run
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
-from orleanspy.options import REDIS_SCHEMES, MessagingOptions, SiloOptions, check_redis_url
+from orleanspy.options import MessagingOptions, SiloOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
+from orleanspy.schemes import check_redis_url
 from orleanspy.tables import table_backend
 
 __all__ = ["main"]
@@ -203,6 +206,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub(ops, "set-action", "change what a row does with missed ticks")
     _row_args(p)
     p.add_argument("action", type=_action, help="fire_immediately, skip or notify")
+    p = sub(ops, "set-grace", "change how late a row's ticks may be and still be on time")
+    _row_args(p)
+    p.add_argument(
+        "grace",
+        type=_grace,
+        help="seconds (e.g. 2.5), or default for ReminderOptions.missed_tick_grace (10 s)",
+    )
     p = sub(ops, "repair", "move a row's next due time to its first slot after now")
     _row_args(p)
     p = sub(ops, "delete", "remove a row")
@@ -238,6 +248,20 @@ def _priority(text: str) -> int:
     if not -128 <= value <= 127:
         raise argparse.ArgumentTypeError(f"priority {value} is outside -128..127")
     return value
+
+
+def _grace(text: str) -> timedelta | None:
+    if text.lower() == "default":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a grace: {text!r} (seconds, e.g. 2.5, or default)"
+        ) from None
+    if not 0 <= seconds <= 366 * 86400:
+        raise argparse.ArgumentTypeError(f"grace {text} s is outside 0 .. 366 days")
+    return timedelta(seconds=seconds)
 
 
 def _action(text: str) -> MissedReminderAction:
@@ -321,8 +345,12 @@ def redis_url(args: argparse.Namespace) -> str:
 def _grain_storage(url: str | None) -> dict[str, str] | None:
     if url is None:
         return None
-    if not url.startswith((*REDIS_SCHEMES, "postgresql://", "postgres://")):
-        raise ConfigurationError(f"--storage {url!r}: give a redis:// or postgresql:// URL")
+    try:
+        table_backend(url)  # --storage takes the stores of the tables (not memory://)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"--storage {url!r}: give a redis:// or postgresql:// URL"
+        ) from None
     return {"default": url}
 
 
@@ -366,7 +394,12 @@ def _import_grains(args: argparse.Namespace) -> None:
             ) from None
 
 
-async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> None:
+#: Exit status of a silo that stopped itself: declared Dead by the cluster, or
+#: its membership store lost its data. A restart joins it as a new incarnation.
+EXIT_STOPPED_BY_CLUSTER = 3
+
+
+async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> int:
     from orleanspy.runtime.silo import Silo
 
     options = SiloOptions(
@@ -399,6 +432,10 @@ async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> None:
         while not stopped.done() and not silo.declared_dead:
             await asyncio.wait([stopped], timeout=0.5)
         stopped.cancel()
+    if silo.declared_dead:
+        print(f"orleanspy: silo stopped: {silo.stop_reason}", file=sys.stderr)
+        return EXIT_STOPPED_BY_CLUSTER
+    return 0
 
 
 # -- output ---------------------------------------------------------------------------
@@ -450,7 +487,7 @@ def _row_detail(row: ReminderEntry) -> str:
 
 def _history_table(history: Sequence[FireRecord]) -> str:
     return _table(
-        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO"),
+        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO", "ERROR"),
         [
             (
                 f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
@@ -458,6 +495,7 @@ def _history_table(history: Sequence[FireRecord]) -> str:
                 f"{r.lateness.total_seconds() * 1000:.0f} ms",
                 r.outcome.value + (" (triggered)" if r.triggered else ""),
                 r.silo,
+                "" if r.error is None else r.error[:80],
             )
             for r in history
         ],
@@ -547,6 +585,7 @@ async def _reminders(args: argparse.Namespace) -> int:
             "get": lambda: access.get(grain, args.name),
             "set-priority": lambda: access.set_priority(grain, args.name, args.priority),
             "set-action": lambda: access.set_action(grain, args.name, args.action),
+            "set-grace": lambda: access.set_grace(grain, args.name, args.grace),
             "repair": lambda: access.repair(grain, args.name),
             "pause": lambda: access.pause(grain, args.name),
             "resume": lambda: access.resume(grain, args.name),
@@ -571,8 +610,7 @@ async def _reminders(args: argparse.Namespace) -> int:
 
 async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
     if args.command == "silo":
-        await _run_silo(args, names)
-        return 0
+        return await _run_silo(args, names)
     if args.command == "cluster":
         return await _cluster_status(args)
     if args.command == "demo":
@@ -585,8 +623,7 @@ async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``orleanspy`` command; returns the exit status."""
-    # gRPC's C core logs to stderr on its own; keep it to errors unless asked.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # gRPC's C core stays quiet unless GRPC_VERBOSITY asks (orleanspy.messaging).
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -2,15 +2,15 @@
 
 Layers, lowest first; a module may import its own layer and those below, never above:
 
-    bottom     errors identity clock options serialization
+    bottom     errors identity clock schemes options serialization
     helpers    _tasks _retry _redis _postgres ring placement metrics
     providers  directory/* membership/* storage/* streams/* messaging/* tables
-               reminders/ model table memory redis postgres _pg_feed schedule spec
+               reminders/* (the storage side: model, spec, schedule, table, backends)
     grain      state grain reference
-    services   the rest of reminders/ (the service), remindable/* (registry, declarations,
-               management), observability, cluster_status
+    services   reminders/_service/* and reminders.service (the service), remindable/*
+               (registry, declarations, management), observability, cluster_status
     runtime    runtime/* _prometheus
-    hosts      client cli _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
+    hosts      client cli __main__ _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
 
 An edge is every ``import`` in a module: at the top (``top``), inside a function
 (``lazy``: it runs the first time the function does, so it binds the layers as
@@ -39,22 +39,24 @@ import orleanspy
 ROOT = Path(orleanspy.__file__).parent
 
 LAYERS: list[tuple[str, str]] = [
-    ("bottom", r"orleanspy\.(errors|identity|clock|options|serialization)"),
+    ("bottom", r"orleanspy\.(errors|identity|clock|schemes|options|serialization)"),
     ("helpers", r"orleanspy\.(_tasks|_retry|_redis|_postgres|ring|placement|metrics)"),
     (
         "providers",
         r"orleanspy\.(directory|membership|storage|streams|messaging)(\..+)?"
         r"|orleanspy\.tables"
-        r"|orleanspy\.reminders(\.(model|table|memory|redis|postgres|_pg_feed|schedule|spec))?",
+        # reminders/ but not its service (the folder _service/ and the module
+        # that composes it).
+        r"|orleanspy\.reminders(\.(?!_service$|service$)[a-z_]+)?",
     ),
     ("grain", r"orleanspy\.(state|grain|reference)"),
     (
         "services",
-        r"orleanspy\.reminders\..+|orleanspy\.remindable(\..+)?"
+        r"orleanspy\.reminders\.(service|_service(\..+)?)|orleanspy\.remindable(\..+)?"
         r"|orleanspy\.(observability|cluster_status)",
     ),
     ("runtime", r"orleanspy\.runtime(\..+)?|orleanspy\._prometheus"),
-    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|_loop|demo|testing(\..+)?))?"),
+    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|_loop|demo|__main__|testing(\..+)?))?"),
 ]
 
 # What providers must not import: the runtime, its hosts, and the grain-facing API.
@@ -65,14 +67,6 @@ RUNTIME_AND_GRAIN_API = r"orleanspy\.(runtime(\..+)?|client|cli|grain|reference|
 PROVIDER_PACKAGES = ("directory", "membership", "reminders", "storage", "streams")
 
 ALLOWED: dict[tuple[str, str], str] = {
-    # The options validate URL schemes against the table and storage backends
-    # they name; the scheme lists belong in the bottom layer (or the check in
-    # the silo), so the options stop reaching up into the providers.
-    ("orleanspy.options", "orleanspy.tables"): "scheme check reaches up",
-    ("orleanspy.options", "orleanspy.storage.factory"): "scheme check reaches up (lazy)",
-    # The lanes drain rows the window holds and name them in annotations only
-    # (the window imports the lanes it owns).
-    ("orleanspy.reminders._lanes", "orleanspy.reminders._window"): "typing only; circle",
     # The exporter reads the silo it is given; the silo loads the exporter lazily,
     # only when a metrics port is set (prometheus_client stays optional).
     ("orleanspy._prometheus", "orleanspy.runtime.silo"): "typing only; circle",
@@ -269,3 +263,57 @@ def test_the_checker_sees_a_planted_violation(tmp_path: Path) -> None:
     assert any(_layer(e.target) > _layer(e.source) for e in planted)
     circle = {Edge("orleanspy.a", "orleanspy.b", "top"), Edge("orleanspy.b", "orleanspy.a", "lazy")}
     assert _cycles(circle) == [["orleanspy.a", "orleanspy.b"]]
+
+
+def test_the_reminder_storage_side_imports_nothing_of_the_service() -> None:
+    """The boundary inside reminders/ is the folder _service/ (and the module
+    composing it): the storage side beside it never reaches in."""
+    service = {
+        m for m in MODULES if re.fullmatch(r"orleanspy\.reminders\.(service|_service(\..+)?)", m)
+    }
+    storage = {m for m in MODULES if m.startswith("orleanspy.reminders.") and m not in service}
+    assert "orleanspy.reminders._service.window" in service
+    assert "orleanspy.reminders.table" in storage
+    assert (
+        sorted((e.source, e.target) for e in EDGES if e.source in storage and e.target in service)
+        == []
+    )
+
+
+# Each wire or store library is imported by one module (its seam), which
+# translates its errors; everything else goes through that module.
+SEAMS: dict[str, set[str]] = {
+    "asyncpg": {"orleanspy._postgres"},
+    "redis": {"orleanspy._redis"},
+    "msgpack": {"orleanspy.serialization"},
+    "grpc": {"orleanspy.messaging.grpc"},
+    "prometheus_client": {"orleanspy._prometheus"},
+}
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.partition(".")[0])
+    return found
+
+
+def test_each_wire_library_is_imported_by_its_seam_alone() -> None:
+    importers: dict[str, set[str]] = defaultdict(set)
+    for module, path in MODULES.items():
+        for library in _third_party_imports(path) & set(SEAMS):
+            importers[library].add(module)
+    assert dict(importers) == SEAMS
+
+
+def test_the_architecture_page_shows_this_layer_map() -> None:
+    """docs/architecture.md draws LAYERS, in order: there is one map."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page[page.index("## 1. Layers") : page.index("\n## 2.")]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
+    assert rows[1:] == [name for name, _ in LAYERS]  # after the header row
+    for module in ("schemes", "_redis_feed", "reminders/_service/", "__main__"):
+        assert f"`{module}" in section, module

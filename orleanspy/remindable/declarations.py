@@ -4,9 +4,9 @@ For each grain class the silo hosts, each declared reminder and each of its
 keys (``keys=[...]`` on the declaration, else the class's ``reminder_keys``):
 
 - a missing row is created, marked ``declared``;
-- a row whose period, cron, zone, priority or action differs from the
+- a row whose period, cron, zone, priority, action or grace differs from the
   declaration is updated. A changed schedule re-anchors the row at now (like a
-  registration from code); a changed priority or action alone keeps the row's
+  registration from code); a changed priority, action or grace alone keeps the row's
   ``next_due`` and ``last_fire``;
 - an unchanged row is left alone (``next_due``, ``last_fire``, etag).
 
@@ -75,6 +75,7 @@ def _desired(
             tz=declared.tz,
             priority=declared.priority,
             action=declared.action,
+            grace=declared.grace,
         )
     except (ReminderError, ValueError) as exc:
         raise ReminderError(
@@ -103,8 +104,18 @@ async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
         if not _same_schedule(stored, desired):
             # An operator's pause outlives a changed declaration.
             write = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
-        elif (stored.priority, stored.action) != (desired.priority, desired.action):
-            write = replace(stored, priority=desired.priority, action=desired.action, declared=True)
+        elif (stored.priority, stored.action, stored.grace) != (
+            desired.priority,
+            desired.action,
+            desired.grace,
+        ):
+            write = replace(
+                stored,
+                priority=desired.priority,
+                action=desired.action,
+                grace=desired.grace,
+                declared=True,
+            )
         else:
             return ""
         if await registry.store_if(write, stored.etag):

@@ -20,9 +20,10 @@ from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderEntry,
     TickStatus,
+    error_text,
 )
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import check_grace, new_entry
 from orleanspy.reminders.table import PausableReminderTable
 
 __all__ = ["MANAGEMENT_TYPE", "ReminderManagementGrain"]
@@ -80,6 +81,15 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
         row = await self._row(grain_id, name)
         return await self._registry.store(replace(row, action=MissedReminderAction(action)))
 
+    async def set_grace(
+        self, grain_id: GrainId, name: str, grace: timedelta | float | None
+    ) -> ReminderEntry:
+        """Change how late the row's ticks may be and still count as on time
+        (``None``: back to ``ReminderOptions.missed_tick_grace``). Takes effect
+        on the held row at once; the schedule does not move."""
+        row = await self._row(grain_id, name)
+        return await self._registry.store(replace(row, grace=check_grace(grace)))
+
     async def repair(self, grain_id: GrainId, name: str) -> ReminderEntry:
         """Move a row's ``next_due`` to its first slot after now (skipping missed ones)."""
         row = await self._row(grain_id, name)
@@ -126,17 +136,24 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             priority=int(row.priority),
             triggered=True,
         )
-        grain = self._activation.get_grain(grain_id.type_name, grain_id.key)
-        outcome = FireOutcome.GRAIN_ERROR
+        deliver = self._registry.deliver_tick
+        if deliver is None:
+            raise ReminderError("this silo delivers no reminder ticks")
+        outcome, error = FireOutcome.GRAIN_ERROR, None
         try:
-            await grain.receive_reminder(name, status)
+            await deliver(grain_id, name, status)
             outcome = FireOutcome.OK
+        except Exception as exc:
+            error = error_text(exc)
+            raise
         finally:
             keep = self._registry.options.history_size
             table = self._registry.table
             if keep and isinstance(table, PausableReminderTable):
                 silo = str(self._activation.silo_address)
-                record = FireRecord(grain_id, name, now, now, outcome, silo, triggered=True)
+                record = FireRecord(
+                    grain_id, name, now, now, outcome, silo, triggered=True, error=error
+                )
                 await table.append_history([record], keep)
         return status
 

@@ -9,7 +9,7 @@ registry validates input (``ReminderError``) and refuses grains that are not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,6 +23,7 @@ from orleanspy.reminders.model import (
     ReminderChange,
     ReminderEntry,
     ReminderPriority,
+    TickStatus,
 )
 from orleanspy.reminders.spec import new_entry
 from orleanspy.reminders.table import (
@@ -51,6 +52,7 @@ class Registration:
     tz: str | None = None
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
+    grace: timedelta | float | None = None
 
 
 class ReminderRegistry:
@@ -71,6 +73,9 @@ class ReminderRegistry:
         self.options = options
         self._definitions = definitions
         self._listeners: list[Callable[[ReminderChange], None]] = []
+        #: Delivers one off-schedule tick as the reminder service does (set by
+        #: the silo; ``receive_reminder`` refuses calls that are not ticks).
+        self.deliver_tick: Callable[[GrainId, str, TickStatus], Awaitable[None]] | None = None
 
     def add_listener(self, listener: Callable[[ReminderChange], None]) -> None:
         """``listener`` hears of every write made through this registry."""
@@ -84,6 +89,7 @@ class ReminderRegistry:
             name,
             entry.next_due if live and entry is not None else None,
             int(entry.priority) if live and entry is not None else None,
+            entry=entry,
         )
         for listener in self._listeners:
             listener(change)
@@ -107,6 +113,7 @@ class ReminderRegistry:
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        grace: timedelta | float | None = None,
     ) -> ReminderEntry:
         """Validate and upsert (last writer wins; the schedule re-anchors at now)."""
         self._check_remindable(grain_id)
@@ -122,6 +129,7 @@ class ReminderRegistry:
             tz=tz,
             priority=ReminderPriority.NORMAL if priority is None else priority,
             action=MissedReminderAction.SKIP if action is None else action,
+            grace=grace,
         )
         entry = entry.with_etag(await self.table.upsert(entry))
         self._changed(grain_id, name, entry)
@@ -159,6 +167,7 @@ class ReminderRegistry:
                         tz=r.tz,
                         priority=r.priority,
                         action=r.action,
+                        grace=r.grace,
                     )
                 )
             except ReminderError as exc:

@@ -10,6 +10,7 @@ One table holds every service's rows (``service_id`` leads every key)::
         next_due    bigint             ms since the epoch (as start_at, last_fire)
         declared    boolean            made by a @register_reminder declaration
         paused      boolean            out of the due index (see below)
+        grace_ms    bigint             the row's missed-tick grace, NULL: the default
         version     bigint             the etag; every write takes a fresh value
                                        from the sequence orleanspy_reminder_version
     index (service_id, priority, bucket, next_due) WHERE NOT paused   read_due
@@ -26,7 +27,7 @@ The schema is versioned (``_SCHEMA``, one step per version, applied by
 ``start``): version 2 added ``declared``, the upcoming index (in place of
 v1's ``(service_id, next_due)``) and the notification with a priority;
 version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
-the history table.
+the history table; version 4 added ``grace_ms`` and the history's ``error``.
 
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
@@ -90,11 +91,10 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     ScheduleUpdate,
 )
-from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.ring import RingRange
 
 __all__ = ["PostgresReminderTable"]
 
-_TOP: Final = HASH_SPACE - 1
 _BUCKET_SHIFT: Final = 24
 # read_due's first pass asks each scan for at least this many rows.
 _MIN_FIRST_ASK: Final = 16
@@ -190,26 +190,33 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
                 REFERENCES orleanspy_reminders (service_id, grain_id, name) ON DELETE CASCADE
         )""",
     ),
+    # v4: a row's own missed-tick grace; a failed tick's exception in its fire
+    # record. Both nullable: v3 silos still running during an upgrade neither
+    # write nor read them (their upserts leave grace_ms as it was).
+    (
+        "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS grace_ms bigint",
+        "ALTER TABLE orleanspy_reminder_history ADD COLUMN IF NOT EXISTS error text",
+    ),
 )
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, declared, paused, version"
+    "last_fire, priority, action, declared, paused, grace_ms, version"
 )
 
-# The columns a whole-row write sets, in the order of its parameters $2..$15.
+# The columns a whole-row write sets, in the order of its parameters $2..$16.
 _ROW_COLUMNS: Final = (
     "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
-    "period_ms, cron, tz, last_fire, action, declared, paused"
+    "period_ms, cron, tz, last_fire, action, declared, paused, grace_ms"
 )
-_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16"
 _SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
         action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
-        version = EXCLUDED.version"""
+        grace_ms = EXCLUDED.grace_ms, version = EXCLUDED.version"""
 # A paused row left the schedule: its changes are told as removals (no next_due,
 # no priority), whatever the write.
 _DUE_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.next_due END"
@@ -218,14 +225,14 @@ _PRIORITY_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.priority END"
 # row's priority, for the rows written (none when a condition failed).
 _NOTIFY_ROWS: Final = f"""
 SELECT w.version, orleanspy_reminder_notify(
-    $16, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 _RETURNING_ROW: Final = (
     "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority, t.paused"
 )
 
-# $1 service, $2..$15 the row (_ROW_COLUMNS), $16 channel.
+# $1 service, $2..$16 the row (_ROW_COLUMNS), $17 channel.
 _UPSERT: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -248,33 +255,34 @@ WITH w AS (
 {_NOTIFY_ROWS}
 """
 
-# upsert_if with an etag: replace the row only while its version is $17.
+# upsert_if with an etag: replace the row only while its version is $18.
 _REPLACE_IF: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders AS t
     SET ({_ROW_COLUMNS}, version) =
         ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
-    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $17
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $18
     {_RETURNING_ROW}
 )
 {_NOTIFY_ROWS}
 """
 
-# upsert_many: $2..$15 parallel arrays of the rows' columns (no key twice), in
-# key order so two batches lock shared rows in one order; $16 channel.
+# upsert_many: $2..$16 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $17 channel.
 _UPSERT_MANY: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
     SELECT $1, u.*, nextval('orleanspy_reminder_version')
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                 $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
-                $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[]) AS u
+                $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
+                $16::bigint[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $16, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -368,7 +376,7 @@ ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $3
 """
 
-# append_history: $2..$8 parallel arrays of the records (oldest first), $9 keep.
+# append_history: $2..$9 parallel arrays of the records (oldest first), $10 keep.
 # Only rows that exist take records (locked FOR KEY SHARE, so a racing remove
 # waits or wins, and its cascade never meets a record it did not see); each
 # row keeps the newest ``keep``: its newest new records, and of the old ones
@@ -381,8 +389,8 @@ _APPEND_HISTORY: Final = """
 WITH u AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.grain_id, u.name ORDER BY u.i DESC) AS rn
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[],
-                $8::boolean[]) WITH ORDINALITY AS u(grain_id, name, slot, at, outcome, silo,
-                                                   triggered, i)
+                $8::boolean[], $9::text[]) WITH ORDINALITY AS u(grain_id, name, slot, at,
+                                                   outcome, silo, triggered, error, i)
 ), k AS (
     SELECT grain_id, name, count(*) AS cnt FROM u GROUP BY grain_id, name
 ), r AS (
@@ -395,17 +403,18 @@ WITH u AS (
     SELECT nextval('orleanspy_reminder_history_batch') AS batch
 ), ins AS (
     INSERT INTO orleanspy_reminder_history
-        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered)
-    SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered
+        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered, error)
+    SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered,
+        u.error
     FROM u JOIN r ON u.grain_id = r.grain_id AND u.name = r.name CROSS JOIN b
-    WHERE u.rn <= $9
+    WHERE u.rn <= $10
 ), cut AS (
     SELECT r.grain_id, r.name, c.batch, c.i FROM r
     CROSS JOIN LATERAL (
         SELECT h.batch, h.i FROM orleanspy_reminder_history h
         WHERE h.service_id = $1 AND h.grain_id = r.grain_id AND h.name = r.name
         ORDER BY h.batch DESC, h.i DESC
-        OFFSET greatest($9 - r.cnt, 0) LIMIT 1
+        OFFSET greatest($10 - r.cnt, 0) LIMIT 1
     ) c
 )
 DELETE FROM orleanspy_reminder_history h USING cut
@@ -414,7 +423,7 @@ WHERE h.service_id = $1 AND h.grain_id = cut.grain_id AND h.name = cut.name
 """
 
 _READ_HISTORY: Final = """
-SELECT slot, at, outcome, silo, triggered FROM orleanspy_reminder_history
+SELECT slot, at, outcome, silo, triggered, error FROM orleanspy_reminder_history
 WHERE service_id = $1 AND grain_id = $2 AND name = $3
 ORDER BY batch DESC, i DESC
 """
@@ -425,22 +434,12 @@ WHERE service_id = $1 AND grain_hash BETWEEN $2 AND $3
 """
 
 
-def _intervals(r: RingRange) -> list[tuple[int, int]]:
-    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
-    if r.size == HASH_SPACE:
-        return [(0, _TOP)]
-    lo = (r.begin + 1) % HASH_SPACE
-    if lo <= r.end:
-        return [(lo, r.end)]
-    return [(lo, _TOP), (0, r.end)]
-
-
 def _slices(r: RingRange) -> tuple[list[int], list[int], list[int]]:
     """The buckets ``r`` overlaps, each with ``r``'s inclusive hash bounds inside it."""
     buckets: list[int] = []
     los: list[int] = []
     his: list[int] = []
-    for a, b in _intervals(r):
+    for a, b in r.intervals():
         for bucket in range(a >> _BUCKET_SHIFT, (b >> _BUCKET_SHIFT) + 1):
             buckets.append(bucket)
             los.append(max(a, bucket << _BUCKET_SHIFT))
@@ -487,6 +486,7 @@ def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
         int(entry.action),
         entry.declared,
         entry.paused,
+        None if entry.grace is None else entry.grace // timedelta(milliseconds=1),
     )
 
 
@@ -509,6 +509,7 @@ def _row(rec: Any) -> ReminderEntry:
             etag=str(rec["version"]),
             declared=bool(rec["declared"]),
             paused=bool(rec["paused"]),
+            grace=None if rec["grace_ms"] is None else timedelta(milliseconds=rec["grace_ms"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"malformed reminder row in postgresql: {exc}") from exc
@@ -624,7 +625,7 @@ class PostgresReminderTable:
     async def _upsert_round(
         self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
     ) -> None:
-        columns: list[list[Any]] = [[] for _ in range(14)]
+        columns: list[list[Any]] = [[] for _ in range(15)]
         for i in indices:
             for column, value in zip(columns, _row_values(entries[i]), strict=True):
                 column.append(value)
@@ -748,6 +749,7 @@ class PostgresReminderTable:
                 [r.outcome.value for r in records],
                 [r.silo for r in records],
                 [r.triggered for r in records],
+                [r.error for r in records],
                 keep,
             )
 
@@ -765,6 +767,7 @@ class PostgresReminderTable:
                     outcome=FireOutcome(rec["outcome"]),
                     silo=rec["silo"],
                     triggered=bool(rec["triggered"]),
+                    error=rec["error"],
                 )
                 for rec in records
             ]
@@ -801,7 +804,7 @@ class PostgresReminderTable:
         """Every row in ``r``, ordered by hash then key (index range scans)."""
         rows: list[ReminderEntry] = []
         with translate_errors("reminder read_range"):
-            for lo, hi in _intervals(r):
+            for lo, hi in r.intervals():
                 records = await self._p.fetch(_READ_RANGE, self.service_id, lo, hi)
                 rows.extend(_row(rec) for rec in records)
         rows.sort(key=lambda row: (row.hash, row.key))

@@ -45,7 +45,8 @@ It and ``append_history`` take the shard key prefix and build the keys of the
 shards a batch touches in Lua (see the comment above ``_UPDATE_MANY``).
 
 Change feeds use Redis 7 sharded pub/sub, one channel per shard (it lives on
-the shard's node in Redis Cluster). A scoped feed (``scoped_changes``)
+the shard's node in Redis Cluster); the subscription and the message form live
+in ``_redis_feed``. A scoped feed (``scoped_changes``)
 subscribes only to the shards overlapping its scope's ranges, re-subscribes
 when they change, and skips its own table's writes and rows outside the ranges
 by the message head, without decoding them.
@@ -53,17 +54,12 @@ by the message head, without decoding them.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Container, Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, cast
-
-import msgpack
-import redis.asyncio as aioredis
 
 from orleanspy._redis import (
     Client,
@@ -77,24 +73,19 @@ from orleanspy._redis import (
     run_script_calls,
     translate_errors,
 )
-from orleanspy.clock import from_ms, to_ms
-from orleanspy.errors import (
-    ConfigurationError,
-    SerializationError,
-    StorageError,
-    StorageUnavailableError,
-)
+from orleanspy.clock import to_ms
+from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
+from orleanspy.reminders._redis_feed import ClusterTopology, RedisChanges, change_payload
 from orleanspy.reminders.model import (
     FireRecord,
-    ReminderChange,
     ReminderEntry,
     ScheduleUpdate,
     row_key,
 )
 from orleanspy.reminders.table import FeedScope
 from orleanspy.ring import HASH_SPACE, RingRange
-from orleanspy.serialization import pack, unpack
+from orleanspy.serialization import pack, pack_lua, unpack
 
 if TYPE_CHECKING:
     from orleanspy.options import RedisOptions
@@ -110,9 +101,6 @@ _MAX_PAGE: Final = 1000
 # read_due first asks each shard for about twice its fair share of ``limit``
 # (at least this many), so a many-shard read does not move shards x limit members.
 _MIN_FIRST_ASK: Final = 16
-# The change feed polls its socket this often so a close from another task is
-# noticed; between polls it blocks in Redis, it does not busy-wait.
-_FEED_POLL_S: Final = 0.5
 
 # Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
 # values when a script rewrites a row.
@@ -247,8 +235,9 @@ return out
 
 # A whole batch of fire records in one call. ARGV[1]: keep. ARGV[2]: shard key
 # prefix. ARGV[3]: msgpack flat list, per row: its shard, its key, how many
-# records follow, then five items per record, oldest first: slot ms, delivery
-# ms, outcome, silo, triggered (true/false). The record map is built here
+# records follow, then six items per record, oldest first: slot ms, delivery
+# ms, outcome, silo, triggered (true/false), error text (false: none). The
+# record map is built here
 # (``FireRecord.to_record``'s form), so the client packs one string per batch,
 # not one per record. Records of a missing row are dropped.
 _APPEND_HISTORY: Final = """
@@ -261,14 +250,15 @@ while i <= #u do
   local n = u[i + 2]
   if redis.call('HEXISTS', shard .. 'rows', u[i + 1]) == 1 then
     local hist = shard .. 'hist:' .. u[i + 1]
-    for j = i + 3, i + 3 + (n - 1) * 5, 5 do
+    for j = i + 3, i + 3 + (n - 1) * 6, 6 do
       local rec = {t = u[j], a = u[j + 1], o = u[j + 2], s = u[j + 3]}
       if u[j + 4] then rec['x'] = true end
+      if u[j + 5] then rec['m'] = u[j + 5] end
       redis.call('LPUSH', hist, cmsgpack.pack(rec))
     end
     redis.call('LTRIM', hist, 0, keep - 1)
   end
-  i = i + 3 + n * 5
+  i = i + 3 + n * 6
 end
 return 1
 """
@@ -336,13 +326,8 @@ return out
 
 
 def _intervals(r: RingRange | None) -> list[tuple[int, int]]:
-    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
-    if r is None or r.size == HASH_SPACE:
-        return [(0, _TOP)]
-    lo = (r.begin + 1) % HASH_SPACE
-    if lo <= r.end:
-        return [(lo, r.end)]
-    return [(lo, _TOP), (0, r.end)]
+    """``r`` as inclusive intervals of hashes (``None``: the whole ring)."""
+    return [(0, _TOP)] if r is None else r.intervals()
 
 
 def _decode_row(raw: bytes | str) -> ReminderEntry:
@@ -354,46 +339,6 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
         return ReminderEntry.from_record({**_NULLABLE, **unpack(raw)})
     except (SerializationError, KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
-
-
-#: Bytes of a change message's head: writer id, then the row's hash, 8 hex digits each.
-_HEAD: Final = 16
-
-
-def _change_payload(
-    writer: bytes,
-    h: int,
-    grain_id: GrainId,
-    name: str,
-    next_due_ms: int | None,
-    *,
-    priority: int | None = None,
-) -> bytes:
-    fields: list[Any] = [grain_id.canonical, name, next_due_ms]
-    if priority is not None:
-        fields.append(priority)
-    return b"%s%08x%s" % (writer, h, pack(fields))
-
-
-def _lua_pack(value: Any) -> bytes:
-    """msgpack for a script's ``cmsgpack.unpack``: bytes as the old raw type (it
-    has no bin types), so they arrive in Lua as strings."""
-    packed: bytes = msgpack.packb(value, use_bin_type=False)
-    return packed
-
-
-def _decode_change(data: bytes) -> ReminderChange:
-    """A change message (head included) as a ``ReminderChange``."""
-    fields = unpack(data[_HEAD:])
-    if not isinstance(fields, list) or len(fields) not in (3, 4):
-        raise ValueError("a change is [grain, name, next_due_ms] or with a priority")
-    canonical, name, due_ms = fields[:3]
-    priority = fields[3] if len(fields) == 4 else None
-    if priority is not None and (type(priority) is not int or not -128 <= priority <= 127):
-        raise ValueError(f"bad priority in change: {priority!r}")
-    return ReminderChange(
-        GrainId.parse(canonical), name, None if due_ms is None else from_ms(due_ms), priority
-    )
 
 
 class RedisReminderTable:
@@ -434,9 +379,9 @@ class RedisReminderTable:
         self._client: Client | None = None
         self._cluster = False
         self._options = options if options is not None and options.wait_replicas else None
-        # A cluster feed that lost a node marks the topology stale: the next
-        # subscription re-reads the slot map before it subscribes.
-        self._topology_stale = False
+        # Shared with the change feeds: a cluster feed that lost a node marks the
+        # slot map stale, and the next subscription re-reads it first.
+        self._topology = ClusterTopology()
         self._prefix = key_prefix(service_id)
         # What every shard key starts with (``_key``); the per-tick scripts
         # build their keys from it.
@@ -450,7 +395,7 @@ class RedisReminderTable:
         # the store lives; the random suffix keeps an etag held from before a
         # wiped store from matching a row written after it.
         self._etag_suffix = f".{self.writer_id}"
-        self._subscriptions: set[_RedisChanges] = set()
+        self._subscriptions: set[RedisChanges] = set()
         self._scripts: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------------
@@ -593,9 +538,9 @@ class RedisReminderTable:
             self._key(s, "etag"),
         ]
         if entry.paused:  # out of the schedule: published as a removal
-            change = _change_payload(self._writer, h, entry.grain_id, entry.name, None)
+            change = change_payload(self._writer, h, entry.grain_id, entry.name, None)
         else:
-            change = _change_payload(
+            change = change_payload(
                 self._writer, h, entry.grain_id, entry.name, due_ms, priority=int(entry.priority)
             )
         args: list[Any] = [
@@ -658,7 +603,7 @@ class RedisReminderTable:
                 )
             else:
                 results = await self._script("update_many")(
-                    args=[self._etag_suffix, self._shard_prefix, _lua_pack(flat)]
+                    args=[self._etag_suffix, self._shard_prefix, pack_lua(flat)]
                 )
         return [None if r is None else r.decode() for r in results]
 
@@ -670,7 +615,7 @@ class RedisReminderTable:
         a key of the node's first shard; the replies in ``flat``'s item order.
 
         ``width``: items of a fixed number of fields; ``None``: history items
-        (shard, key, n, then 5 fields per record). The script's ARGV stay
+        (shard, key, n, then 6 fields per record). The script's ARGV stay
         ``head + [shard prefix, packed items]``: the routing key is the one
         declared key, and the other shards' keys it builds are local to the node
         (a key whose slot moved meanwhile fails the call: unavailable, retried).
@@ -678,7 +623,7 @@ class RedisReminderTable:
         items: list[tuple[int, int]] = []  # (start, end) of each item in flat
         i = 0
         while i < len(flat):
-            end = i + (width if width is not None else 3 + 5 * int(flat[i + 2]))
+            end = i + (width if width is not None else 3 + 6 * int(flat[i + 2]))
             items.append((i, end))
             i = end
         shards = [int(flat[a]) for a, _ in items]
@@ -695,7 +640,7 @@ class RedisReminderTable:
                 a, b = items[n]
                 sub += flat[a:b]
             routing = self._key(int(flat[items[members[0]][0]]), "rows")
-            calls.append(([routing], [*head, self._shard_prefix, _lua_pack(sub)]))
+            calls.append(([routing], [*head, self._shard_prefix, pack_lua(sub)]))
         replies = await run_script_calls(self._c, text, self._script(name).sha, calls)
         if width is None:
             return replies
@@ -718,12 +663,13 @@ class RedisReminderTable:
         for key, recs in by_row.items():
             flat += (recs[0].grain_id.uniform_hash() >> shift, key, len(recs))
             for r in recs:
-                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered)
+                error = False if r.error is None else r.error
+                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered, error)
         with translate_errors("reminder append_history"):
             if self._cluster:
                 await self._per_node("history", _APPEND_HISTORY, flat, None, [keep])
             else:
-                await self._script("history")(args=[keep, self._shard_prefix, _lua_pack(flat)])
+                await self._script("history")(args=[keep, self._shard_prefix, pack_lua(flat)])
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         key = row_key(grain_id, name)
@@ -757,7 +703,7 @@ class RedisReminderTable:
                     self._member(h, key),
                     etag,
                     self._channel(s),
-                    _change_payload(self._writer, h, grain_id, name, None),
+                    change_payload(self._writer, h, grain_id, name, None),
                 ],
                 self._options,
             )
@@ -990,7 +936,7 @@ class RedisReminderTable:
 
     # -- change feed ----------------------------------------------------------------
 
-    def changes(self) -> _RedisChanges:
+    def changes(self) -> RedisChanges:
         """A new subscription to the change channels of every shard, all writers.
 
         It subscribes on ``open`` or the first ``anext`` (changes published
@@ -1000,15 +946,26 @@ class RedisReminderTable:
         """
         return self.scoped_changes(FeedScope())
 
-    def scoped_changes(self, scope: FeedScope) -> _RedisChanges:
+    def scoped_changes(self, scope: FeedScope) -> RedisChanges:
         """Like ``changes()``, but subscribed only to the shards overlapping
-        ``scope.ranges`` (re-subscribing within ``_FEED_POLL_S`` of a
+        ``scope.ranges`` (re-subscribing within ``_redis_feed.FEED_POLL_S`` of a
         ``set_ranges``); changes of rows outside the ranges and, with
         ``scope.skip_own_writes``, those written through this instance are
         dropped by their message head without being decoded."""
-        sub = _RedisChanges(self, scope)
+        sub = RedisChanges(
+            self._c,
+            scope,
+            writer=self._writer,
+            channels_of=self._channels_of,
+            registry=self._subscriptions,
+            topology=self._topology if self._cluster else None,
+        )
         self._subscriptions.add(sub)
         return sub
+
+    def _channels_of(self, ranges: Iterable[RingRange] | None) -> set[str]:
+        """The change channels of the shards overlapping ``ranges`` (all: ``None``)."""
+        return {self._channel(s) for s in self._shards_of(ranges)}
 
     def _shards_of(self, ranges: Iterable[RingRange] | None) -> set[int]:
         if ranges is None:
@@ -1023,375 +980,3 @@ class RedisReminderTable:
     async def _close_subscriptions(self) -> None:
         for sub in list(self._subscriptions):
             await sub.aclose()
-
-
-class _RedisChanges:
-    """One sharded pub/sub subscription to the change channels a scope wants,
-    resubscribing as the scope changes.
-
-    On one Redis it reads its one connection directly. On a cluster each
-    shard's channel lives on the node that serves its slot: the feed holds one
-    pub/sub connection per node, each read by a task of its own into one queue,
-    so a change on any node is seen as soon as it arrives (no node waits for
-    another's poll).
-
-    Losing Redis (a connection, a node, a slot that moved: the server ends the
-    subscription) raises ``StorageUnavailableError`` from ``__anext__``: changes
-    may have been missed, so the reader opens a new feed, ``open``s it, and only
-    then re-reads the table (``ReminderLoader.follow``).
-    """
-
-    def __init__(self, table: RedisReminderTable, scope: FeedScope) -> None:
-        self._table = table
-        self._client = table._c
-        self._cluster = table._cluster
-        self._scope = scope
-        self._skip = table._writer if scope.skip_own_writes else None
-        self._registry = table._subscriptions
-        self._pubsub: Any = None
-        self._channels: set[str] = set()
-        self._version = -1
-        self._closed = asyncio.Event()
-        self._scope_changed = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._busy = False
-        self._following: asyncio.Task[None] | None = None
-        # Subscriptions sent but not yet confirmed by Redis, and what arrived
-        # while ``open`` waited for the confirmations.
-        self._unconfirmed = 0
-        self._confirmed = asyncio.Event()
-        self._early: list[bytes] = []
-        # Cluster: per node name, its pub/sub, its client and its reader task;
-        # the node each channel was subscribed on; what the readers found.
-        self._nodes: dict[str, tuple[Any, aioredis.Redis, asyncio.Task[None]]] = {}
-        self._channel_node: dict[str, str] = {}
-        self._leaving: set[str] = set()
-        self._queue: asyncio.Queue[bytes | BaseException] = asyncio.Queue()
-        scope.add_listener(self._on_scope_change)
-
-    def _on_scope_change(self) -> None:
-        """Re-subscribe at once, beside a reader blocked on the socket (redis-py
-        lets one task send subscriptions while another reads)."""
-        self._scope_changed.set()
-        subscribed = self._pubsub is not None or bool(self._nodes)
-        if subscribed and self._following is None and not self._closed.is_set():
-            self._following = asyncio.get_running_loop().create_task(self._follow_now())
-
-    async def _follow_now(self) -> None:
-        try:
-            await self._follow_scope()
-        except Exception as exc:
-            # E.g. the reader dropped the connection meanwhile: it reconnects and
-            # follows the scope then.
-            _log.debug("reminder change feed could not re-subscribe yet error=%s", exc)
-        finally:
-            self._following = None
-
-    def __aiter__(self) -> _RedisChanges:
-        return self
-
-    async def open(self, timeout: float = 10.0) -> None:
-        """Subscribe now and return once Redis has confirmed every subscription:
-        a change written after this returns is delivered. ``StorageError`` (most
-        often ``StorageUnavailableError``) if Redis cannot be reached."""
-        try:
-            with translate_errors("reminder change feed open"):
-                await self._follow_scope()
-                if self._cluster:
-                    await asyncio.wait_for(self._confirmed.wait(), timeout)
-                    return
-                deadline = asyncio.get_running_loop().time() + timeout
-                while self._unconfirmed > 0:
-                    left = deadline - asyncio.get_running_loop().time()
-                    if left <= 0:
-                        raise StorageUnavailableError("reminder change feed: no confirmation")
-                    data = await self._read_single(min(left, _FEED_POLL_S))
-                    if data is not None:
-                        self._early.append(data)
-        except TimeoutError as exc:
-            await self._drop()
-            raise StorageUnavailableError("reminder change feed: no confirmation") from exc
-        except StorageError:
-            await self._drop()
-            raise
-
-    async def __anext__(self) -> ReminderChange:
-        self._busy = True
-        skip, scope = self._skip, self._scope
-        try:
-            while not self._closed.is_set():
-                data = await self._receive()
-                if data is None:
-                    continue
-                # The head is fixed-width ASCII: filter before decoding anything.
-                if skip is not None and data[:8] == skip:
-                    continue
-                try:
-                    if scope.ranges is not None and not scope.wants_hash(int(data[8:_HEAD], 16)):
-                        continue
-                    return _decode_change(data)
-                except (SerializationError, ValueError, TypeError) as exc:
-                    _log.warning("reminder change ignored: malformed payload error=%s", exc)
-        finally:
-            self._busy = False
-        await self._drop()
-        raise StopAsyncIteration
-
-    async def _follow_scope(self) -> None:
-        """Subscribe to the channels the scope wants now (and only those)."""
-        subscribed = self._pubsub is not None or bool(self._nodes)
-        if subscribed and self._scope.version == self._version:
-            return  # the common case, checked before taking the lock
-        async with self._lock:
-            with translate_errors("reminder change feed"):
-                if self._cluster:
-                    await self._follow_scope_cluster()
-                else:
-                    await self._follow_scope_locked()
-
-    def _wanted(self) -> set[str]:
-        return {self._table._channel(s) for s in self._table._shards_of(self._scope.ranges)}
-
-    def _sent(self, n: int) -> None:
-        self._unconfirmed += n
-        if self._unconfirmed > 0:
-            self._confirmed.clear()
-
-    def _confirm(self) -> None:
-        self._unconfirmed -= 1
-        if self._unconfirmed <= 0:
-            self._unconfirmed = 0
-            self._confirmed.set()
-
-    async def _follow_scope_locked(self) -> None:
-        self._scope_changed.clear()
-        version = self._scope.version
-        if self._pubsub is not None and version == self._version:
-            return
-        wanted = self._wanted()
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
-            self._channels = set()
-        pubsub = self._pubsub
-        gone, new = self._channels - wanted, wanted - self._channels
-        if gone:
-            self._leaving |= gone
-            await pubsub.sunsubscribe(*sorted(gone))
-        if new:
-            self._sent(len(new))
-            await pubsub.ssubscribe(*sorted(new))
-        self._channels = wanted
-        self._version = version
-        if not self._channels:
-            self._confirmed.set()
-
-    async def _follow_scope_cluster(self) -> None:
-        """One pub/sub connection per node that serves a wanted channel's slot;
-        one SSUBSCRIBE per channel (a command's channels must share a slot)."""
-        self._scope_changed.clear()
-        version = self._scope.version
-        if self._nodes and version == self._version:
-            return
-        client = cast(aioredis.RedisCluster, self._client)
-        if self._table._topology_stale:
-            self._table._topology_stale = False
-            await client.nodes_manager.initialize()
-        elif client._initialize:
-            await client.initialize()
-        wanted = self._wanted()
-        gone: dict[str, list[str]] = {}
-        for channel in sorted(self._channels - wanted):
-            name = self._channel_node.pop(channel, None)
-            if name in self._nodes:
-                gone.setdefault(name, []).append(channel)
-        new: dict[str, tuple[Any, list[str]]] = {}
-        for channel in sorted(wanted - self._channels):
-            node = client.get_node_from_key(channel)
-            if node is None:
-                raise StorageUnavailableError(f"no redis cluster node serves {channel!r}")
-            new.setdefault(node.name, (node, []))[1].append(channel)
-        # One write per node carries all its (UN)SUBSCRIBE commands: a command's
-        # channels must share a slot, so there is one command per channel, and
-        # sending them one by one made a ring change take a round trip per shard.
-        for name, channels in gone.items():
-            self._leaving.update(channels)
-            await self._send(self._nodes[name][0], "SUNSUBSCRIBE", channels)
-        # Every primary's connection is opened (concurrently) with the first
-        # subscription, so a later ring change costs one write per node, not a
-        # connect and handshake: a row written right after a ring change must
-        # find the new owner subscribed.
-        missing = {
-            n.name: n
-            for n in [*client.get_primaries(), *(node for node, _ in new.values())]
-            if n.name not in self._nodes
-        }
-        if missing:
-            opened = await asyncio.gather(
-                *(self._open_node(n) for n in missing.values()), return_exceptions=True
-            )
-            failed: BaseException | None = None
-            for name, item in zip(missing, opened, strict=True):
-                if isinstance(item, BaseException):
-                    failed = failed or item
-                else:
-                    self._nodes[name] = item  # closed by _drop if another failed
-            if failed is not None:
-                raise failed
-        for name, (_node, channels) in new.items():
-            self._sent(len(channels))
-            await self._send(self._nodes[name][0], "SSUBSCRIBE", channels)
-            for channel in channels:
-                self._channel_node[channel] = name
-        self._channels = wanted
-        self._version = version
-        if not self._channels:
-            self._confirmed.set()
-
-    async def _open_node(self, node: Any) -> tuple[Any, aioredis.Redis, asyncio.Task[None]]:
-        """A pub/sub connection to ``node`` with its reader task."""
-        pool = aioredis.ConnectionPool(
-            connection_class=node.connection_class, max_connections=2, **node.connection_kwargs
-        )
-        node_client = aioredis.Redis.from_pool(pool)
-        pubsub = node_client.pubsub()
-        try:
-            await pubsub.connect()  # type: ignore[no-untyped-call]
-        except BaseException:
-            await node_client.aclose()
-            raise
-        task = asyncio.get_running_loop().create_task(self._read_node(pubsub))
-        return pubsub, node_client, task
-
-    @staticmethod
-    async def _send(pubsub: Any, command: str, channels: list[str]) -> None:
-        """``command`` once per channel, all in one write on ``pubsub``'s connection.
-        redis-py's bookkeeping of the subscriptions is not used (the reader counts
-        the confirmations), so it never replays them on a reconnect: a lost
-        connection ends the feed instead."""
-        conn = pubsub.connection
-        await conn.send_packed_command(conn.pack_commands([(command, c) for c in channels]))
-
-    async def _read_node(self, pubsub: Any) -> None:
-        """Read one node's subscription into the queue until it fails or the
-        server ends a subscription nobody asked to end (its slot moved)."""
-        queue = self._queue
-        try:
-            while True:
-                with translate_errors("reminder change feed"):
-                    response = await pubsub.parse_response(block=False, timeout=_FEED_POLL_S)
-                if response is None:
-                    continue
-                if isinstance(response, list) and len(response) == 3:
-                    kind = response[0]
-                    if kind in (b"smessage", "smessage"):
-                        if isinstance(response[2], bytes):
-                            queue.put_nowait(response[2])
-                        continue
-                    if not self._subscription_event(kind, response[1]):
-                        raise StorageUnavailableError(
-                            "reminder change feed: redis ended the subscription of "
-                            f"{response[1]!r} (its slot moved)"
-                        )
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            queue.put_nowait(exc)
-
-    def _subscription_event(self, kind: Any, channel: Any) -> bool:
-        """Count a confirmation; ``False`` for an end of subscription we did not ask for."""
-        if kind in (b"ssubscribe", "ssubscribe"):
-            self._confirm()
-        elif kind in (b"sunsubscribe", "sunsubscribe"):
-            name = channel.decode() if isinstance(channel, bytes) else str(channel)
-            if name not in self._leaving:
-                return False
-            self._leaving.discard(name)
-        return True
-
-    async def _read_single(self, timeout: float) -> bytes | None:
-        """One reply of the one-Redis subscription: a change's payload or ``None``."""
-        pubsub = self._pubsub
-        response = await pubsub.parse_response(block=False, timeout=timeout)
-        if response is None:
-            return None
-        # A change is ["smessage", channel, payload]: taken straight from the
-        # reply, skipping redis-py's per-message dict and bookkeeping.
-        if isinstance(response, list) and len(response) == 3:
-            kind = response[0]
-            if kind in (b"smessage", "smessage"):
-                data = response[2]
-                return data if isinstance(data, bytes) else None
-            if not self._subscription_event(kind, response[1]):
-                raise StorageUnavailableError("reminder change feed: redis ended a subscription")
-        # Subscription confirmations and the like keep redis-py's state right.
-        await pubsub.handle_message(response, ignore_subscribe_messages=True)
-        return None
-
-    async def _receive(self) -> bytes | None:
-        """The next change message's payload, or ``None`` after a timeout or a
-        message of another kind. ``StorageUnavailableError`` when Redis was lost
-        (the subscription is dropped: changes may have been missed)."""
-        if self._early:
-            return self._early.pop(0)
-        try:
-            with translate_errors("reminder change feed"):
-                await self._follow_scope()
-                if not self._channels:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._scope_changed.wait(), _FEED_POLL_S)
-                    return None
-                if not self._cluster:
-                    return await self._read_single(_FEED_POLL_S)
-                try:
-                    item = await asyncio.wait_for(self._queue.get(), _FEED_POLL_S)
-                except TimeoutError:
-                    return None
-                if isinstance(item, BaseException):
-                    raise item
-                return item
-        except StorageError as exc:
-            if self._closed.is_set():
-                return None
-            _log.warning("reminder change feed lost redis error=%s", exc)
-            if self._cluster:
-                self._table._topology_stale = True
-            await self._drop()
-            if isinstance(exc, StorageUnavailableError):
-                raise
-            raise StorageUnavailableError(f"reminder change feed lost redis: {exc}") from exc
-
-    async def _drop(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        nodes, self._nodes = self._nodes, {}
-        self._channels = set()
-        self._channel_node = {}
-        self._leaving = set()
-        self._version = -1
-        self._unconfirmed = 0
-        self._confirmed.clear()
-        self._queue = asyncio.Queue()
-        if pubsub is not None:
-            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
-                await pubsub.aclose()
-        for node_pubsub, node_client, task in nodes.values():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
-                await node_pubsub.aclose()
-                await node_client.aclose()
-
-    async def aclose(self) -> None:
-        """End the subscription. A reader blocked in another task stops within
-        about half a second; otherwise the connection is released at once."""
-        self._closed.set()
-        self._scope_changed.set()
-        self._scope.remove_listener(self._on_scope_change)
-        self._registry.discard(self)
-        following, self._following = self._following, None
-        if following is not None:
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await following
-        if not self._busy:
-            await self._drop()

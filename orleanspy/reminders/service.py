@@ -4,19 +4,19 @@ One per silo. It owns some ring ranges and, for those, keeps only the rows that
 fall due soon in a bounded window; one sleeper wakes when the earliest is due;
 due rows wait in priority lanes for a delivery permit; each delivery is a grain
 call ``receive_reminder``; after the acknowledgement the next slot is persisted
-in batches. The parts live in private modules, one job each:
+in batches. The parts live in the private package ``_service/``, one job each:
 
-- ``_ownership``: the owned ranges and what a ring change means;
-- ``_loader``: reads the table and feeds the window (refills, hints, repair,
+- ``ownership``: the owned ranges and what a ring change means;
+- ``loader``: reads the table and feeds the window (refills, hints, repair,
   change feed);
-- ``_window``: the rows held, their state and lane, the due-heap (all resident
+- ``window``: the rows held, their state and lane, the due-heap (all resident
   rows count against the bound);
-- ``_ticker``: the one sleeper, moving due rows into their lanes;
-- ``_lanes``: priority lanes and the lane drainer with its permits;
-- ``_delivery``: one due row's tick (the grain call, retries, next slot);
-- ``_missed``: the missed-tick rule and NOTIFY publishing;
-- ``_persist``: batched, retried CAS writes;
-- ``_adaptive``: the bucket-size formula.
+- ``ticker``: the one sleeper, moving due rows into their lanes;
+- ``lanes``: priority lanes and the lane drainer with its permits;
+- ``delivery``: one due row's tick (the grain call, retries, next slot);
+- ``missed``: the missed-tick rule and NOTIFY publishing;
+- ``persist``: batched, retried CAS writes;
+- ``adaptive``: the bucket-size formula.
 
 This module composes them. Data flows one way: table -> loader -> window ->
 ticker -> lanes -> lane drainer -> delivery -> persister -> table; the
@@ -41,18 +41,19 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from orleanspy.clock import Clock
+from orleanspy.membership.lease import OwnershipLease, guard
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._adaptive import LoadSignals, adapted_bucket_size, default_load
-from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery
-from orleanspy.reminders._history import History, NoHistory
-from orleanspy.reminders._lanes import LaneDrainer
-from orleanspy.reminders._loader import Loader
-from orleanspy.reminders._missed import MissedNotifier, PublishMissed
-from orleanspy.reminders._ownership import Ownership
-from orleanspy.reminders._persist import Persister
-from orleanspy.reminders._ticker import Ticker
-from orleanspy.reminders._window import DueWindow
+from orleanspy.reminders._service.adaptive import LoadSignals, adapted_bucket_size, default_load
+from orleanspy.reminders._service.delivery import TRANSIENT_ERRORS, Deliver, Delivery
+from orleanspy.reminders._service.history import History, NoHistory
+from orleanspy.reminders._service.lanes import LaneDrainer
+from orleanspy.reminders._service.loader import Loader
+from orleanspy.reminders._service.missed import MissedNotifier, PublishMissed
+from orleanspy.reminders._service.ownership import Ownership
+from orleanspy.reminders._service.persist import Persister
+from orleanspy.reminders._service.ticker import Ticker
+from orleanspy.reminders._service.window import DueWindow
 from orleanspy.reminders.model import ReminderChange, ScheduleUpdate
 from orleanspy.reminders.table import PausableReminderTable, ReminderTable, subscribe
 from orleanspy.ring import RingRange
@@ -110,6 +111,10 @@ class ReminderService:
     ``publish_missed`` receives a ``MissedReminder`` for NOTIFY rows. ``load``
     gives the signals for the adaptive bucket size (``options.adaptive``).
     ``metrics`` records ticks, reads and writes (default: nothing).
+    ``lease`` (a cluster silo's ``OwnershipLease``) is consulted before every
+    delivery: while it is not held no tick is delivered; a tick that waited
+    for it is retried, so a row that moved meanwhile is not delivered here.
+    A revoked lease (the silo was declared Dead) stops every delivery at once.
     """
 
     def __init__(
@@ -123,7 +128,10 @@ class ReminderService:
         load: Callable[[], LoadSignals] | None = None,
         name: str = "",
         metrics: ReminderMetrics | None = None,
+        lease: OwnershipLease | None = None,
     ) -> None:
+        if lease is not None:
+            deliver = guard(deliver, lease)
         self._table = table
         self._name = name
         load = load or default_load
@@ -137,7 +145,7 @@ class ReminderService:
             table, clock, options, self._persisted, metrics=metrics
         )
         self._notifier = notifier = MissedNotifier(publish_missed, name)
-        # Fire history goes to the table from its own task (``_history``).
+        # Fire history goes to the table from its own task (``_service.history``).
         self._history: History | None = None
         history: NoHistory | None = None
         if options.history_size and isinstance(table, PausableReminderTable):
@@ -169,6 +177,7 @@ class ReminderService:
             history=history,
         )
         self._running = False
+        self._tick_timeout = options.tick_timeout.total_seconds()
 
     # -- public surface ---------------------------------------------------------------
 
@@ -237,6 +246,38 @@ class ReminderService:
     async def wait_persisted(self) -> None:
         """Return once no schedule update is waiting to be written."""
         await self._persister.wait_idle()
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Hand over cleanly: deliver nothing more, let the ticks in flight finish
+        and write every schedule update; ``True`` if all of that happened within
+        ``timeout`` seconds of real time (default: ``tick_timeout`` plus
+        ``FINAL_FLUSH_SECONDS``), else ``False`` (the rest is left: those ticks
+        may repeat on the next owner, at least once). Never raises.
+
+        A stopping silo calls it before it tells the cluster it is leaving, so
+        the next owners of its ranges read the table after its last write and
+        no slot is delivered twice. The rows stay held until the ranges change;
+        the service's tasks keep running until the start stack closes.
+        """
+        if timeout is None:
+            timeout = self._tick_timeout + FINAL_FLUSH_SECONDS
+        self._drainer.stop_taking()
+        in_flight = self._drainer.in_flight
+        try:
+            async with asyncio.timeout(timeout):
+                await self._drainer.wait_idle()
+                await self._persister.wait_idle()
+        except TimeoutError:
+            log.warning(
+                "reminder hand-over incomplete name=%s in_flight=%d unwritten=%d "
+                "(their ticks may repeat on the next owner)",
+                self._name,
+                self._drainer.in_flight,
+                len(self._persister),
+            )
+            return False
+        log.info("reminder service drained name=%s finished_in_flight=%d", self._name, in_flight)
+        return True
 
     @property
     def ranges(self) -> tuple[RingRange, ...]:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from orleanspy.clock import Clock
 from orleanspy.errors import (
+    GrainCallTimeoutError,
     GrainMethodNotFoundError,
     MessageRejectedError,
     SiloRestartedError,
@@ -38,7 +39,7 @@ from orleanspy.grain import GrainDefinition, lookup_definition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, settle
 from orleanspy.messaging.pending import PendingCalls
-from orleanspy.messaging.remote_errors import error_payload, result_of
+from orleanspy.messaging.remote_errors import error_payload, rebuild_error, result_of
 from orleanspy.messaging.transport import Transport
 from orleanspy.metrics import GrainMetrics
 from orleanspy.options import SiloOptions
@@ -48,7 +49,8 @@ from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
-from orleanspy.runtime.immutable import all_immutable
+from orleanspy.runtime.immutable import all_immutable, result_immutable
+from orleanspy.runtime.inline import InlineDeadlines, running_task
 from orleanspy.runtime.locator import Locator
 from orleanspy.serialization import Codec, DecodeLimits
 
@@ -65,12 +67,21 @@ _SentKey = tuple[str | None, int]
 _RESTARTED = f"{SiloRestartedError.__module__}.{SiloRestartedError.__qualname__}"
 # Reminder ticks are at-least-once: after their silo died they are sent again.
 _TICK_METHOD = "receive_reminder"
+#: Set on the ticks of a silo's reminder service, and only on them (``invoke``).
+TICK_HEADER = "tick"
+_FORGED_TICK = (
+    "{gid}.receive_reminder refused: reminder ticks come only from the reminder "
+    "service (use orleanspy.testing.simulate_tick in tests, or the management "
+    "grain's trigger)"
+)
 _VERDICT_POLL = 0.1
 # Requests from silos not (yet) in the table that may wait for a table read;
 # beyond it they are dropped, so made-up senders cannot pile up work.
 _MAX_STRANGERS = 1000
 # What gateway clients may always call on the reminder management grain.
 _MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all", "history"})
+# Local calls run inline (in the caller's task) this many in a row between yields.
+_INLINE_STREAK = 64
 
 
 class Dispatcher:
@@ -102,6 +113,8 @@ class Dispatcher:
         self._types = grain_types
         self._transport = transport
         self._pending: PendingCalls[Message] = PendingCalls(self._response_timeout)
+        self._inline_deadlines = InlineDeadlines(self._response_timeout)
+        self._inline_streak = _INLINE_STREAK
         self._background: set[asyncio.Task[Any]] = set()
         self.factory = GrainFactory(self)
         self.catalog = Catalog(
@@ -110,6 +123,8 @@ class Dispatcher:
             collection_age=options.collection_age,
             check_interval=options.collection_check_interval,
         )
+        # The catalog's table, read on every call (one method call less per call).
+        self._activations = self.catalog.activations_by_id
         self._reminders: ReminderRegistry | None = None
         # Requests sent to other silos and not answered yet (see module docstring).
         self._sent: dict[_SentKey, Message] = {}
@@ -149,6 +164,7 @@ class Dispatcher:
         *,
         one_way: bool = False,
         reminder_tick: bool = False,
+        deadline: float | None = None,
     ) -> Any:
         """Send a call from this silo and wait for its result (see ``CallInvoker``).
 
@@ -156,32 +172,96 @@ class Dispatcher:
         arguments, name and ``TickStatus``, are immutable); it is routed by
         ``route_reminder_tick`` (reminder-affine placement), or, when the grain
         is active here and idle, run at once as a turn in the calling task (its
-        result is not returned: a tick's is discarded anyway).
+        result is not returned: a tick's is discarded anyway). Only such calls
+        carry the tick header that ``receive_reminder`` requires (``route``).
+        ``deadline``: seconds to wait for the answer of a call that became a
+        message (instead of the response timeout): then ``GrainCallTimeoutError``,
+        and the message expires with it. A tick run inline is the grain's own
+        work here and is not cut short.
+
+        Any other call to an activation that is here, valid and idle runs as a
+        turn in the calling task too (``Activation.try_enter_inline``): no message,
+        no response future, no turn task. Cancelling the caller cancels that
+        turn; otherwise the caller cannot tell it from a queued call.
 
         Immutable arguments (``runtime.immutable``) are not encoded here: a local
         activation gets them as they are, and ``_send_to`` encodes them only if
         the call leaves the process. Anything mutable is copied through the codec.
         """
+        if method == _TICK_METHOD and not reminder_tick:
+            # Refused here too, not only in ``route``: a local call may run inline
+            # and never become a message.
+            raise MessageRejectedError(_FORGED_TICK.format(gid=grain_id))
+        act = self._activations.get(grain_id)
+        # The grain is here and idle: the call runs as a turn in this task (no
+        # message, response or turn task).
+        if act is not None and not one_way:
+            if not self._inline_streak:
+                # A caller awaiting local grains back to back, none of which
+                # suspends, would never yield: every _INLINE_STREAK-th inline call
+                # yields to the loop first (the activation is checked after).
+                self._inline_streak = _INLINE_STREAK
+                await asyncio.sleep(0)
+            if reminder_tick:
+                if not kwargs and act.idle_and_valid() and method in act.definition.methods:
+                    self._inline_streak -= 1
+                    await act.run_inline(method, args)
+                    return None
+            else:
+                # What the caller sees is what a queued call would give it:
+                # mutable arguments and results are copied through the codec, an
+                # exception comes back as ``result_of`` would rebuild it, and the
+                # response timeout raises GrainCallTimeoutError (it cancels the
+                # turn, which runs in this task; runtime.inline).
+                codec = self.codec
+                call_args: tuple[Any, ...] | list[Any] = args
+                call_kwargs = kwargs
+                if not all_immutable(args, kwargs):
+                    call_args, call_kwargs = codec.decode(codec.encode((args, kwargs)))
+                task = running_task()
+                if task is not None and act.try_enter_inline(method, task):
+                    self._inline_streak -= 1
+                    deadlines = self._inline_deadlines
+                    outermost = deadlines.begin(task)
+                    try:
+                        bound = getattr(act.grain, method)
+                        if call_kwargs:
+                            result = await bound(*call_args, **call_kwargs)
+                        else:
+                            result = await bound(*call_args)
+                    except asyncio.CancelledError as exc:
+                        act.exit_inline(exc)
+                        if deadlines.timed_out(task, outermost):
+                            raise GrainCallTimeoutError(
+                                f"{grain_id}.{method}: no response within "
+                                f"{self._response_timeout:g}s"
+                            ) from None
+                        raise
+                    except Exception as exc:
+                        act.exit_inline(exc)
+                        raise rebuild_error(error_payload(exc)) from None
+                    finally:
+                        deadlines.end(task, outermost)
+                    act.exit_inline(None)
+                    if result_immutable(result):
+                        return result
+                    return codec.decode(codec.encode(result))
         # A tick's arguments are the reminder's name and a TickStatus, both
         # immutable by construction: no need to walk them.
         local = reminder_tick or all_immutable(args, kwargs)
-        if reminder_tick and not kwargs:
-            act = self.catalog.get(grain_id)
-            if act is not None and act.idle_and_valid() and method in act.definition.methods:
-                # The grain is here and idle: the tick runs as a turn in this task
-                # (no message, response or turn task; Activation.run_inline).
-                await act.run_inline(method, args)
-                return None
+        timeout_ms = self._response_timeout_ms if deadline is None else int(deadline * 1000)
         msg = Message.request(
             grain_id,
             method,
             b"" if local else self.codec.encode((args, kwargs)),
             one_way=one_way,
-            expires_at_ms=self.clock.now_ms() + self._response_timeout_ms,
+            expires_at_ms=self.clock.now_ms() + timeout_ms,
             sender_silo=self.address,
         )
         if local:
             msg.local_args = (args, kwargs)
+        if reminder_tick:
+            msg.headers[TICK_HEADER] = "1"
         chain = current_chain.get()
         if chain:
             msg.headers[CHAIN_HEADER] = encode_chain(chain)
@@ -192,7 +272,18 @@ class Dispatcher:
         fut = self._pending.add(msg.id, grain_id, method)
         try:
             route(msg)
-            response = await fut
+            if deadline is None:
+                response = await fut
+            else:
+                try:
+                    async with asyncio.timeout(deadline):
+                        response = await fut
+                except TimeoutError:
+                    if fut.cancelled():
+                        raise GrainCallTimeoutError(
+                            f"{grain_id}.{method}: no answer within {deadline:g} s"
+                        ) from None
+                    raise
         finally:
             self._pending.discard(msg.id)
         return result_of(response, self.codec)
@@ -204,6 +295,9 @@ class Dispatcher:
         gid = msg.target_grain
         if gid is None:
             self._reject(msg, MessageRejectedError("message without a target grain"))
+            return
+        if msg.method == _TICK_METHOD and not _is_tick(msg):
+            self._reject(msg, MessageRejectedError(_FORGED_TICK.format(gid=gid)))
             return
         defn = self._types.get(gid.type_name)
         if defn is None:
@@ -225,7 +319,12 @@ class Dispatcher:
         """A grain type this silo does not host: in a cluster, send the call to
         a silo that does (placement only considers those)."""
         if self._local_only or _is_here(msg.target_silo, self.address):
-            self._reject(msg, UnknownGrainTypeError(f"no grain type {gid.type_name!r} here"))
+            self._reject(
+                msg,
+                UnknownGrainTypeError.known(
+                    f"this silo hosts no grain type {gid.type_name!r}", self._types
+                ),
+            )
             return
         # The class may be imported here without being hosted: then its
         # placement is known and a bad method fails without a round trip.
@@ -589,6 +688,7 @@ class Dispatcher:
     async def close(self, exc: Exception) -> None:
         """Fail every call still waiting and stop the timeout sweeper (silo stopped)."""
         await self._pending.close(exc)
+        await self._inline_deadlines.close()
 
 
 def _is_management_change(msg: Message) -> bool:
@@ -600,8 +700,14 @@ def _is_management_change(msg: Message) -> bool:
 
 
 def _is_tick(msg: Message) -> bool:
-    """A reminder tick sent by this silo's reminder service (not by a client)."""
-    return msg.method == _TICK_METHOD and msg.sender_client is None
+    """A reminder tick sent by a silo's reminder service: the tick header, which
+    only ``invoke(reminder_tick=True)`` sets, and no client sender (the gateway
+    stamps a client's calls with its id, whatever their headers say)."""
+    return (
+        msg.method == _TICK_METHOD
+        and msg.sender_client is None
+        and msg.headers.get(TICK_HEADER) == "1"
+    )
 
 
 def _is_here(silo: SiloAddress | None, here: SiloAddress) -> bool:

@@ -14,6 +14,7 @@ import functools
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
@@ -24,11 +25,11 @@ from orleanspy.directory.cached import CachedDirectory
 from orleanspy.directory.table import GrainDirectory
 from orleanspy.errors import ClosedError, ConfigurationError
 from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_definitions
-from orleanspy.identity import GrainKey, SiloAddress
+from orleanspy.identity import GrainId, GrainKey, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
-from orleanspy.messaging.transport import Transport
+from orleanspy.messaging.transport import AnswersOnly, Transport
 from orleanspy.metrics import SiloMetrics
 from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
@@ -36,7 +37,7 @@ from orleanspy.reference import GrainFactory
 from orleanspy.remindable.declarations import register_declared_reminders
 from orleanspy.remindable.management import MANAGEMENT_TYPE, ReminderManagementGrain
 from orleanspy.remindable.registry import ReminderRegistry
-from orleanspy.reminders._adaptive import LoadSignals, default_load
+from orleanspy.reminders._service.adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable
@@ -47,7 +48,7 @@ from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
 from orleanspy.storage.contract import GrainStorage
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
-from orleanspy.tables import TableConnections, table_backend
+from orleanspy.tables import TableConnections
 
 if TYPE_CHECKING:
     from orleanspy.runtime.ops_http import Check
@@ -126,11 +127,15 @@ class Silo:
         self.membership: MembershipService | None = None
         self.ring: RingFollower | None = None
         self.declared_dead = False
+        self.stop_reason: str | None = None
+        """Why the silo stopped itself (declared Dead, its store lost its data), if it did."""
         self.gateway_port: int | None = None
         """The port clients connect to (a cluster silo with a gateway), once started."""
         self._aborted = False
         self._stop_task: asyncio.Task[None] | None = None
         self._clustered = self.options.clustered or transport is not None
+        # Set by ``start`` when this silo tuned the garbage collector; ``stop`` calls it.
+        self._restore_collector: Callable[[], None] = _nothing
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
@@ -177,10 +182,15 @@ class Silo:
         token = set_current_silo(self.name)
         try:
             await self._start()
+        except BaseException:
+            # What started has been stopped; a failed silo does not restart.
+            self.state = SiloState.STOPPED
+            raise
         finally:
             reset_current_silo(token)
-        if self.options.tune_gc:
-            tune_collector()
+        tune = self.options.tune_gc
+        if tune or (tune is None and self._clustered):
+            self._restore_collector = tune_collector()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
 
@@ -210,8 +220,12 @@ class Silo:
             self._stack = stack.pop_all()
 
     async def stop(self) -> None:
-        """Stop gracefully: deactivate grains, stop components in reverse order."""
+        """Stop gracefully: deactivate grains, stop components in reverse order.
+        While the silo is stopping itself (declared dead), wait for that."""
         if self.state in (SiloState.STOPPING, SiloState.STOPPED):
+            own = self._stop_task
+            if own is not None and own is not asyncio.current_task() and not own.done():
+                await asyncio.shield(own)
             return
         self.state = SiloState.STOPPING
         try:
@@ -220,6 +234,7 @@ class Silo:
         finally:
             if self._dispatcher is not None:
                 await self._dispatcher.close(ClosedError(f"silo {self.name} stopped"))
+            self._restore_collector()
             self.state = SiloState.STOPPED
             log.info("silo stopped name=%s", self.name)
 
@@ -363,9 +378,8 @@ class Silo:
             transport=transport,
         )
         self._dispatcher = dispatcher
-        answer_only = getattr(transport, "answer_only", None)
-        if answer_only is not None:
-            answer_only(locator.knows)
+        if isinstance(transport, AnswersOnly):
+            transport.answer_only(locator.knows)
         dispatcher.grain_metrics = self.metrics.grains
         self.transport = transport
         return locator, dispatcher
@@ -392,6 +406,8 @@ class Silo:
     ) -> MembershipService:
         """The membership service, wired to the transport's gossip and the locator;
         a graceful stop ends with its final write (Dead)."""
+        from orleanspy.membership.credentials import cluster_verifier
+
         o = self.options
         assert self._membership_table is not None
         membership = MembershipService(
@@ -399,7 +415,9 @@ class Silo:
             address=self.address,
             name=self.name,
             gateway_port=transport.gateway_port,
-            ping=transport.ping,
+            # A transport that tells a refused connection from silence lets
+            # membership declare a killed process Dead at once.
+            ping=getattr(transport, "probe", transport.ping),
             clock=self.clock,
             options=o.membership,
             on_declared_dead=self._on_declared_dead,
@@ -407,6 +425,9 @@ class Silo:
                 _gossip, transport, o.membership.probe_timeout.total_seconds()
             ),
             grain_types=types.keys(),
+            verifier=cluster_verifier(
+                o.messaging, service_id=o.service_id, cluster_id=o.cluster_id
+            ),
         )
         transport.on_gossip(membership.gossip_received)
         stack.callback(transport.on_gossip, None)
@@ -486,20 +507,26 @@ class Silo:
             await membership.shutdown()
 
     async def _leave_cluster(self, membership: MembershipService) -> None:
-        """First step of a graceful stop: tell the cluster we are going."""
+        """First step of a graceful stop: hand the reminders over (ticks in flight
+        finished and persisted, nothing more delivered), then tell the cluster
+        we are going, so the next owners read what we last wrote."""
         if self.declared_dead or self._aborted:
             return
+        if self.reminder_service is not None:
+            await self.reminder_service.drain()
         try:
             await membership.update_status(SiloStatus.SHUTTING_DOWN)
         except Exception as exc:
             log.warning("could not write ShuttingDown name=%s error=%r", self.name, exc)
 
     def _on_declared_dead(self) -> None:
-        """The table says we are Dead: stop at once (no more writes as a member)."""
+        """The table says we are Dead (or lost our row): stop at once, no more
+        writes as a member. The lease is already revoked, so no tick goes out."""
         if self.declared_dead:
             return
         self.declared_dead = True
-        log.error("silo declared dead by the cluster; stopping name=%s", self.name)
+        self.stop_reason = self.membership.stop_reason if self.membership else None
+        log.error("silo stops itself name=%s reason=%s", self.name, self.stop_reason)
         self._stop_task = asyncio.get_running_loop().create_task(self.stop())
 
     async def _start_reminders(
@@ -521,10 +548,27 @@ class Silo:
         )
         dispatcher.set_reminders(registry)
 
-        async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+        # A tick gives up well before a plain call would (ReminderOptions.tick_timeout).
+        tick_cap = self.options.messaging.response_timeout.total_seconds() / 2
+
+        async def deliver(entry: ReminderEntry, status: TickStatus, deadline: float) -> None:
             await dispatcher.invoke(
-                entry.grain_id, "receive_reminder", (entry.name, status), {}, reminder_tick=True
+                entry.grain_id,
+                "receive_reminder",
+                (entry.name, status),
+                {},
+                reminder_tick=True,
+                deadline=min(deadline, tick_cap),
             )
+
+        async def deliver_tick(grain_id: GrainId, name: str, status: TickStatus) -> None:
+            # An off-schedule tick (the management grain's trigger, tests): a
+            # tick like the service's own, waited for as long as any call.
+            await dispatcher.invoke(
+                grain_id, "receive_reminder", (name, status), {}, reminder_tick=True
+            )
+
+        registry.deliver_tick = deliver_tick
 
         async def publish_missed(event: MissedReminder) -> None:
             await streams.publish(MISSED_REMINDERS_STREAM, event)
@@ -543,6 +587,7 @@ class Silo:
             load=load,
             name=self.name,
             metrics=self.metrics.reminders,
+            lease=self.membership.lease if self.membership is not None else None,
         )
         await service.start(stack)
         registry.add_listener(service.notify_change)
@@ -591,10 +636,16 @@ class Silo:
 
         checks = {"silo": Check(self.state is SiloState.RUNNING, self.state.name.lower())}
         if self._clustered:
-            status = self.membership.status if self.membership is not None else None
+            membership = self.membership
+            status = membership.status if membership is not None else None
             checks["membership"] = Check(
-                status is SiloStatus.ACTIVE, status.name.lower() if status else "not joined"
+                status is SiloStatus.ACTIVE and not self.declared_dead,
+                self.stop_reason or (status.name.lower() if status else "not joined"),
             )
+            if membership is not None:
+                lease = membership.lease
+                held = lease.held()
+                checks["lease"] = Check(held, "held" if held else lease.revoked or "lapsed")
         checks["storage"] = await self._storage_check()
         ranges = self.reminder_service.ranges if self.reminder_service is not None else ()
         checks["ranges"] = Check(bool(ranges), f"{len(ranges)} owned")
@@ -605,6 +656,11 @@ class Silo:
 
         if not self._clustered:
             return Check(True, "in memory")
+        if self.state is not SiloState.RUNNING or self.declared_dead:
+            # A silo that is stopping (itself, or by the cluster's verdict) may be
+            # closing the client: a ping now could take a connection from a pool
+            # that no longer releases it.
+            return Check(False, "stopping")
         client = self._storage_client
         if client is None:
             ok = self._membership_table is not None and self.membership is not None
@@ -620,7 +676,12 @@ class Silo:
 
     def _factory(self) -> GrainFactory:
         if self.state is not SiloState.RUNNING or self._dispatcher is None:
-            raise ClosedError(f"silo {self.name} is not running (state {self.state.name})")
+            hint = (
+                "start it first: `async with Silo.local() as silo:` (or `await silo.start()`)"
+                if self.state is SiloState.CREATED
+                else "a stopped silo does not restart: make a new one"
+            )
+            raise ClosedError(f"silo {self.name} is not running (state {self.state.name}); {hint}")
         return self._dispatcher.factory
 
     @property
@@ -684,10 +745,8 @@ async def _default_grain_storage(
     url = o.storage_url or o.redis_url
     if o.storage is not None or url is None:
         return None
-    if table_backend(url) == "postgres":
-        from orleanspy.storage.postgres import PostgresGrainStorage
+    return await connections.grain_storage(url, service_id=o.service_id)
 
-        return PostgresGrainStorage(await connections.postgres(url), service_id=o.service_id)
-    from orleanspy.storage.redis import RedisGrainStorage
 
-    return RedisGrainStorage(connections.redis(url), service_id=o.service_id, options=o.redis)
+def _nothing() -> None:
+    return None

@@ -1,0 +1,140 @@
+"""The missed-tick rule: what a due row's tick becomes when it is reached late.
+
+The one place that decides between delivering a tick, a coalesced catch-up,
+and skipping (with or without a ``MissedReminder``). Delivery applies it to
+every due row; the repair pass applies it to long-overdue rows it moves in
+place, without delivering. Both publish NOTIFY skips through one
+``MissedNotifier``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from orleanspy.reminders.model import MissedReminder, MissedReminderAction, ReminderEntry
+from orleanspy.reminders.schedule import IntervalSchedule, Schedule
+
+__all__ = ["MISSED_COUNT_CAP", "MissedNotifier", "PublishMissed", "TickPlan", "plan_tick"]
+
+log = logging.getLogger(__name__)
+
+PublishMissed = Callable[[MissedReminder], Awaitable[None]]
+
+MISSED_COUNT_CAP = 1000
+"""Missed-tick counts stop here (``TickStatus.missed_ticks`` then means "at least")."""
+
+
+@dataclass(frozen=True, slots=True)
+class TickPlan:
+    """What to do with a row that fell due.
+
+    ``deliver``: whether a tick goes to the grain. ``slot`` is the scheduled time
+    the tick stands for (``TickStatus.current_tick_time``): for a catch-up, the
+    latest slot that passed; for a skip, the first (what a ``MissedReminder``
+    names). ``missed`` says the slots count as missed; then ``missed_ticks``
+    counts slots: for a FIRE_IMMEDIATELY catch-up, the earlier passed slots
+    folded into it; for SKIP/NOTIFY, every passed slot (none was delivered).
+    ``resume`` is the next slot after ``now`` for a missed row, and ``None`` for
+    an on-time tick (its next slot follows ``slot`` on the grid).
+    """
+
+    deliver: bool
+    slot: datetime
+    missed: bool = False
+    missed_ticks: int = 0
+    resume: datetime | None = None
+
+
+def plan_tick(
+    schedule: Schedule,
+    action: MissedReminderAction,
+    slot: datetime,
+    now: datetime,
+    grace: timedelta,
+) -> TickPlan:
+    """Apply the missed-tick rule to a row due at ``slot`` (docs/architecture.md,
+    section 2, step 6).
+
+    A tick is on time while it is the only passed slot (the next one is not due
+    yet) and ``now <= slot + grace``: it is delivered as is, even if late.
+
+    Otherwise its slots are missed and the row's ``action`` decides, whatever
+    the grace: catch-up is never a burst. FIRE_IMMEDIATELY delivers one tick
+    for the latest passed slot, with the earlier ones counted in
+    ``missed_ticks``; SKIP and NOTIFY deliver none. The grid resumes at the
+    first slot after ``now``. So a row away for a long time (an outage, a
+    silo killed, a pause, an overload longer than its period) gets at most one
+    delivery for the slots it missed, and a row whose stored schedule lags
+    ticks already delivered (a write lost with its silo) replays none of them
+    as a burst either.
+    """
+    if schedule.next_after(slot) > now:
+        if now <= slot + grace:
+            return TickPlan(deliver=True, slot=slot)
+        latest, earlier = slot, 0
+    else:
+        latest, earlier = _latest_passed(schedule, slot, now)
+    resume = schedule.next_after(now)
+    if action is MissedReminderAction.FIRE_IMMEDIATELY:
+        return TickPlan(deliver=True, slot=latest, missed=True, missed_ticks=earlier, resume=resume)
+    return TickPlan(deliver=False, slot=slot, missed=True, missed_ticks=earlier + 1, resume=resume)
+
+
+def _latest_passed(schedule: Schedule, slot: datetime, now: datetime) -> tuple[datetime, int]:
+    """The latest slot ``<= now`` from ``slot`` on, and how many passed slots come
+    before it. Interval schedules answer in closed form; cron steps (~40 µs a
+    slot), capped at ``MISSED_COUNT_CAP``: past the cap the slot reached is taken
+    as the latest (it is then far past any sensible grace, and the count reads
+    "at least")."""
+    if isinstance(schedule, IntervalSchedule):
+        earlier = schedule.slots_between(slot, now, cap=MISSED_COUNT_CAP)
+        latest = schedule.next_after(now) - schedule.period
+        return max(latest, slot), earlier
+    latest, earlier = slot, 0
+    while earlier < MISSED_COUNT_CAP:
+        nxt = schedule.next_after(latest)
+        if nxt > now:
+            break
+        latest, earlier = nxt, earlier + 1
+    return latest, earlier
+
+
+class MissedNotifier:
+    """Publishes a ``MissedReminder`` for each NOTIFY skip (``publish`` ``None``:
+    nothing is published). A failed publish is logged, not retried, not counted."""
+
+    def __init__(self, publish: PublishMissed | None, name: str = "") -> None:
+        self._publish = publish
+        self._name = name
+        self.notified = 0
+
+    async def notify(
+        self,
+        entry: ReminderEntry,
+        scheduled: datetime,
+        now: datetime,
+        missed_ticks: int,
+        next_due: datetime,
+    ) -> None:
+        if self._publish is None:
+            return
+        event = MissedReminder(
+            service_id=entry.service_id,
+            grain_id=entry.grain_id,
+            name=entry.name,
+            scheduled=scheduled,
+            detected_at=now,
+            missed_ticks=missed_ticks,
+            next_due=next_due,
+        )
+        try:
+            await self._publish(event)
+        except Exception as exc:
+            log.warning(
+                "missed reminder not published name=%s key=%s error=%r", self._name, entry.key, exc
+            )
+            return
+        self.notified += 1
