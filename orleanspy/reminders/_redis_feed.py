@@ -78,10 +78,22 @@ class ClusterTopology:
     """What a table's cluster feeds share: whether the slot map is stale (a feed
     lost a node; the next subscription re-reads the map before it subscribes)."""
 
-    __slots__ = ("stale",)
+    __slots__ = ("open_nodes", "stale")
 
     def __init__(self) -> None:
         self.stale = False
+        #: Every node connection a feed holds (pub/sub, client): what the table's
+        #: close shuts for feeds that could not (a reader stopped mid-subscribe).
+        self.open_nodes: set[tuple[Any, Any]] = set()
+
+    async def close(self) -> None:
+        """Close every node connection still open."""
+        nodes, self.open_nodes = list(self.open_nodes), set()
+        for pubsub, client in nodes:
+            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
+                await pubsub.aclose()
+            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
+                await client.aclose()
 
 
 class RedisChanges:
@@ -333,6 +345,8 @@ class RedisChanges:
         self._version = version
         if not self._channels:
             self._confirmed.set()
+        if self._closed.is_set():
+            await self._drop()  # closed while this subscribed: nothing may stay open
 
     async def _open_node(self, node: Any) -> tuple[Any, Any, asyncio.Task[None]]:
         """A pub/sub connection to ``node`` with its reader task."""
@@ -343,6 +357,8 @@ class RedisChanges:
         except BaseException:
             await client.aclose()
             raise
+        if self._topology is not None:
+            self._topology.open_nodes.add((pubsub, client))
         task = asyncio.get_running_loop().create_task(self._read_node(pubsub))
         return pubsub, client, task
 
@@ -460,7 +476,7 @@ class RedisChanges:
         if nodes:
             # Shielded: a drop cancelled halfway (the reader's task stopped) still
             # closes every node's connection.
-            await asyncio.shield(_close_nodes(list(nodes.values())))
+            await asyncio.shield(_close_nodes(list(nodes.values()), self._topology))
 
     async def aclose(self) -> None:
         """End the subscription. A reader blocked in another task stops within
@@ -474,13 +490,20 @@ class RedisChanges:
             following.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await following
-        if not self._busy:
+        # On a cluster the reader waits on the queue, not on a socket, so the node
+        # connections close here even while it reads (their pools are the feed's
+        # own: no other close would reach them).
+        if not self._busy or self._cluster:
             await self._drop()
 
 
-async def _close_nodes(nodes: list[tuple[Any, Any, asyncio.Task[None]]]) -> None:
-    for _pubsub, _client, task in nodes:
+async def _close_nodes(
+    nodes: list[tuple[Any, Any, asyncio.Task[None]]], topology: ClusterTopology | None
+) -> None:
+    for pubsub, client, task in nodes:
         task.cancel()
+        if topology is not None:
+            topology.open_nodes.discard((pubsub, client))
     for pubsub, client, task in nodes:
         with contextlib.suppress(asyncio.CancelledError):
             await task

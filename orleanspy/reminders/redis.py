@@ -980,3 +980,4 @@ class RedisReminderTable:
     async def _close_subscriptions(self) -> None:
         for sub in list(self._subscriptions):
             await sub.aclose()
+        await self._topology.close()
