@@ -11,6 +11,8 @@ the rows as if the grain had written them.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
@@ -21,10 +23,17 @@ from orleanspy.errors import AuthenticationError, ReminderError, SiloUnavailable
 from orleanspy.identity import GrainId
 from orleanspy.options import MessagingOptions, ReminderOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry, TickStatus
-from orleanspy.reminders.schedule import schedule_for
+from orleanspy.reminders.schedule import next_slot
 from orleanspy.reminders.spec import check_grace, new_entry
 
-__all__ = ["ReminderAccess", "entry_json", "fire_json", "open_reminders", "parse_grain_id"]
+__all__ = [
+    "ReminderAccess",
+    "entry_json",
+    "fire_json",
+    "json_value",
+    "open_reminders",
+    "parse_grain_id",
+]
 
 #: How far ahead ``reminders list`` looks: every row, in due order.
 _FOREVER = timedelta(days=365 * 200)
@@ -65,7 +74,43 @@ def entry_json(entry: ReminderEntry) -> dict[str, Any]:
         "action": entry.action.name,
         "paused": entry.paused,
         "grace_seconds": None if entry.grace is None else entry.grace.total_seconds(),
+        "one_shot": entry.one_shot,
+        "jitter_seconds": None if entry.jitter is None else entry.jitter.total_seconds(),
+        "starts_at": iso(entry.starts_at),
+        "ends_at": iso(entry.ends_at),
+        "max_ticks": entry.max_ticks,
+        "final_due": iso(entry.final_due),
+        "payload": json_value(entry.payload),
+        "retry": None
+        if entry.retry is None
+        else {
+            "max_attempts": entry.retry.max_attempts,
+            "backoff_seconds": entry.retry.backoff.total_seconds(),
+        },
     }
+
+
+def json_value(value: Any) -> Any:
+    """A payload as JSON: codec types that JSON lacks as text (datetimes in ISO
+    8601, UUIDs and grain ids as strings, bytes as base64, durations in seconds,
+    registered dataclasses as objects)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [json_value(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, GrainId):
+        return value.canonical
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return str(value)
 
 
 def fire_json(rec: FireRecord) -> dict[str, Any]:
@@ -78,6 +123,8 @@ def fire_json(rec: FireRecord) -> dict[str, Any]:
         "silo": rec.silo,
         "triggered": rec.triggered,
         "error": rec.error,
+        "attempt": rec.attempt,
+        "final": rec.final,
     }
 
 
@@ -217,7 +264,7 @@ class _Direct:
 
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
         row = await self.get(grain, name)
-        return await self._store(replace(row, next_due=schedule_for(row).next_after(self._now())))
+        return await self._store(replace(row, next_due=next_slot(row, self._now())))
 
     async def delete(self, grain: GrainId, name: str) -> bool:
         row: ReminderEntry | None = await self._t.read(grain, name)

@@ -4,10 +4,13 @@ For each grain class the silo hosts, each declared reminder and each of its
 keys (``keys=[...]`` on the declaration, else the class's ``reminder_keys``):
 
 - a missing row is created, marked ``declared``;
-- a row whose period, cron, zone, priority, action or grace differs from the
-  declaration is updated. A changed schedule re-anchors the row at now (like a
-  registration from code); a changed priority, action or grace alone keeps the row's
-  ``next_due`` and ``last_fire``;
+- a row whose period, cron, zone, jitter, bounds, priority, action, grace,
+  payload or retry policy differs from the declaration is updated. A changed
+  schedule (period, cron, zone, jitter, bounds) re-anchors the row at now (like
+  a registration from code); a changed priority, action, grace, payload or
+  retry policy alone keeps the row's ``next_due`` and ``last_fire``;
+- a declaration whose ``ends_at`` has passed creates no row (and its row,
+  if any, ends on its own after its last slot);
 - an unchanged row is left alone (``next_due``, ``last_fire``, etag).
 
 Then, for every key the class declares reminders for, a row marked
@@ -58,9 +61,12 @@ def _keys(defn: GrainDefinition, declared: DeclaredReminder) -> tuple[GrainKey, 
 
 def _desired(
     registry: ReminderRegistry, defn: GrainDefinition, declared: DeclaredReminder, key: GrainKey
-) -> ReminderEntry:
-    """The row the declaration asks for, anchored at now; ``ReminderError`` naming
-    the class and the reminder when the declaration is invalid."""
+) -> ReminderEntry | None:
+    """The row the declaration asks for, anchored at now (``None`` once its
+    ``ends_at`` has passed); ``ReminderError`` naming the class and the reminder
+    when the declaration is invalid."""
+    if declared.ends_at is not None and declared.ends_at <= registry.clock.now():
+        return None
     try:
         entry = new_entry(
             service_id=registry.service_id,
@@ -76,6 +82,11 @@ def _desired(
             priority=declared.priority,
             action=declared.action,
             grace=declared.grace,
+            jitter=declared.jitter,
+            starts_at=declared.starts_at,
+            ends_at=declared.ends_at,
+            payload=declared.payload,
+            retry=declared.retry,
         )
     except (ReminderError, ValueError) as exc:
         raise ReminderError(
@@ -86,7 +97,25 @@ def _desired(
 
 
 def _same_schedule(a: ReminderEntry, b: ReminderEntry) -> bool:
-    return (a.period, a.cron, a.tz) == (b.period, b.cron, b.tz)
+    return (a.period, a.cron, a.tz, a.jitter, a.starts_at, a.ends_at) == (
+        b.period,
+        b.cron,
+        b.tz,
+        b.jitter,
+        b.starts_at,
+        b.ends_at,
+    )
+
+
+def _same_options(a: ReminderEntry, b: ReminderEntry) -> bool:
+    """Same priority, action, grace, payload and retry policy (what changes in place)."""
+    return (a.priority, a.action, a.grace, a.payload, a.retry) == (
+        b.priority,
+        b.action,
+        b.grace,
+        b.payload,
+        b.retry,
+    )
 
 
 #: Conditional writes one declaration may lose to other silos before giving up.
@@ -104,16 +133,14 @@ async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
         if not _same_schedule(stored, desired):
             # An operator's pause outlives a changed declaration.
             write = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
-        elif (stored.priority, stored.action, stored.grace) != (
-            desired.priority,
-            desired.action,
-            desired.grace,
-        ):
+        elif not _same_options(stored, desired):
             write = replace(
                 stored,
                 priority=desired.priority,
                 action=desired.action,
                 grace=desired.grace,
+                payload=desired.payload,
+                retry=desired.retry,
                 declared=True,
             )
         else:
@@ -140,6 +167,8 @@ async def register_declared_reminders(
             for key in _keys(defn, declared):
                 declared_names.setdefault(key, set()).add(declared.name)
                 desired = _desired(registry, defn, declared, key)
+                if desired is None:
+                    continue
                 outcome = await _apply(registry, desired)
                 created += outcome == "created"
                 updated += outcome == "updated"

@@ -22,7 +22,7 @@ from orleanspy.reminders.model import (
     TickStatus,
     error_text,
 )
-from orleanspy.reminders.schedule import schedule_for
+from orleanspy.reminders.schedule import next_slot
 from orleanspy.reminders.spec import check_grace, new_entry
 from orleanspy.reminders.table import PausableReminderTable
 
@@ -93,8 +93,7 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
     async def repair(self, grain_id: GrainId, name: str) -> ReminderEntry:
         """Move a row's ``next_due`` to its first slot after now (skipping missed ones)."""
         row = await self._row(grain_id, name)
-        nxt = schedule_for(row).next_after(self.now())
-        return await self._registry.store(replace(row, next_due=nxt))
+        return await self._registry.store(replace(row, next_due=next_slot(row, self.now())))
 
     async def pause(self, grain_id: GrainId, name: str) -> ReminderEntry:
         """Keep the row but deliver nothing until ``resume`` (held across restarts:
@@ -123,7 +122,8 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
 
     async def trigger(self, grain_id: GrainId, name: str) -> TickStatus:
         """Deliver one tick now, off the schedule (paused or not); the schedule
-        does not move. Returns the status delivered (``triggered=True``); an
+        does not move (a one-shot stays due: a triggered tick is not its slot).
+        Returns the status delivered (``triggered=True``, the row's payload); an
         exception of the grain's ``receive_reminder`` reaches the caller."""
         row = await self._row(grain_id, name)
         now = self.now()
@@ -135,6 +135,7 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             delivered_at=now,
             priority=int(row.priority),
             triggered=True,
+            payload=row.payload,
         )
         deliver = self._registry.deliver_tick
         if deliver is None:
