@@ -217,11 +217,16 @@ class RedisChanges:
                 # Not busy any more: ``aclose`` from another task closes at once.
                 self._busy = False
                 return change
-        except BaseException:
-            # Lost Redis, or cancelled while reading (the reader's task is stopped,
-            # e.g. by a silo that stops itself): ``aclose`` found the reader busy and
-            # left the connection to it, so it is released here or never.
+        except asyncio.CancelledError:
+            # Cancelled while reading: a timeout around one ``anext`` keeps the
+            # subscription for the next; a reader stopped after ``aclose`` found it
+            # busy releases the connection here, or never.
             self._busy = False
+            if self._closed.is_set():
+                await self._drop()
+            raise
+        except BaseException:
+            self._busy = False  # lost Redis: ``_receive`` dropped the subscription
             await self._drop()
             raise
         self._busy = False

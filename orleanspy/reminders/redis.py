@@ -243,6 +243,9 @@ return out
 # (``FireRecord.to_record``'s "x", "m", "n", "f"). The record map is built here
 # (``FireRecord.to_record``'s form), so the client packs one string per batch,
 # not one per record. Records of a missing row are dropped.
+#: Items per fire record in ``append_history``'s packed list (``_APPEND_HISTORY``).
+_HISTORY_FIELDS: Final = 5
+
 _APPEND_HISTORY: Final = """
 local keep = tonumber(ARGV[1])
 local prefix = ARGV[2]
@@ -620,7 +623,7 @@ class RedisReminderTable:
         a key of the node's first shard; the replies in ``flat``'s item order.
 
         ``width``: items of a fixed number of fields; ``None``: history items
-        (shard, key, n, then 6 fields per record). The script's ARGV stay
+        (shard, key, n, then ``_HISTORY_FIELDS`` fields per record). The script's ARGV stay
         ``head + [shard prefix, packed items]``: the routing key is the one
         declared key, and the other shards' keys it builds are local to the node
         (a key whose slot moved meanwhile fails the call: unavailable, retried).
@@ -628,7 +631,7 @@ class RedisReminderTable:
         items: list[tuple[int, int]] = []  # (start, end) of each item in flat
         i = 0
         while i < len(flat):
-            end = i + (width if width is not None else 3 + 6 * int(flat[i + 2]))
+            end = i + (width if width is not None else 3 + _HISTORY_FIELDS * int(flat[i + 2]))
             items.append((i, end))
             i = end
         shards = [int(flat[a]) for a, _ in items]
