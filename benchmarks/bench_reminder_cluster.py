@@ -1,7 +1,15 @@
-"""Reminder ticks per second with 1, 2 and 3 silo processes on one Redis.
+"""Reminder ticks per second with 1, 2 and 3 silo processes on one Redis (and on a
+Redis Cluster).
 
 Run: ``python -m benchmarks.bench_reminder_cluster [--reminders 3000] [--silos 1 2 3]
-[--seconds 10]``.
+[--seconds 10] [--redis-cluster] [--balanced-ring]``.
+
+``--redis-cluster`` runs every K-silo row again on a private 3-master Redis Cluster
+(a replica each) beside the one-Redis rows; its ``redis_cpu_us`` is the masters'
+CPU together. ``--balanced-ring`` runs the K-silo rows again with
+``MembershipOptions(balanced_ring=True)``. Every row reports the ticks each silo
+delivered as owner (``ticks_per_silo``) and their spread (busiest / mean): the
+busiest silo saturates first and caps the cluster.
 
 ``--reminders`` one-second reminders (first slots spread evenly over a period)
 are written into the Redis reminder table of a fresh service; then ``K`` silo
@@ -48,11 +56,11 @@ from benchmarks.bench_reminder_ticks import (
     seed,
     timers_run,
 )
-from orleanspy import ReminderOptions, Silo, SiloOptions
+from orleanspy import MembershipOptions, ReminderOptions, Silo, SiloOptions
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.testing.redis_server import RedisServer
+from orleanspy.testing.redis_server import RedisClusterServer, RedisServer
 
 PERIOD = timedelta(seconds=1)
 #: Seconds between writing the rows and the first slot: the silos start meanwhile.
@@ -61,12 +69,13 @@ LEAD_S = 6.0
 WARMUP_S = 3.0
 
 
-def _options(url: str, service_id: str, name: str, n: int) -> SiloOptions:
+def _options(url: str, service_id: str, name: str, n: int, balanced: bool) -> SiloOptions:
     return SiloOptions(
         cluster_id=service_id,
         service_id=service_id,
         redis_url=url,
         name=name,
+        membership=MembershipOptions(balanced_ring=balanced),
         grain_types=(BenchTickGrain,),
         collection_age=timedelta(hours=1),
         reminders=ReminderOptions(
@@ -82,9 +91,16 @@ def _options(url: str, service_id: str, name: str, n: int) -> SiloOptions:
 
 
 async def _serve(
-    url: str, service_id: str, name: str, n: int, k: int, t0: float, seconds: float
+    url: str,
+    service_id: str,
+    name: str,
+    n: int,
+    k: int,
+    t0: float,
+    seconds: float,
+    balanced: bool,
 ) -> None:
-    async with Silo(_options(url, service_id, name, n)) as silo:
+    async with Silo(_options(url, service_id, name, n, balanced)) as silo:
         assert silo.membership is not None
         async with asyncio.timeout(60):
             while len((await silo.membership.refresh()).active_silos()) < k:
@@ -93,18 +109,23 @@ async def _serve(
         meter = CpuMeter(silo=psutil.Process().pid)
         await asyncio.sleep(max(0.0, t0 + WARMUP_S - time.time()))
         meter.mark_start()
+        owner = silo.reminder_service
+        fired_before = owner.stats.delivered if owner is not None else 0
         await asyncio.sleep(max(0.0, t0 + seconds - time.time()))
         meter.mark_end()
+        service = silo.reminder_service
+        fired_in_span = (service.stats.delivered if service is not None else 0) - fired_before
         lateness = [
             (got - slot) * 1000 for slot, got in RECEIVED if t0 + WARMUP_S <= slot < t0 + seconds
         ]
-        service = silo.reminder_service
         fired = service.stats.delivered if service is not None else 0
-        print(
-            "RESULT "
-            + json.dumps({"cpu_s": meter.spent["silo"], "lateness": lateness, "fired": fired}),
-            flush=True,
-        )
+        record = {
+            "cpu_s": meter.spent["silo"],
+            "lateness": lateness,
+            "fired": fired,
+            "fired_in_span": fired_in_span,
+        }
+        print("RESULT " + json.dumps(record), flush=True)
 
 
 # ------------------------------------------------------------------ the driver
@@ -132,12 +153,25 @@ async def _write_rows(url: str, service_id: str, n: int, t0: float) -> None:
         await seed(table, entries)
 
 
-def _one(server: RedisServer, n: int, k: int, seconds: float) -> dict[str, Any]:
+def _redis_pids(server: RedisServer | RedisClusterServer) -> dict[str, int]:
+    if isinstance(server, RedisServer):
+        assert server.pid is not None
+        return {"redis": server.pid}
+    pids = (server.node(port).pid for port in server.master_ports())
+    return {f"redis{i}": pid for i, pid in enumerate(pids) if pid}
+
+
+def _one(
+    server: RedisServer | RedisClusterServer,
+    n: int,
+    k: int,
+    seconds: float,
+    balanced: bool = False,
+) -> dict[str, Any]:
     service_id = f"bench-cluster-{k}-{time.monotonic_ns()}"
     t0 = time.time() + LEAD_S + n / 20000
     run(_write_rows(server.url, service_id, n, t0))
-    assert server.pid is not None
-    redis = CpuMeter(redis=server.pid)
+    redis = CpuMeter(**_redis_pids(server))
     procs = [
         subprocess.Popen(
             [
@@ -152,6 +186,7 @@ def _one(server: RedisServer, n: int, k: int, seconds: float) -> dict[str, Any]:
                 str(k),
                 repr(t0),
                 repr(seconds),
+                "1" if balanced else "0",
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -185,6 +220,8 @@ def _one(server: RedisServer, n: int, k: int, seconds: float) -> dict[str, Any]:
                 proc.kill()
                 proc.wait()
     span = seconds - WARMUP_S
+    per_silo = [r["fired_in_span"] / span for r in results]
+    mean = sum(per_silo) / len(per_silo) if per_silo else 0.0
     lateness = [x for r in results for x in r["lateness"]]
     p50, p99 = percentiles(lateness)
     ticks = len(lateness)
@@ -199,7 +236,9 @@ def _one(server: RedisServer, n: int, k: int, seconds: float) -> dict[str, Any]:
             round(r["cpu_s"] * 1e6 / share, 1) if share else None for r in results
         ],
         "cpu_us_mean": (sum(r["cpu_s"] for r in results) * 1e6 / ticks if ticks else float("nan")),
-        "redis_cpu_us": redis.spent["redis"] * 1e6 / ticks if ticks else float("nan"),
+        "redis_cpu_us": sum(redis.spent.values()) * 1e6 / ticks if ticks else float("nan"),
+        "ticks_per_silo": [round(x) for x in per_silo],
+        "spread": max(per_silo) / mean if mean else float("nan"),
         "ready_late_s": max(0.0, max(ready_at, default=t0) - (t0 + WARMUP_S)),
     }
 
@@ -211,6 +250,17 @@ def main(args: argparse.Namespace) -> list[dict[str, Any]]:
             row = _one(server, args.reminders, k, args.seconds)
             row["kind"] = f"{k} silo(s), N={args.reminders}"
             rows.append(row)
+        if args.balanced_ring:
+            for k in args.silos:
+                row = _one(server, args.reminders, k, args.seconds, balanced=True)
+                row["kind"] = f"{k} silo(s), balanced ring"
+                rows.append(row)
+        if args.redis_cluster:
+            with RedisClusterServer() as cluster:
+                for k in args.silos:
+                    row = _one(cluster, args.reminders, k, args.seconds)
+                    row["kind"] = f"{k} silo(s), Redis Cluster"
+                    rows.append(row)
         if args.reference:
             # One silo at a K-silo cluster's per-silo share: what a silo's fixed
             # costs (membership, probes, polls) weigh at that rate on its own.
@@ -238,8 +288,12 @@ def main(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        url, service_id, name, n, k, t0, seconds = sys.argv[2:9]
-        run(_serve(url, service_id, name, int(n), int(k), float(t0), float(seconds)))
+        url, service_id, name, n, k, t0, seconds, balanced = sys.argv[2:10]
+        run(
+            _serve(
+                url, service_id, name, int(n), int(k), float(t0), float(seconds), balanced == "1"
+            )
+        )
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reminders", type=int, default=3000)
@@ -248,6 +302,8 @@ if __name__ == "__main__":
     parser.add_argument(
         "--no-reference", dest="reference", action="store_false", help="skip the 1-silo N/K rows"
     )
+    parser.add_argument("--redis-cluster", action="store_true")
+    parser.add_argument("--balanced-ring", action="store_true")
     args = parser.parse_args()
     rows = main(args)
     print_report(
@@ -264,6 +320,8 @@ if __name__ == "__main__":
             "cpu_vs_1",
             "cpu_us_per_tick_per_silo",
             "redis_cpu_us",
+            "ticks_per_silo",
+            "spread",
             "ready_late_s",
         ],
         loop=loop_name(),

@@ -2,7 +2,12 @@
 load-everything start-up measured in the same run.
 
 Run: ``python -m benchmarks.bench_reminder_startup [--rows 1000000] [--due-fraction 0.01]
-[--backend redis|postgres]``.
+[--backend redis|redis-cluster|postgres]``.
+
+``--backend redis-cluster`` fills a private 3-master Redis Cluster (a replica
+each) instead of one redis-server; the memory figures are the masters' together.
+Every Redis run reports the store's memory per million rows (``used_memory``
+after the fill less before it, replicas not counted).
 
 With ``--backend postgres`` the rows go into a throw-away database on the
 machine's PostgreSQL (``ORLEANSPY_TEST_POSTGRES_URL``, else the local server) in
@@ -43,6 +48,7 @@ from typing import Any
 import psutil
 
 from benchmarks._util import loop_name, print_report, ratio, run
+from orleanspy._redis import is_cluster
 from orleanspy.clock import SystemClock, to_ms
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
@@ -54,7 +60,7 @@ from orleanspy.ring import RingRange
 from orleanspy.serialization import pack
 from orleanspy.tables import table_backend
 from orleanspy.testing.postgres import PostgresDatabase
-from orleanspy.testing.redis_server import RedisServer
+from orleanspy.testing.redis_server import RedisClusterServer, RedisServer
 
 SERVICE = "bench-startup"
 TYPE = "BenchReminderGrain"
@@ -145,6 +151,14 @@ async def fill_postgres(url: str, rows: int, due_fraction: float, seed: int) -> 
     }
 
 
+async def _used_mb(client: Any) -> float:
+    """``used_memory`` in MB: of the one server, or the masters' together."""
+    if is_cluster(client):
+        infos = await client.info("memory", target_nodes=client.PRIMARIES)
+        return sum(float(i["used_memory"]) for i in infos.values()) / 2**20
+    return float((await client.info("memory"))["used_memory"]) / 2**20
+
+
 async def fill(url: str, rows: int, due_fraction: float, seed: int) -> dict[str, Any]:
     """Write ``rows`` rows straight into the table's layout; return fill figures."""
     rng = random.Random(seed)
@@ -152,6 +166,7 @@ async def fill(url: str, rows: int, due_fraction: float, seed: int) -> dict[str,
         table = RedisReminderTable(url, service_id=SERVICE, shards=SHARDS)
         await table.start(stack)  # writes the shard-count meta key
         client = table._c
+        before_mb = await _used_mb(client)
         now_ms = to_ms(datetime.now(UTC))
         window_ms = LOOK_AHEAD // timedelta(milliseconds=1)
         period_ms = 3_600_000
@@ -209,7 +224,7 @@ async def fill(url: str, rows: int, due_fraction: float, seed: int) -> dict[str,
         await pipe.execute()
         done = time.perf_counter()
         stored = await table.count()
-        used_mb = float((await client.info("memory"))["used_memory"]) / 2**20
+        used_mb = await _used_mb(client)
     return {
         "rows": stored,
         "due_rows": due_rows,
@@ -218,7 +233,16 @@ async def fill(url: str, rows: int, due_fraction: float, seed: int) -> dict[str,
         "fill_s": done - started,
         "rows_per_s": rows / (done - started),
         "store_used_mb": used_mb,
+        "mb_per_million_rows": (used_mb - before_mb) * 1e6 / max(stored, 1),
     }
+
+
+async def _used_mb(client: Any) -> float:
+    """``used_memory`` in MB: of the one server, or the masters' together."""
+    if is_cluster(client):
+        infos = await client.info("memory", target_nodes=client.PRIMARIES)
+        return sum(float(i["used_memory"]) for i in infos.values()) / 2**20
+    return float((await client.info("memory"))["used_memory"]) / 2**20
 
 
 # -- the two start-ups, each in its own process ---------------------------------------------
@@ -308,10 +332,13 @@ def _child(phase: str, url: str) -> dict[str, Any]:
 
 
 def main(rows: int, due_fraction: float, seed: int, backend: str) -> None:
-    server: RedisServer | PostgresDatabase
+    server: RedisServer | RedisClusterServer | PostgresDatabase
     if backend == "postgres":
         server = PostgresDatabase()
         filler = fill_postgres
+    elif backend == "redis-cluster":
+        server = RedisClusterServer()
+        filler = fill
     else:
         server = RedisServer()
         filler = fill
@@ -348,6 +375,11 @@ def main(rows: int, due_fraction: float, seed: int, backend: str) -> None:
         f"({fill_stats['rows_per_s']:,.0f} rows/s; build {fill_stats['build_s']:.1f} s, "
         f"write {fill_stats['write_s']:.1f} s); {backend} used "
         f"{fill_stats['store_used_mb']:.0f} MB"
+        + (
+            f", {fill_stats['mb_per_million_rows']:.0f} MB per million rows"
+            if "mb_per_million_rows" in fill_stats
+            else ""
+        )
     )
 
 
@@ -356,7 +388,9 @@ if __name__ == "__main__":
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--due-fraction", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--backend", choices=("redis", "postgres"), default="redis")
+    parser.add_argument(
+        "--backend", choices=("redis", "redis-cluster", "postgres"), default="redis"
+    )
     parser.add_argument("--phase", choices=("adaptive", "classic"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -1,7 +1,11 @@
 """Reminder ticks per second on one silo, with lateness and CPU, beside raw asyncio timers.
 
 Run: ``python -m benchmarks.bench_reminder_ticks [--rates 2000 4000 ...] [--seconds 7]
-[--default-window 2000] [--no-gc-compare] [--backend redis|postgres]``.
+[--default-window 2000] [--no-gc-compare] [--backend redis|postgres] [--redis-cluster]``.
+
+``--redis-cluster`` also runs each ``window 2N`` rate on a private 3-master Redis
+Cluster (a replica each), beside the one-Redis run of the same rate; its
+``redis_cpu_us`` is the three masters' CPU together (``per_master_cpu_us`` each).
 
 ``--backend postgres`` also runs each ``window 2N`` rate on a
 ``PostgresReminderTable`` (a throw-away database on the machine's PostgreSQL),
@@ -63,7 +67,7 @@ from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.ring import RingRange
 from orleanspy.testing.postgres import PostgresDatabase
-from orleanspy.testing.redis_server import RedisServer
+from orleanspy.testing.redis_server import RedisClusterServer, RedisServer
 
 if TYPE_CHECKING:
     from orleanspy.reminders.postgres import PostgresReminderTable
@@ -172,7 +176,7 @@ def _table(url: str, service_id: str) -> RedisReminderTable | PostgresReminderTa
 
 
 async def silo_run(
-    server: RedisServer,
+    server: RedisServer | RedisClusterServer,
     n: int,
     seconds: float,
     *,
@@ -200,6 +204,7 @@ async def silo_run(
     service_id = f"bench-ticks-{n}-{time.monotonic_ns()}"
     async with AsyncExitStack() as stack:
         table = _table(postgres_url or server.url, service_id)
+        redis_pids = _redis_pids(server)
         await table.start(stack)
         # Start two seconds from now, slots spread evenly over one period, plus
         # time to seed. PostgreSQL's larger share dates from seeding one commit per
@@ -215,7 +220,10 @@ async def silo_run(
         reset_collector()
         silo = Silo.local(options, reminder_table=table)
         async with silo:
-            meter = CpuMeter(silo=psutil.Process().pid, redis=None if postgres_url else server.pid)
+            meter = CpuMeter(
+                silo=psutil.Process().pid,
+                **({} if postgres_url else {f"redis{i}": pid for i, pid in enumerate(redis_pids)}),
+            )
             await measure_cpu(meter, t0, seconds)
             # The last slots of the span are delivered a moment after it ends.
             await asyncio.sleep(LATE_GRACE_S)
@@ -232,7 +240,16 @@ async def silo_run(
     row.update(
         bucket=options.reminders.base_bucket_size,
         silo_cpu_us=per_tick_us(meter.spent["silo"], row, seconds),
-        redis_cpu_us=per_tick_us(meter.spent.get("redis", float("nan")), row, seconds),
+        redis_cpu_us=per_tick_us(
+            sum(v for k, v in meter.spent.items() if k.startswith("redis")) or float("nan"),
+            row,
+            seconds,
+        ),
+        per_master_cpu_us=per_tick_us(
+            max((v for k, v in meter.spent.items() if k.startswith("redis")), default=float("nan")),
+            row,
+            seconds,
+        ),
         delivered=stats.delivered,
         persisted=stats.persisted,
         missed=stats.missed,
@@ -307,6 +324,13 @@ def _count_statements(table: Any) -> dict[str, int]:
     return counter
 
 
+def _redis_pids(server: RedisServer | RedisClusterServer) -> list[int]:
+    """The server's pid, or the cluster's masters' (the replicas' CPU is left out)."""
+    if isinstance(server, RedisServer):
+        return [server.pid] if server.pid else []
+    return [pid for port in server.master_ports() if (pid := server.node(port).pid)]
+
+
 async def seed(
     table: RedisReminderTable | PostgresReminderTable, entries: Sequence[ReminderEntry]
 ) -> None:
@@ -363,14 +387,19 @@ async def main(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str
     saturation = {"window 2N": 0, "loop.call_at": 0}
     with RedisServer() as server:
         database = PostgresDatabase() if args.backend == "postgres" else None
+        cluster = RedisClusterServer() if args.redis_cluster else None
         if database is not None:
             # Its own loop: create() must not run inside this one.
             await asyncio.to_thread(database.create)
+        if cluster is not None:
+            await asyncio.to_thread(cluster.start)
         try:
-            await _sweep(args, server, database, rows, saturation)
+            await _sweep(args, server, database, rows, saturation, cluster)
         finally:
             if database is not None:
                 await asyncio.to_thread(database.drop)
+            if cluster is not None:
+                cluster.close()
     return rows, saturation
 
 
@@ -380,6 +409,7 @@ async def _sweep(
     database: PostgresDatabase | None,
     rows: list[dict[str, Any]],
     saturation: dict[str, int],
+    cluster: RedisClusterServer | None = None,
 ) -> None:
     failed = {"window 2N": 0, "loop.call_at": 0}
     for n in sorted(args.rates):
@@ -396,6 +426,12 @@ async def _sweep(
                         bucket=2 * n,
                         kind="window 2N (PostgreSQL)",
                         postgres_url=database.url,
+                    )
+                )
+            if cluster is not None:
+                rows.append(
+                    await silo_run(
+                        cluster, n, args.seconds, bucket=2 * n, kind="window 2N (Redis Cluster)"
                     )
                 )
         if failed["loop.call_at"] < 2:
@@ -444,6 +480,7 @@ if __name__ == "__main__":
     parser.add_argument("--default-window", type=int, default=2000)
     parser.add_argument("--no-gc-compare", action="store_true")
     parser.add_argument("--backend", choices=("redis", "postgres"), default="redis")
+    parser.add_argument("--redis-cluster", action="store_true")
     parser.add_argument(
         "--poll-interval",
         type=float,
@@ -468,6 +505,7 @@ if __name__ == "__main__":
             "lateness_max_ms",
             "silo_cpu_us",
             "redis_cpu_us",
+            "per_master_cpu_us",
             "ok",
             "missed",
             "stop_s",

@@ -91,7 +91,8 @@ class _Global:
 
 _GLOBALS = (
     _Global("--redis-url", "ORLEANSPY_REDIS_URL", None,
-            "Redis of the cluster: redis://HOST:PORT/DB, rediss://... (TLS) or "
+            "Redis of the cluster: redis://HOST:PORT/DB, rediss://... (TLS), "
+            "redis+cluster://HOST:PORT,..., redis+sentinel://HOST:PORT,.../MASTER or "
             "unix:///PATH (this or --storage-url is required but for demo)",
             {"metavar": "URL"}),
     _Global("--storage-url", "ORLEANSPY_STORAGE_URL", None,

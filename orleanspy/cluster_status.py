@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol, cast
 
-from orleanspy._redis import Redis, connect, key_prefix, redacted, translate_errors
+from orleanspy._redis import Redis, connect, key_prefix, redacted, resolve, translate_errors
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.model import MembershipSnapshot, SiloStatus
@@ -459,9 +459,11 @@ def _int(rec: dict[str, object] | None, key: str) -> int | None:
 
 async def other_clusters(client: Redis) -> dict[tuple[str, str], int]:
     """Every ``(service_id, cluster_id)`` with a membership table in this Redis,
-    with its number of rows."""
+    with its number of rows. On a Redis Cluster every master is scanned (SCAN
+    per node: redis-py's cluster ``scan_iter``); ``KEYS`` is never used."""
     found: dict[tuple[str, str], int] = {}
     with translate_errors("cluster scan"):
+        client = await resolve(client)
         async for key in client.scan_iter(match=_MEMBERS_PATTERN, count=500):
             text = key.decode(errors="replace")
             inner = text[text.find("{") + 1 : text.rfind("}")]

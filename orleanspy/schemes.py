@@ -45,6 +45,10 @@ Kind = Literal["tables", "storage", "streams"]
 SCHEMES: Final[dict[str, Backend]] = {
     "redis": "redis",
     "rediss": "redis",
+    "redis+cluster": "redis",
+    "rediss+cluster": "redis",
+    "redis+sentinel": "redis",
+    "rediss+sentinel": "redis",
     "unix": "redis",
     "postgresql": "postgres",
     "postgres": "postgres",
@@ -101,7 +105,8 @@ def check_redis_url(url: str, what: str) -> None:
     if SCHEMES.get(scheme_of(url)) != "redis":
         raise ConfigurationError(
             f"{what} {url!r} has no Redis scheme; use redis://HOST:PORT/DB, "
-            "rediss://HOST:PORT/DB (TLS) or unix:///PATH/redis.sock"
+            "rediss://HOST:PORT/DB (TLS), redis+cluster://HOST:PORT[,HOST:PORT...], "
+            "redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER or unix:///PATH/redis.sock"
         )
 
 

@@ -18,6 +18,7 @@ from orleanspy.schemes import Backend, backend_of
 if TYPE_CHECKING:
     from orleanspy.directory.table import GrainDirectory
     from orleanspy.membership.table import MembershipTable
+    from orleanspy.options import RedisOptions
     from orleanspy.reminders.table import ReminderTable
     from orleanspy.storage.contract import GrainStorage
 
@@ -34,13 +35,17 @@ class TableConnections:
     """Tables for URLs, with one client (Redis) or pool (PostgreSQL) per URL,
     closed when ``stack`` unwinds."""
 
-    def __init__(self, stack: AsyncExitStack) -> None:
+    def __init__(self, stack: AsyncExitStack, redis_options: RedisOptions | None = None) -> None:
         self._stack = stack
+        #: How the Redis tables and storage write (``RedisOptions``: replicas to WAIT for).
+        self.redis_options = redis_options
         self._redis: dict[str, Any] = {}
         self._pools: dict[str, Any] = {}
 
     def redis(self, url: str) -> Any:
-        """The shared ``redis.asyncio.Redis`` client of ``url``."""
+        """The shared Redis client of ``url`` (``orleanspy._redis.connect``; a plain
+        ``redis://`` URL's client learns on first connect whether it names a
+        cluster)."""
         if url not in self._redis:
             from orleanspy._redis import connect
 
@@ -72,7 +77,12 @@ class TableConnections:
             )
         from orleanspy.membership.redis import RedisMembershipTable
 
-        return RedisMembershipTable(self.redis(url), cluster_id=cluster_id, service_id=service_id)
+        return RedisMembershipTable(
+            self.redis(url),
+            cluster_id=cluster_id,
+            service_id=service_id,
+            options=self.redis_options,
+        )
 
     async def reminder_table(self, url: str, *, service_id: str, shards: int) -> ReminderTable:
         """``shards`` applies to Redis only (PostgreSQL slices the ring in its index)."""
@@ -82,7 +92,9 @@ class TableConnections:
             return PostgresReminderTable(await self.postgres(url), service_id=service_id)
         from orleanspy.reminders.redis import RedisReminderTable
 
-        return RedisReminderTable(self.redis(url), service_id=service_id, shards=shards)
+        return RedisReminderTable(
+            self.redis(url), service_id=service_id, shards=shards, options=self.redis_options
+        )
 
     async def directory(self, url: str, *, cluster_id: str, service_id: str) -> GrainDirectory:
         if table_backend(url) == "postgres":
@@ -104,4 +116,4 @@ class TableConnections:
             return PostgresGrainStorage(await self.postgres(url), service_id=service_id)
         from orleanspy.storage.redis import RedisGrainStorage
 
-        return RedisGrainStorage(self.redis(url), service_id=service_id)
+        return RedisGrainStorage(self.redis(url), service_id=service_id, options=self.redis_options)

@@ -1,5 +1,7 @@
-"""Shared fixtures: a private redis-server per test session, flushed per test, and a
-private PostgreSQL database per test session, emptied per test."""
+"""Shared fixtures: a private redis-server per test session, flushed per test; a
+private Redis Cluster (3 masters, a replica each) and a Sentinel set-up per test
+session, started on first use; and a private PostgreSQL database per test
+session, emptied per test."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from orleanspy.testing.postgres import PostgresDatabase
-from orleanspy.testing.redis_server import RedisServer
+from orleanspy.testing.redis_server import RedisClusterServer, RedisSentinelSet, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +31,68 @@ def redis_url(redis_server: RedisServer) -> str:
         redis_server.start()
     redis_server.flushall()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServer]:
+    """A Redis Cluster of our own: 3 masters with a replica each, on free loopback
+    ports, node timeout 1 s. Tests that kill a node use ``own_redis_cluster``."""
+    cluster = RedisClusterServer()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterServer) -> str:
+    """A plain ``redis://`` URL naming one node of the session's cluster (cluster
+    mode is detected), emptied before the test."""
+    redis_cluster.wait_healthy()
+    redis_cluster.flushall()
+    return redis_cluster.url
+
+
+@pytest.fixture
+def own_redis_cluster() -> Iterator[RedisClusterServer]:
+    """A Redis Cluster for this test alone, for tests that kill nodes."""
+    cluster = RedisClusterServer()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel() -> Iterator[RedisSentinelSet]:
+    """A primary, a replica and 3 sentinels of our own (quorum 2)."""
+    sentinels = RedisSentinelSet()
+    try:
+        sentinels.start()
+        yield sentinels
+    finally:
+        sentinels.close()
+
+
+@pytest.fixture
+def redis_sentinel_url(redis_sentinel: RedisSentinelSet) -> str:
+    """The ``redis+sentinel://`` URL of the session's set-up, emptied before the test."""
+    redis_sentinel.wait_healthy()
+    redis_sentinel.flushall()
+    return redis_sentinel.url
+
+
+@pytest.fixture
+def own_redis_sentinel() -> Iterator[RedisSentinelSet]:
+    """A Sentinel set-up for this test alone, for tests that kill the primary."""
+    sentinels = RedisSentinelSet()
+    try:
+        sentinels.start()
+        yield sentinels
+    finally:
+        sentinels.close()
 
 
 @pytest.fixture

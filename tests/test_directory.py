@@ -55,12 +55,15 @@ BACKENDS: dict[str, Callable[[str], DirectoryFactory]] = {
     "cached-memory": lambda url: cached_memory,
     "redis": redis_factory,
     "cached-redis": lambda url: redis_factory(url, cached=True),
+    "redis_cluster": redis_factory,
 }
 
 
 @pytest.fixture(params=list(BACKENDS))
 def factory(request: pytest.FixtureRequest) -> DirectoryFactory:
     make = BACKENDS[request.param]
+    if request.param == "redis_cluster":
+        return make(request.getfixturevalue("redis_cluster_url"))
     if "redis" in request.param:
         return make(request.getfixturevalue("redis_url"))
     return make("")

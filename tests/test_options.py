@@ -146,4 +146,4 @@ def test_the_typed_init_of_each_option_class_matches_its_fields() -> None:
         for name in durations:
             assert "timedelta | float" in params[name], (node.name, name)
         checked += 1
-    assert checked == 4
+    assert checked == 5

@@ -31,7 +31,15 @@ def test_each_kind_offers_its_backends() -> None:
         with pytest.raises(ConfigurationError, match="unsupported"):
             backend_of(url, kind)  # type: ignore[arg-type]
     assert scheme_of("redis") == ""  # a bare word is no scheme, but for memory
-    assert schemes_for("streams") == ["redis://", "rediss://", "unix://"]
+    assert schemes_for("streams") == [
+        "redis://",
+        "rediss://",
+        "redis+cluster://",
+        "rediss+cluster://",
+        "redis+sentinel://",
+        "rediss+sentinel://",
+        "unix://",
+    ]
 
 
 def test_errors_name_the_scheme_and_what_works_never_the_url() -> None:
@@ -61,4 +69,4 @@ async def test_the_silos_default_storage_shares_the_tables_client() -> None:
         connections = TableConnections(stack)
         storage = await connections.grain_storage("redis://127.0.0.1:1/0", service_id="s")
         assert isinstance(storage, RedisGrainStorage)
-        assert connections.redis_clients() == {"redis://127.0.0.1:1/0": storage._client}
+        assert connections.redis_clients() == {"redis://127.0.0.1:1/0": storage._source}

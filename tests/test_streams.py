@@ -30,13 +30,13 @@ from orleanspy.testing.stream_provider import (
 S = "test.stream"
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis_cluster"])
 def factory(request: pytest.FixtureRequest) -> StreamFactory:
-    """Fresh providers of one backend: the Redis ones on a private redis-server,
-    each under a service id of its own."""
+    """Fresh providers of one backend: the Redis ones on a private redis-server
+    (or a private Redis Cluster), each under a service id of its own."""
     if request.param == "memory":
         return lambda: started(InMemoryStreamProvider())
-    url = request.getfixturevalue("redis_url")
+    url = request.getfixturevalue(f"{request.param}_url")
     return lambda: started(RedisStreamProvider(url, service_id=f"svc-{uuid.uuid4().hex}"))
 
 

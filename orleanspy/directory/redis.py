@@ -26,7 +26,7 @@ import asyncio
 from contextlib import AsyncExitStack
 from typing import Any
 
-from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy._redis import Client, Redis, connect, key_prefix, resolve, translate_errors
 from orleanspy.directory.table import ActivationAddress
 from orleanspy.errors import ConfigurationError, StorageError
 from orleanspy.identity import GrainId, SiloAddress
@@ -98,7 +98,8 @@ class RedisGrainDirectory:
         if not service_id or not cluster_id:
             raise ConfigurationError("service_id and cluster_id must not be empty")
         self._url = url_or_client if isinstance(url_or_client, str) else None
-        self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._source: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._client: Client | None = None
         self.cluster_id = cluster_id
         self.service_id = service_id
         self.shards = shards
@@ -121,17 +122,19 @@ class RedisGrainDirectory:
     async def start(self, stack: AsyncExitStack) -> None:
         """Create the client if given a URL (closed on ``stack``), load the scripts and
         check the server answers; ``StorageUnavailableError`` if it does not."""
-        if self._client is None:
+        if self._source is None:
             assert self._url is not None
-            client = connect(self._url, max_connections=self._max_in_flight)
-            stack.push_async_callback(client.aclose)
-            self._client = client
+            source = connect(self._url, max_connections=self._max_in_flight)
+            stack.push_async_callback(source.aclose)
+            self._source = source
+        with translate_errors("grain directory start"):
+            self._client = await resolve(self._source)
         self._register = self._client.register_script(_REGISTER)
         self._unregister = self._client.register_script(_UNREGISTER)
         with translate_errors("grain directory start"):
             await self._client.ping()
 
-    def _redis(self) -> Redis:
+    def _redis(self) -> Client:
         if self._client is None or self._register is None:
             raise RuntimeError("RedisGrainDirectory used before start()")
         return self._client

@@ -18,9 +18,17 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from datetime import datetime
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy._redis import (
+    Client,
+    Redis,
+    call_script,
+    connect,
+    key_prefix,
+    resolve,
+    translate_errors,
+)
 from orleanspy.clock import to_ms
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
@@ -32,6 +40,9 @@ from orleanspy.membership.model import (
     TableVersion,
 )
 from orleanspy.serialization import pack, unpack
+
+if TYPE_CHECKING:
+    from orleanspy.options import RedisOptions
 
 __all__ = ["RedisMembershipTable"]
 
@@ -99,15 +110,26 @@ class RedisMembershipTable:
     ``url_or_client``: a URL (the table opens its own client in ``start`` and
     closes it when the stack unwinds) or a ``redis.asyncio.Redis`` client (used
     as is, never closed here; responses must be bytes, i.e. no
-    ``decode_responses``).
+    ``decode_responses``). On Redis Cluster the table is one key, so one slot
+    (with this cluster's directory shards spread elsewhere). ``options``:
+    ``RedisOptions``; with ``wait_replicas`` every row insert and update waits
+    for that many replicas (heartbeats do not).
     """
 
-    def __init__(self, url_or_client: str | Redis, *, cluster_id: str, service_id: str) -> None:
+    def __init__(
+        self,
+        url_or_client: str | Redis,
+        *,
+        cluster_id: str,
+        service_id: str,
+        options: RedisOptions | None = None,
+    ) -> None:
         for what, value in (("cluster_id", cluster_id), ("service_id", service_id)):
             if not value or any(c in value for c in "{}:|"):
                 raise ValueError(f"{what} must be non-empty without '{{', '}}', ':', '|'")
         self._source = url_or_client
-        self._client: Redis | None = None
+        self._client: Client | None = None
+        self._options = options
         self.key = f"{key_prefix(service_id)}cluster:{{{service_id}:{cluster_id}}}:members"
         self._write_script: Any = None
         self._alive_script: Any = None
@@ -117,17 +139,19 @@ class RedisMembershipTable:
         if self._client is not None:
             raise RuntimeError("RedisMembershipTable.start() was already called")
         if isinstance(self._source, str):
-            client = connect(self._source)
-            stack.push_async_callback(client.aclose)
+            source = connect(self._source)
+            stack.push_async_callback(source.aclose)
         else:
-            client = self._source
+            source = self._source
+        with translate_errors("membership start"):
+            client = await resolve(source)
         self._client = client
         self._write_script = client.register_script(_WRITE)
         self._alive_script = client.register_script(_I_AM_ALIVE)
         self._delete_script = client.register_script(_DELETE_DEAD)
 
     @property
-    def _redis(self) -> Redis:
+    def _redis(self) -> Client:
         if self._client is None:
             raise RuntimeError("RedisMembershipTable used before start()")
         return self._client
@@ -172,7 +196,9 @@ class RedisMembershipTable:
     ) -> bool:
         args = [mode, str(entry.silo), pack(entry.to_record()), etag, version.etag, version.version]
         with translate_errors(f"membership {mode}_row"):
-            result = int(await self._write_script(keys=[self.key], args=args))
+            result = int(
+                await call_script(self._redis, self._write_script, [self.key], args, self._options)
+            )
         if result < 0:
             raise ValueError(
                 f"table version {version.version} is not above the stored one: "

@@ -59,13 +59,24 @@ import secrets
 from collections.abc import Container, Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
-from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy._redis import (
+    Client,
+    Redis,
+    call_script,
+    connect,
+    is_cluster,
+    key_prefix,
+    node_groups,
+    resolve,
+    run_script_calls,
+    translate_errors,
+)
 from orleanspy.clock import to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
-from orleanspy.reminders._redis_feed import RedisChanges, change_payload
+from orleanspy.reminders._redis_feed import ClusterTopology, RedisChanges, change_payload
 from orleanspy.reminders.model import (
     FireRecord,
     ReminderEntry,
@@ -75,6 +86,9 @@ from orleanspy.reminders.model import (
 from orleanspy.reminders.table import ENDED_HISTORY_KEPT, FeedScope
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, pack_lua, unpack
+
+if TYPE_CHECKING:
+    from orleanspy.options import RedisOptions
 
 __all__ = ["RedisReminderTable"]
 
@@ -229,6 +243,9 @@ return out
 # (``FireRecord.to_record``'s "x", "m", "n", "f"). The record map is built here
 # (``FireRecord.to_record``'s form), so the client packs one string per batch,
 # not one per record. Records of a missing row are dropped.
+#: Items per fire record in ``append_history``'s packed list (``_APPEND_HISTORY``).
+_HISTORY_FIELDS: Final = 5
+
 _APPEND_HISTORY: Final = """
 local keep = tonumber(ARGV[1])
 local prefix = ARGV[2]
@@ -340,9 +357,24 @@ class RedisReminderTable:
     (the table never closes it). ``shards`` is a power of two in 1..65536 and is
     fixed for the life of the stored table: ``start`` fails with
     ``StorageError`` if the stored table was created with another count.
+
+    On Redis Cluster (a ``RedisCluster`` client, or a URL that names one) each
+    shard is its own hash slot, so shards spread over the masters; reads that
+    span shards go to every node concurrently, the per-tick batch scripts run
+    once per node. ``options``: ``RedisOptions``; with ``wait_replicas`` every
+    whole-row write (``upsert``, ``upsert_if``, ``upsert_many``) and ``remove``
+    waits for that many replicas. Schedule CASes and history do not (a lost
+    one is re-read: see docs/redis.md).
     """
 
-    def __init__(self, url_or_client: str | Redis, *, service_id: str, shards: int = 256) -> None:
+    def __init__(
+        self,
+        url_or_client: str | Redis,
+        *,
+        service_id: str,
+        shards: int = 256,
+        options: RedisOptions | None = None,
+    ) -> None:
         if shards < 1 or shards > 65536 or shards & (shards - 1):
             raise ConfigurationError(
                 f"RedisReminderTable shards must be a power of two in 1..65536, got {shards}"
@@ -351,7 +383,13 @@ class RedisReminderTable:
         self.shards = shards
         self._shift = 32 - (shards.bit_length() - 1)
         self._url = url_or_client if isinstance(url_or_client, str) else None
-        self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._source: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._client: Client | None = None
+        self._cluster = False
+        self._options = options if options is not None and options.wait_replicas else None
+        # Shared with the change feeds: a cluster feed that lost a node marks the
+        # slot map stale, and the next subscription re-reads it first.
+        self._topology = ClusterTopology()
         self._prefix = key_prefix(service_id)
         # What every shard key starts with (``_key``); the per-tick scripts
         # build their keys from it.
@@ -376,11 +414,13 @@ class RedisReminderTable:
         Raises ``StorageError`` if the table was created with another shard count,
         ``StorageUnavailableError`` if Redis cannot be reached.
         """
-        if self._client is None:
+        if self._source is None:
             assert self._url is not None
-            self._client = connect(self._url)
-            stack.push_async_callback(self._client.aclose)
-        client = self._client
+            self._source = connect(self._url)
+            stack.push_async_callback(self._source.aclose)
+        with translate_errors("reminder table start"):
+            client = self._client = await resolve(self._source)
+        self._cluster = is_cluster(client)
         # Pushed after the client's close, so it unwinds first: the change feeds
         # end before the client they read from is closed.
         stack.push_async_callback(self._close_subscriptions)
@@ -407,7 +447,7 @@ class RedisReminderTable:
             self._scripts[name] = client.register_script(text)
 
     @property
-    def _c(self) -> Redis:
+    def _c(self) -> Client:
         if self._client is None:
             raise RuntimeError("RedisReminderTable used before start()")
         return self._client
@@ -459,16 +499,22 @@ class RedisReminderTable:
                 row.append(True)
             packed.append(row)
         script = self._script("upsert_many")
+        calls = [
+            (
+                [self._key(s, k) for k in ("rows", "due", "grain", "etag")],
+                [
+                    self._etag_suffix,
+                    self._channel(s),
+                    pack([packed[i] for i in indexes]),
+                    self._writer,
+                ],
+            )
+            for s, indexes in by_shard.items()
+        ]
         with translate_errors("reminder upsert_many"):
-            pipe = self._c.pipeline(transaction=False)
-            pipe.script_load(_UPSERT_MANY)
-            for s, indexes in by_shard.items():
-                keys = [self._key(s, k) for k in ("rows", "due", "grain", "etag")]
-                rows = pack([packed[i] for i in indexes])
-                pipe.evalsha(
-                    script.sha, 4, *keys, self._etag_suffix, self._channel(s), rows, self._writer
-                )
-            replies = (await pipe.execute())[1:]
+            replies = await run_script_calls(
+                self._c, _UPSERT_MANY, script.sha, calls, wait=self._options
+            )
         etags: list[str] = [""] * len(entries)
         for indexes, reply in zip(by_shard.values(), replies, strict=True):
             for i, etag in zip(indexes, reply, strict=True):
@@ -484,7 +530,7 @@ class RedisReminderTable:
     async def _upsert(self, entry: ReminderEntry, condition: str, what: str) -> str | None:
         keys, args = self._upsert_call(entry, condition)
         with translate_errors(what):
-            etag = await self._script("upsert")(keys=keys, args=args)
+            etag = await call_script(self._c, self._script("upsert"), keys, args, self._options)
         return None if etag is None else str(etag.decode())
 
     def _upsert_call(self, entry: ReminderEntry, condition: str) -> tuple[list[str], list[Any]]:
@@ -559,10 +605,58 @@ class RedisReminderTable:
                 -1 if u.last_fire is None else to_ms(u.last_fire),
             )
         with translate_errors("reminder update_schedule_many"):
-            results = await self._script("update_many")(
-                args=[self._etag_suffix, self._shard_prefix, pack_lua(flat)]
-            )
+            if self._cluster:
+                results = await self._per_node(
+                    "update_many", _UPDATE_MANY, flat, 6, [self._etag_suffix]
+                )
+            else:
+                results = await self._script("update_many")(
+                    args=[self._etag_suffix, self._shard_prefix, pack_lua(flat)]
+                )
         return [None if r is None else r.decode() for r in results]
+
+    async def _per_node(
+        self, name: str, text: str, flat: list[Any], width: int | None, head: list[Any]
+    ) -> list[Any]:
+        """Run a batch script whose items (``flat``, each starting with its shard)
+        span shards once per cluster node, over that node's items only, routed by
+        a key of the node's first shard; the replies in ``flat``'s item order.
+
+        ``width``: items of a fixed number of fields; ``None``: history items
+        (shard, key, n, then ``_HISTORY_FIELDS`` fields per record). The script's ARGV stay
+        ``head + [shard prefix, packed items]``: the routing key is the one
+        declared key, and the other shards' keys it builds are local to the node
+        (a key whose slot moved meanwhile fails the call: unavailable, retried).
+        """
+        items: list[tuple[int, int]] = []  # (start, end) of each item in flat
+        i = 0
+        while i < len(flat):
+            end = i + (width if width is not None else 3 + _HISTORY_FIELDS * int(flat[i + 2]))
+            items.append((i, end))
+            i = end
+        shards = [int(flat[a]) for a, _ in items]
+        distinct = sorted(set(shards))
+        groups = await node_groups(self._c, [self._key(sh, "rows") for sh in distinct])
+        group_of = {distinct[i]: g for g, members in enumerate(groups) for i in members}
+        parts: list[list[int]] = [[] for _ in groups]
+        for n, sh in enumerate(shards):
+            parts[group_of[sh]].append(n)
+        calls = []
+        for members in parts:
+            sub: list[Any] = []
+            for n in members:
+                a, b = items[n]
+                sub += flat[a:b]
+            routing = self._key(int(flat[items[members[0]][0]]), "rows")
+            calls.append(([routing], [*head, self._shard_prefix, pack_lua(sub)]))
+        replies = await run_script_calls(self._c, text, self._script(name).sha, calls)
+        if width is None:
+            return replies
+        out: list[Any] = [None] * len(items)
+        for members, reply in zip(parts, replies, strict=True):
+            for n, r in zip(members, reply, strict=True):
+                out[n] = r
+        return out
 
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
         """The whole batch in one script call, records packed in one argument;
@@ -580,7 +674,10 @@ class RedisReminderTable:
                 flags = {k: v for k, v in r.to_record().items() if k in _HISTORY_FLAGS}
                 flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, flags or False)
         with translate_errors("reminder append_history"):
-            await self._script("history")(args=[keep, self._shard_prefix, pack_lua(flat)])
+            if self._cluster:
+                await self._per_node("history", _APPEND_HISTORY, flat, None, [keep])
+            else:
+                await self._script("history")(args=[keep, self._shard_prefix, pack_lua(flat)])
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         key = row_key(grain_id, name)
@@ -611,14 +708,16 @@ class RedisReminderTable:
         s = self.shard_of(h)
         key = row_key(grain_id, name)
         with translate_errors("reminder remove"):
-            done = await self._script("remove")(
-                keys=[
+            done = await call_script(
+                self._c,
+                self._script("remove"),
+                [
                     self._key(s, "rows"),
                     self._key(s, "due"),
                     self._key(s, "grain"),
                     self._key(s, f"hist:{key}"),
                 ],
-                args=[
+                [
                     key,
                     self._member(h, key),
                     etag,
@@ -626,6 +725,7 @@ class RedisReminderTable:
                     change_payload(self._writer, h, grain_id, name, None),
                     *(() if history_ms is None else (history_ms,)),
                 ],
+                self._options,
             )
         return bool(done)
 
@@ -833,25 +933,25 @@ class RedisReminderTable:
         script = self._script("read_due")
         page = min(max(limit, _MIN_PAGE), _MAX_PAGE) if limit > 0 else _MAX_PAGE
         mins = [min_scores] * len(plan) if isinstance(min_scores, int) else min_scores
-        with translate_errors(what):
-            pipe = self._c.pipeline(transaction=False)
-            # Loading first on the same connection makes NOSCRIPT impossible.
-            pipe.script_load(_READ_DUE)
-            for (s, parts), lo in zip(plan, mins, strict=True):
-                bounds = [f"{x:08x}" for lo_hi in parts for x in lo_hi]
-                pipe.evalsha(
-                    script.sha,
-                    1,
-                    self._key(s, "due"),
+        calls = [
+            (
+                [self._key(s, "due")],
+                [
                     lo,
                     max_score,
                     before_ms,
                     limit,
                     page,
                     after_ms,
-                    *bounds,
-                )
-            replies = (await pipe.execute())[1:]
+                    *(f"{x:08x}" for lo_hi in parts for x in lo_hi),
+                ],
+            )
+            for (s, parts), lo in zip(plan, mins, strict=True)
+        ]
+        with translate_errors(what):
+            # One Redis: loaded first on the same connection, so NOSCRIPT cannot
+            # happen. A cluster: every node's calls at once, concurrently.
+            replies = await run_script_calls(self._c, _READ_DUE, script.sha, calls)
         # Scores are integers below 2**52, exact as doubles.
         return [
             [(int(float(flat[i + 1])), flat[i]) for i in range(0, len(flat), 2)] for flat in replies
@@ -867,9 +967,10 @@ class RedisReminderTable:
     def changes(self) -> RedisChanges:
         """A new subscription to the change channels of every shard, all writers.
 
-        It subscribes on the first ``anext`` (changes published before that are
-        not seen), reconnects with backoff when Redis goes away (logging, never
-        raising), and ends on ``aclose`` or when the table is closed.
+        It subscribes on ``open`` or the first ``anext`` (changes published
+        before that are not seen), raises ``StorageUnavailableError`` when Redis
+        goes away (changes may have been missed: open a new feed, then re-read),
+        and ends on ``aclose`` or when the table is closed.
         """
         return self.scoped_changes(FeedScope())
 
@@ -885,6 +986,7 @@ class RedisReminderTable:
             writer=self._writer,
             channels_of=self._channels_of,
             registry=self._subscriptions,
+            topology=self._topology if self._cluster else None,
         )
         self._subscriptions.add(sub)
         return sub
@@ -906,3 +1008,4 @@ class RedisReminderTable:
     async def _close_subscriptions(self) -> None:
         for sub in list(self._subscriptions):
             await sub.aclose()
+        await self._topology.close()

@@ -203,13 +203,15 @@ class RingFollower:
         transport: Transport,
         on_ranges: Callable[[tuple[RingRange, ...]], None],
         buckets_per_silo: int = 30,
+        balanced: bool = False,
     ) -> None:
         self._address = address
         self._directory = directory
         self._transport = transport
         self._on_ranges = on_ranges
         self._buckets = buckets_per_silo
-        self.ring = ConsistentRing.build((), buckets_per_silo)
+        self._balanced = balanced
+        self.ring = ConsistentRing.build((), buckets_per_silo, balanced=balanced)
         self._known_dead: set[SiloAddress] = set()
         self.changes = 0
 
@@ -221,7 +223,7 @@ class RingFollower:
                 self._directory.invalidate_silo(silo)
                 self._transport.disconnect(silo)
         active = snapshot.active_silos()
-        ring = ConsistentRing.build(active, self._buckets)
+        ring = ConsistentRing.build(active, self._buckets, balanced=self._balanced)
         if ring != self.ring:
             self.ring = ring
             self.changes += 1

@@ -285,7 +285,7 @@ class Silo:
         released), Dead, transport and stores closed."""
         # One Redis client or PostgreSQL pool per URL, shared by the providers
         # that live there, closed by the silo.
-        connections = TableConnections(stack)
+        connections = TableConnections(stack, self.options.redis)
         await self._open_cluster_providers(connections)
         transport = self._make_transport()
         directory = await self._start_membership_table_and_directory(stack)
@@ -465,6 +465,7 @@ class Silo:
             directory=directory,
             transport=transport,
             on_ranges=self._reminders().set_ranges,
+            balanced=self.options.membership.balanced_ring,
         )
         self.ring = follower
         await membership.start(stack)

@@ -24,13 +24,25 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from orleanspy._redis import NoScriptError, Redis, connect, key_prefix, translate_errors
+from orleanspy._redis import (
+    Client,
+    Redis,
+    call_script,
+    connect,
+    key_prefix,
+    resolve,
+    run_script_calls,
+    translate_errors,
+)
 from orleanspy.errors import StorageError
 from orleanspy.identity import GrainId
 from orleanspy.storage._batch import Batcher
 from orleanspy.storage.contract import StoredState
+
+if TYPE_CHECKING:
+    from orleanspy.options import RedisOptions
 
 __all__ = ["RedisGrainStorage"]
 
@@ -77,15 +89,24 @@ class RedisGrainStorage:
     the start stack) or a ``redis.asyncio.Redis`` client created with bytes
     responses (never closed here). ``service_id`` scopes the keys. Up to
     ``concurrency`` reads (and as many writes) go to Redis on their own at once;
-    more share pipelines.
+    more share pipelines (on Redis Cluster, one per node, sent concurrently).
+    ``options``: ``RedisOptions``; with ``wait_replicas`` every write and clear
+    waits for that many replicas before it is acknowledged.
     """
 
     def __init__(
-        self, url_or_client: str | Redis, *, service_id: str = "default", concurrency: int = 8
+        self,
+        url_or_client: str | Redis,
+        *,
+        service_id: str = "default",
+        concurrency: int = 8,
+        options: RedisOptions | None = None,
     ) -> None:
         self.service_id = service_id
         self._url = url_or_client if isinstance(url_or_client, str) else None
-        self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._source: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._client: Client | None = None
+        self._options = options
         self._prefix = f"{key_prefix(service_id)}state:{{{service_id}:"
         self._reads: Batcher[str, StoredState | None] = Batcher(
             self._read_many, concurrency=concurrency
@@ -96,15 +117,17 @@ class RedisGrainStorage:
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Connect (if given a URL) and register the scripts."""
-        if self._client is None:
+        if self._source is None:
             assert self._url is not None
-            self._client = connect(self._url)
-            stack.push_async_callback(self._client.aclose)
+            self._source = connect(self._url)
+            stack.push_async_callback(self._source.aclose)
+        with translate_errors("grain state start"):
+            self._client = await resolve(self._source)
         self._write = self._client.register_script(_WRITE)
         self._clear = self._client.register_script(_CLEAR)
 
     @property
-    def _c(self) -> Redis:
+    def _c(self) -> Client:
         if self._client is None:
             raise RuntimeError("RedisGrainStorage used before start()")
         return self._client
@@ -125,7 +148,9 @@ class RedisGrainStorage:
 
     async def clear(self, grain_id: GrainId, name: str, etag: str | None) -> bool:
         with translate_errors("grain state clear"):
-            done = await self._clear(keys=[self.key(grain_id, name)], args=[etag or ""])
+            done = await call_script(
+                self._c, self._clear, [self.key(grain_id, name)], [etag or ""], self._options
+            )
         return bool(done)
 
     # -- batches ------------------------------------------------------------------------
@@ -149,25 +174,25 @@ class RedisGrainStorage:
         with translate_errors("grain state write"):
             if len(writes) == 1:
                 key, expected, data, new = writes[0]
-                return [bool(await self._write(keys=[key], args=[expected, data, new]))]
-            replies = await self._pipelined_writes(writes)
-            if any(isinstance(r, NoScriptError) for r in replies):
-                # A restarted or flushed Redis lost the script: none of these ran.
-                await self._c.script_load(_WRITE)
-                replies = await self._pipelined_writes(writes)
+                done = await call_script(
+                    self._c, self._write, [key], [expected, data, new], self._options
+                )
+                return [bool(done)]
+            # Only calls answered NOSCRIPT are sent again (they did not run).
+            replies = await run_script_calls(
+                self._c,
+                _WRITE,
+                self._write.sha,
+                [([key], [expected, data, new]) for key, expected, data, new in writes],
+                wait=self._options,
+                raise_on_error=False,
+            )
         return [
             StorageError(f"redis error during grain state write: {r}")
             if isinstance(r, Exception)
             else bool(r)
             for r in replies
         ]
-
-    async def _pipelined_writes(self, writes: Sequence[_Write]) -> list[Any]:
-        pipe = self._c.pipeline(transaction=False)
-        for key, expected, data, new in writes:
-            pipe.evalsha(self._write.sha, 1, key, expected, data, new)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies
 
 
 def _record(key: str, reply: Any) -> StoredState | Exception | None:

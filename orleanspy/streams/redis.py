@@ -29,7 +29,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self
 
-from orleanspy._redis import Redis, connect, key_prefix, translate_errors
+from orleanspy._redis import Client, Redis, connect, key_prefix, resolve, translate_errors
 from orleanspy._retry import Backoff
 from orleanspy.errors import ConfigurationError, StorageError
 from orleanspy.serialization import pack
@@ -200,12 +200,12 @@ class RedisStreamProvider(ProviderLifecycle):
             raise ConfigurationError(f"max_len must be at least 1, got {max_len}")
         super().__init__()
         self._source = url_or_client
-        self._client: Redis | None = None if isinstance(url_or_client, str) else url_or_client
+        self._client: Client | None = None
         self._service_id = service_id
         self._max_len = max_len
 
     @property
-    def client(self) -> Redis:
+    def client(self) -> Client:
         """The client in use; only valid after ``start``."""
         if self._client is None:
             raise RuntimeError("the stream provider has not been started")
@@ -219,8 +219,12 @@ class RedisStreamProvider(ProviderLifecycle):
     async def start(self, stack: AsyncExitStack) -> None:
         self._check_startable()
         if isinstance(self._source, str):
-            client = self._client = connect(self._source)
-            stack.push_async_callback(client.aclose)
+            source: Redis = connect(self._source)
+            stack.push_async_callback(source.aclose)
+        else:
+            source = self._source
+        with translate_errors("stream provider start"):
+            self._client = await resolve(source)
         self._started(stack)
 
     async def publish(self, stream: str, item: Any) -> str:

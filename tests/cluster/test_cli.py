@@ -209,7 +209,11 @@ async def _change_and_delete(url: tuple[str, ...], via: str) -> None:
 
 
 @pytest.mark.slow
-async def test_every_command_straight_on_the_redis_table_with_no_silo(redis_url: str) -> None:
+@pytest.mark.parametrize("store", ["redis_url", "redis_cluster_url"])
+async def test_every_command_straight_on_the_redis_table_with_no_silo(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    redis_url: str = request.getfixturevalue(store)
     async with AsyncExitStack() as stack:
         table = RedisReminderTable(redis_url, service_id="default")
         await table.start(stack)
@@ -238,7 +242,11 @@ async def test_every_command_straight_on_the_redis_table_with_no_silo(redis_url:
 
 
 @pytest.mark.slow
-async def test_no_gateway_error_names_the_ids_and_what_redis_holds(redis_url: str) -> None:
+@pytest.mark.parametrize("store", ["redis_url", "redis_cluster_url"])
+async def test_no_gateway_error_names_the_ids_and_what_redis_holds(
+    store: str, request: pytest.FixtureRequest
+) -> None:
+    redis_url: str = request.getfixturevalue(store)
     options = SiloOptions(redis_url=redis_url, gateway_port=None, cluster_id="blue")
     async with Silo(options):
         with pytest.raises(SiloUnavailableError) as wrong:

@@ -112,10 +112,13 @@ def _clear() -> Iterator[None]:
 Cluster = Callable[..., Awaitable[Silo]]
 
 
-@pytest.fixture
-async def cluster(redis_url: str) -> AsyncIterator[tuple[list[Silo], Cluster]]:
+@pytest.fixture(params=["redis"])
+async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[tuple[list[Silo], Cluster]]:
     """``(silos, add)``: ``await add(reminders=...)`` starts one more silo; every
-    silo still running at the end is stopped."""
+    silo still running at the end is stopped. On one Redis; ``store`` (an
+    indirect parametrization: ``redis_cluster``) puts them on a Redis Cluster."""
+    store = getattr(request, "param", "redis")
+    redis_url = request.getfixturevalue(f"{store}_url")
     template = SiloOptions(
         membership=MEMBERSHIP,
         reminders=FAST,
@@ -261,7 +264,7 @@ async def test_ranges_move_on_join_and_graceful_leave_and_reminders_keep_firing(
 
 
 async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
-    redis_url: str, cluster: tuple[list[Silo], Cluster]
+    cluster: tuple[list[Silo], Cluster],
 ) -> None:
     silos, add = cluster
     opts = ReminderOptions(

@@ -24,11 +24,11 @@ from orleanspy.testing.membership_table import (
 from orleanspy.testing.redis_server import RedisServer
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis_cluster", "redis_sentinel"])
 def factory(request: pytest.FixtureRequest) -> TableFactory:
     if request.param == "memory":
         return lambda: started(InMemoryMembershipTable())
-    url = request.getfixturevalue("redis_url")
+    url = request.getfixturevalue(f"{request.param}_url")
     return lambda: started(RedisMembershipTable(url, cluster_id=uuid.uuid4().hex, service_id="svc"))
 
 

@@ -65,13 +65,15 @@ def redis_factory(url: str, shards: int) -> Factory:
     return make
 
 
-@pytest.fixture(params=["memory", "redis-256", "redis-1"])
+@pytest.fixture(params=["memory", "redis-256", "redis-1", "redis_cluster-256", "redis_cluster-1"])
 def table_factory(request: pytest.FixtureRequest) -> Factory:
-    """Every reminder table backend (Redis with the default and a single shard)."""
+    """Every reminder table backend (Redis with the default and a single shard, on
+    one server and on a 3-master Redis Cluster)."""
     if request.param == "memory":
         return memory_factory()
-    url = request.getfixturevalue("redis_url")
-    return redis_factory(url, int(request.param.split("-")[1]))
+    kind, shards = request.param.split("-")
+    url = request.getfixturevalue(f"{kind}_url")
+    return redis_factory(url, int(shards))
 
 
 @pytest.mark.parametrize("check", REMINDER_TABLE_CHECKS, ids=lambda c: c.__name__)

@@ -63,12 +63,12 @@ def postgres_factory(url: str) -> Factory:
     return make
 
 
-@pytest.fixture(params=["memory", "redis", "postgres"])
+@pytest.fixture(params=["memory", "redis", "redis_cluster", "redis_sentinel", "postgres"])
 def storage_factory(request: pytest.FixtureRequest) -> Factory:
     if request.param == "memory":
         return memory_factory()
-    if request.param == "redis":
-        return redis_factory(request.getfixturevalue("redis_url"))
+    if request.param.startswith("redis"):
+        return redis_factory(request.getfixturevalue(f"{request.param}_url"))
     return postgres_factory(request.getfixturevalue("postgres_url"))
 
 

@@ -266,9 +266,21 @@ class Loader:
     async def follow(self, feed: ChangeFeed) -> None:
         """Feed table changes to ``notify_change``; resubscribe after an error."""
         backoff = Backoff(self._options.retry_initial, self._options.retry_max)
+        gap = False
         try:
             while True:
                 try:
+                    if gap:
+                        # Changes may have been missed while the feed was down:
+                        # re-read, but only once the new subscription exists
+                        # (a feed that can ``open`` subscribes now), so a change
+                        # made between the re-read and the subscription is seen.
+                        opener = getattr(feed, "open", None)
+                        if opener is not None:
+                            await opener()
+                        gap = False
+                        self._refill_wanted = True
+                        self._wake.set()
                     async for change in feed:
                         self.metrics.feed_event()
                         self.notify_change(change)
@@ -280,9 +292,7 @@ class Loader:
                     await feed.aclose()
                     await self._clock.sleep(backoff.next())
                     feed = subscribe(self._table, self._ownership.feed_scope)
-                    # Changes may have been missed while the feed was down.
-                    self._refill_wanted = True
-                    self._wake.set()
+                    gap = True
         finally:
             await feed.aclose()
 
