@@ -28,6 +28,15 @@ CPU per tick is process CPU time (user + system, all threads) over the measured
 span divided by the ticks delivered in it: ``silo_cpu_us`` for this process,
 ``redis_cpu_us`` for the private redis-server (read with psutil).
 
+After each silo run stops (gracefully), the table is read back: ``unpersisted``
+counts reminders whose stored ``last_fire`` is behind the last slot delivered
+to their grain (acknowledged ticks the stop left unwritten; they repeat on the
+next owner), and ``stop_s`` is how long the stop took. On PostgreSQL,
+``commits_per_tick`` is the database's ``xact_commit`` (``pg_stat_database``)
+over the run per tick delivered, and ``statements_per_tick`` the statements the
+table sent through its pool, counted client-side (``pg_stat_statements`` needs a
+library preloaded at server start).
+
 The baseline, in the same run and process: the same schedule fired by raw
 ``loop.call_at`` timers (one per reminder, re-armed on the grid), with lateness
 measured the same way: what the event loop alone achieves. Its saturation point
@@ -52,6 +61,7 @@ from orleanspy import Grain, Remindable, ReminderOptions, Silo, SiloOptions, Tic
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.redis import RedisReminderTable
+from orleanspy.ring import RingRange
 from orleanspy.testing.postgres import PostgresDatabase
 from orleanspy.testing.redis_server import RedisServer
 
@@ -77,11 +87,15 @@ DEFAULT_RATES = [1000, 2000, 4000, 6000, 8000, 10000, *range(15000, 50001, 5000)
 
 #: (slot, received) in epoch seconds, for ticks of the current run.
 RECEIVED: list[tuple[float, float]] = []
+#: The latest slot delivered per reminder (grain key) in the current run.
+LAST_SLOT: dict[Any, datetime] = {}
 
 
 class BenchTickGrain(Grain, Remindable, type_name=TYPE):
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
-        RECEIVED.append((status.current_tick_time.timestamp(), time.time()))
+        slot = status.current_tick_time
+        RECEIVED.append((slot.timestamp(), time.time()))
+        LAST_SLOT[self.grain_id.key] = slot
 
 
 def percentiles(lateness_ms: Sequence[float]) -> tuple[float, float]:
@@ -170,6 +184,7 @@ async def silo_run(
     """``n`` one-second reminders on an embedded silo with a Redis table (or a
     PostgreSQL one when ``postgres_url`` is given)."""
     RECEIVED.clear()
+    LAST_SLOT.clear()
     reminders = ReminderOptions(
         look_ahead=2 * POLL_INTERVAL,
         poll_interval=POLL_INTERVAL,
@@ -195,6 +210,8 @@ async def silo_run(
             _entry(service_id, i, datetime.fromtimestamp(t0 + i * step, UTC)) for i in range(n)
         ]
         await seed(table, entries)
+        commits_before = await _commits(postgres_url) if postgres_url else 0
+        counter = _count_statements(table)
         reset_collector()
         silo = Silo.local(options, reminder_table=table)
         async with silo:
@@ -208,6 +225,9 @@ async def silo_run(
             stats = service.stats
             stopping = time.perf_counter()
         stop_s = time.perf_counter() - stopping
+    statements = counter.get("n", 0)
+    commits = (await _commits(postgres_url) - commits_before) if postgres_url else 0
+    unpersisted = await _unpersisted(postgres_url or server.url, service_id)
     row = summary(kind, n, RECEIVED, t0, seconds)
     row.update(
         bucket=options.reminders.base_bucket_size,
@@ -217,8 +237,74 @@ async def silo_run(
         persisted=stats.persisted,
         missed=stats.missed,
         stop_s=stop_s,
+        unpersisted=unpersisted,
     )
+    if postgres_url:
+        ticks = max(stats.delivered, 1)
+        row.update(commits_per_tick=commits / ticks, statements_per_tick=statements / ticks)
     return row
+
+
+async def _unpersisted(url: str, service_id: str) -> int:
+    """Reminders whose stored ``last_fire`` is behind the last slot delivered to
+    their grain (read back after the silo stopped): acknowledged ticks a graceful
+    stop left unwritten, which the next owner delivers again."""
+    async with AsyncExitStack() as stack:
+        table = _table(url, service_id)
+        await table.start(stack)
+        stored = {
+            row.grain_id.key: row.last_fire for row in await table.read_range(RingRange.full())
+        }
+    return sum(
+        1 for key, slot in LAST_SLOT.items() if (last := stored.get(key)) is None or last < slot
+    )
+
+
+async def _commits(url: str | None) -> int:
+    """``xact_commit`` of the benchmark's database (``pg_stat_database``)."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    conn = await asyncpg.connect(url)
+    try:
+        # Ended backends report at exit; a fresh snapshot sees them.
+        await conn.execute("SELECT pg_stat_clear_snapshot()")
+        return int(
+            await conn.fetchval(
+                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+            )
+        )
+    finally:
+        await conn.close()
+
+
+class _CountingPool:
+    """A pool proxy counting the statements sent through it."""
+
+    _STATEMENTS = frozenset({"fetch", "fetchrow", "fetchval", "execute", "executemany"})
+
+    def __init__(self, pool: Any, counter: dict[str, int]) -> None:
+        self._pool, self._counter = pool, counter
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._pool, name)
+        if name not in self._STATEMENTS:
+            return attr
+
+        async def counted(*a: Any, **kw: Any) -> Any:
+            self._counter["n"] += 1
+            return await attr(*a, **kw)
+
+        return counted
+
+
+def _count_statements(table: Any) -> dict[str, int]:
+    """Count the statements a PostgreSQL table sends through its pool (the
+    server's ``pg_stat_statements`` needs a preloaded library this server may
+    lack): every ``fetch``/``fetchrow``/``fetchval``/``execute``/``executemany``."""
+    counter = {"n": 0}
+    if getattr(table, "_pool", None) is not None:
+        table._pool = _CountingPool(table._pool, counter)
+    return counter
 
 
 async def seed(
@@ -385,6 +471,9 @@ if __name__ == "__main__":
             "ok",
             "missed",
             "stop_s",
+            "unpersisted",
+            "commits_per_tick",
+            "statements_per_tick",
         ],
         loop=loop_name(),
         period_s=PERIOD.total_seconds(),

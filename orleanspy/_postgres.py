@@ -58,15 +58,29 @@ _CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+async def _keep_session(connection: Any) -> None:
+    """A pooled connection's release without asyncpg's reset query (``RESET ALL``,
+    ``UNLISTEN *``, ...): the providers leave no session state on pooled
+    connections (no ``SET``, no ``LISTEN``, no cursors, only transaction-scoped
+    advisory locks), and that query was one more round trip and one more commit
+    per statement. asyncpg still rolls back a transaction left open."""
+
+
 async def open_pool(source: str | Pool, stack: AsyncExitStack, *, max_size: int = 10) -> Pool:
     """The pool for ``source``: a URL gets a new pool (``SERVER_SETTINGS`` on every
-    connection) closed when ``stack`` unwinds; a pool is used as is (its owner
-    closes it, and chooses its settings)."""
+    connection, released without a reset query: ``_keep_session``) closed when
+    ``stack`` unwinds; a pool is used as is (its owner closes it, and chooses its
+    settings)."""
     if not isinstance(source, str):
         return source
     with translate_errors("connect"):
         pool = await asyncpg.create_pool(
-            source, min_size=1, max_size=max_size, timeout=10, server_settings=SERVER_SETTINGS
+            source,
+            min_size=1,
+            max_size=max_size,
+            timeout=10,
+            server_settings=SERVER_SETTINGS,
+            reset=_keep_session,
         )
     stack.push_async_callback(pool.close)
     return pool

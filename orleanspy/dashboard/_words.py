@@ -93,11 +93,12 @@ def next_slots(entry: ReminderEntry, count: int = 5) -> list[datetime]:
         schedule = schedule_for(entry)
     except (ValueError, TypeError):
         return slots
-    at = entry.next_due
-    while len(slots) < count:
+    at: datetime | None = entry.next_due
+    while at is not None and len(slots) < count:
         try:
             at = schedule.next_after(at)
         except (ValueError, OverflowError):
             break
-        slots.append(at)
+        if at is not None:  # None: a one-shot or bounded schedule has ended
+            slots.append(at)
     return slots

@@ -239,11 +239,14 @@ class InMemoryReminderTable:
         skip: Container[str],
         *,
         after: datetime | None = None,
+        take: int | None = None,
     ) -> list[ReminderEntry]:
         """``read_due`` less the rows whose key is in ``skip`` (they count towards
         ``limit``), of rows due after ``after`` only (the walk still visits the
-        earlier ones: this table is for tests and embedding)."""
-        return self._walk_due(r, to_ms(before), limit, skip, -1 if after is None else to_ms(after))
+        earlier ones: this table is for tests and embedding), the first ``take``."""
+        after_ms = -1 if after is None else to_ms(after)
+        rows = self._walk_due(r, to_ms(before), limit, skip, after_ms)
+        return rows if take is None else rows[: max(0, take)]
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
         return self._walk_due(None, to_ms(before), limit)

@@ -86,6 +86,7 @@ one committed after reaches the new feed.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
@@ -1002,10 +1003,12 @@ class PostgresReminderTable:
         skip: Container[str],
         *,
         after: datetime | None = None,
+        take: int | None = None,
     ) -> list[ReminderEntry]:
         """``read_due`` less the rows whose key is in ``skip``: the same two-pass
         scans, ordered on the raw columns, so that skipped rows (the ones the
-        reader holds) are never decoded into entries; they count towards ``limit``."""
+        reader holds) are never decoded into entries; they count towards ``limit``.
+        With ``take`` only the first ``take`` rows not skipped are decoded."""
         if limit <= 0:
             return []
         buckets, los, his = _slices(r)
@@ -1059,9 +1062,8 @@ class PostgresReminderTable:
                 seen = {(rec["grain_id"], rec["name"]) for rec in records}
                 records.extend(m for m in more if (m["grain_id"], m["name"]) not in seen)
                 records.sort(key=_raw_rank)
-        return [
-            _row(rec) for rec in records[:limit] if f"{rec['grain_id']}|{rec['name']}" not in skip
-        ]
+        kept = (rec for rec in records[:limit] if f"{rec['grain_id']}|{rec['name']}" not in skip)
+        return [_row(rec) for rec in itertools.islice(kept, take)]
 
     async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
         """``read_due`` over the whole ring: rows with ``next_due <= before``,

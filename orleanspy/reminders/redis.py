@@ -716,17 +716,19 @@ class RedisReminderTable:
         skip: Container[str],
         *,
         after: datetime | None = None,
+        take: int | None = None,
     ) -> list[ReminderEntry]:
         """``read_due`` less the rows whose key is in ``skip``: the index read is the
         same, but skipped members are dropped before the row fetch, so their
         records never leave Redis and are never decoded. With ``after`` the read
-        script starts each lane's scan past it, so earlier members are not read."""
+        script starts each lane's scan past it, so earlier members are not read.
+        With ``take`` only the first ``take`` members not skipped are fetched."""
         if limit <= 0:
             return []
         before_ms = to_ms(before)
         after_ms = -1 if after is None else to_ms(after)
         rows = await self._collect(
-            r, before_ms, limit, "reminder read_due", skip, after_ms=after_ms
+            r, before_ms, limit, "reminder read_due", skip, after_ms=after_ms, take=take
         )
         return [row for row in rows if after_ms < to_ms(row.next_due) <= before_ms]
 
@@ -765,10 +767,12 @@ class RedisReminderTable:
         skip: Container[str] = (),
         *,
         after_ms: int = -1,
+        take: int | None = None,
     ) -> list[ReminderEntry]:
         """Rows of ``r`` with ``after_ms`` < next_due <= ``before_ms``: the first
         ``limit`` in the due order (all when ``limit`` is 0), sorted by (score, hash, key), less
-        those whose key is in ``skip`` (chosen, then not fetched).
+        those whose key is in ``skip`` (chosen, then not fetched), the first
+        ``take`` of those left (all when ``None``).
 
         The first ``limit`` across shards is a prefix of each shard's score
         order. The first pipelined round asks every shard for a short prefix;
@@ -825,10 +829,14 @@ class RedisReminderTable:
         if not candidates:
             return []
         by_shard: dict[int, list[bytes]] = {}
+        left = len(candidates) if take is None else take
         for _, member, s in candidates:
+            if left <= 0:
+                break
             key = member[9:]
             if skip and key.decode() in skip:
                 continue
+            left -= 1
             by_shard.setdefault(s, []).append(key)
         if not by_shard:
             return []

@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 
 #: Upper bound, in seconds of real time, of the final flush at shutdown.
 FINAL_FLUSH_SECONDS = 5.0
+#: Upper bound of the fire history's share of it (best effort: what is still
+#: buffered then is dropped, so a history backlog does not stretch every stop).
+HISTORY_FLUSH_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,12 +358,31 @@ class ReminderService:
     # -- shutdown ---------------------------------------------------------------------
 
     async def _final_flush(self) -> None:
+        """Write what the stopping service still holds, within ``FINAL_FLUSH_SECONDS``.
+
+        The schedule updates (what at-least-once rests on) and the fire history
+        (best effort, within ``HISTORY_FLUSH_SECONDS``) are written side by side,
+        each on its own connection: a history backlog, slower to write on
+        PostgreSQL, must neither delay the schedules nor use up their budget."""
+
+        async def history() -> None:
+            if self._history is None:
+                return
+            try:
+                async with asyncio.timeout(HISTORY_FLUSH_SECONDS):
+                    await self._history.flush()
+            except TimeoutError:
+                log.warning(
+                    "reminder history not written at stop name=%s records=%d",
+                    self._name,
+                    self._history.buffered,
+                )
+
         async def bounded() -> int:
             try:
                 async with asyncio.timeout(FINAL_FLUSH_SECONDS):
-                    if self._history is not None:
-                        await self._history.flush()
-                    return await self._persister.flush()
+                    left, _ = await asyncio.gather(self._persister.flush(), history())
+                    return left
             except TimeoutError:
                 return len(self._persister)
 

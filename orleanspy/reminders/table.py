@@ -357,13 +357,15 @@ class SkippingReminderTable(ReminderTable, Protocol):
         skip: Container[str],
         *,
         after: datetime | None = None,
+        take: int | None = None,
     ) -> list[ReminderEntry]:
         """``read_due(r, before, limit)`` without the rows whose key is in ``skip``
         (they are not fetched or decoded, but count towards ``limit``). ``skip``
         is consulted during the call; it may be a live view such as the window.
         With ``after``, only rows with ``after < next_due`` are read at all
         (they neither come back nor count): the index is scanned from there, so
-        rows due before it cost nothing."""
+        rows due before it cost nothing. With ``take``, only the first ``take``
+        rows not skipped come back (the rest are not fetched or decoded)."""
         ...
 
 

@@ -631,7 +631,8 @@ async def check_read_due_against_brute_force(factory: TableFactory) -> None:
 async def check_read_due_skipping_against_brute_force(factory: TableFactory) -> None:
     """``read_due_skipping`` (``SkippingReminderTable`` only) answers like
     ``read_due`` less the skipped keys, which still count towards ``limit``, and
-    with ``after`` only rows due after it: checked against brute force for
+    with ``after`` only rows due after it, with ``take`` the first ``take`` of
+    that answer: checked against brute force for
     random ranges, cut-offs, lower bounds, limits and skip sets (empty, some,
     all of the due rows)."""
     rng = random.Random(777)
@@ -665,6 +666,12 @@ async def check_read_due_skipping_against_brute_force(factory: TableFactory) -> 
                     f"skip={len(skip)}"
                 )
                 got_keys = [e.key for e in got]
+                # ``take`` keeps the first rows of the same answer.
+                take = rng.choice([0, 1, 5, 40])
+                taken = await table.read_due_skipping(
+                    r, before, limit, skip, after=after, take=take
+                )
+                assert [e.key for e in taken] == got_keys[:take], f"{what}: take={take}"
                 assert len(got_keys) == len(set(got_keys)), f"{what}: a row came back twice"
                 assert not skip.intersection(got_keys), f"{what}: returned a skipped row"
                 allowed = {e.key for e in qualifying}

@@ -62,3 +62,36 @@ def test_quantiles_from_buckets() -> None:
     assert quantile_ms(counts, 0.99) == pytest.approx(10 + 15 * 0.98, rel=1e-6)
     counts[-1] = 10_000  # past the last bound: reported as that bound
     assert quantile_ms(counts, 0.99) == LATENESS_BUCKETS[-1] * 1000
+
+
+def test_next_slots_of_a_schedule_that_ends_stop_at_its_end() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from orleanspy.dashboard._words import next_slots
+    from orleanspy.identity import GrainId
+    from orleanspy.reminders.model import ReminderEntry
+
+    start = datetime(2030, 1, 1, tzinfo=UTC)
+    one_shot = ReminderEntry(
+        service_id="s",
+        grain_id=GrainId("G", "k"),
+        name="once",
+        start_at=start,
+        period=None,
+        cron=None,
+        tz=None,
+        next_due=start,
+    )
+    assert next_slots(one_shot) == [start]
+    bounded = ReminderEntry(
+        service_id="s",
+        grain_id=GrainId("G", "k"),
+        name="bounded",
+        start_at=start,
+        period=timedelta(seconds=10),
+        cron=None,
+        tz=None,
+        next_due=start,
+        ends_at=start + timedelta(seconds=25),
+    )
+    assert next_slots(bounded) == [start + timedelta(seconds=10 * i) for i in range(3)]

@@ -78,6 +78,11 @@ class History(NoHistory):
         # buffered before it are written, also those a linger batch already took.
         self._writing = asyncio.Lock()
 
+    @property
+    def buffered(self) -> int:
+        """Records not written yet."""
+        return len(self._buffer)
+
     def fired(
         self,
         entry: ReminderEntry,

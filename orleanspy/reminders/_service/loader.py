@@ -6,7 +6,10 @@ the repair pass), so that reads of the table never race each other.
 A *refill* reads every owned range with ``read_due(range, now + look_ahead,
 limit)`` and keeps the first ``bucket_size`` rows overall in the admission
 order — highest priority first, then earliest due (queued rows that lose are
-evicted; rows being delivered are never evicted). On a
+evicted; rows being delivered are never evicted). It reads as many candidates
+as the free space takes plus an eighth of the bucket (to evict worse queued
+rows for, and so the rotation knows what waits), never a bucket's worth to
+admit a few; the rest come with later refills. On a
 ``SkippingReminderTable`` the read leaves the rows the window holds out
 (``read_due_skipping``): they are not fetched or decoded again. After each
 refill the window learns how many near-due rows it left outside and the best
@@ -19,17 +22,14 @@ admitted if it is inside the window and would make the cut; a removal drops
 the row. So is a row whose schedule CAS was lost (``reread``): schedule CASes
 are not published, so that is how a row another writer moved comes back.
 
-Incremental polls. A refill over all owned ranges that left nothing outside
-(every near-due row was admitted, none evicted) sets a *horizon*: its
-``before``. Every owned row due by then is held, or left for a reason the
-loader sees (an eviction, a rotation, a lost CAS, a repair, a change it had no
-room for, a load error). While none of those happened since, the next poll
-reads only rows due after the horizon (``read_due_skipping(...,
-after=horizon)``): rows that entered the look-ahead since, whatever their
-lane. A row moves past the horizon only forward (a tick, a repair), and any
-other write is published and read as a hint, so nothing due by the horizon can
-appear unseen. Every ``FULL_REFILL_EVERY``-th poll, and any refill asked for
-(start, the window running low, a lost feed), reads the whole look-ahead again.
+Polls. Every poll reads the whole look-ahead of every owned range, with the
+rows the window holds left out by the table (``read_due_skipping``): whatever
+change notice was lost, a row due within the look-ahead that is not held is
+found by the next poll, so within one ``poll_interval``. The held rows cost a
+poll only their index entries (Redis) or raw records (PostgreSQL), never a
+decode into entries or a schedule. (Polls reading only rows due after an
+earlier refill's horizon saved that much more, but a row written due before the
+horizon whose notice was lost then waited for the next full poll.)
 
 Repair. Normal loading already takes overdue rows first (``read_due`` returns
 the earliest first), so an overdue row is only starved while the window is
@@ -80,10 +80,7 @@ from orleanspy.reminders.table import (
 )
 from orleanspy.ring import RingRange
 
-__all__ = ["FULL_REFILL_EVERY", "Loader"]
-
-#: Every this many polls, one reads the whole look-ahead even with a valid horizon.
-FULL_REFILL_EVERY = 10
+__all__ = ["Loader"]
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +135,6 @@ class Loader:
         self.fenced = 0
         self._hints: dict[str, tuple[GrainId, str]] = {}
         self._more_available = False
-        # The incremental poll's horizon (module docstring), and the counters
-        # whose change since it was set makes it unusable.
-        self._horizon: datetime | None = None
-        self._horizon_seen: tuple[int, ...] = ()
-        self._polls = 0
         # Keys whose stored state changed while a bulk read was running (None:
         # no read is running): that read may return their old state, so it
         # must not load them.
@@ -325,9 +317,8 @@ class Loader:
 
     # -- reading ----------------------------------------------------------------------
 
-    async def refill(self, ranges: Sequence[RingRange], *, after: datetime | None = None) -> None:
-        """Read ``ranges`` and keep the earliest ``bucket_size`` rows overall; with
-        ``after`` (a valid horizon), only rows due after it.
+    async def refill(self, ranges: Sequence[RingRange]) -> None:
+        """Read ``ranges`` and keep the earliest ``bucket_size`` rows overall.
 
         Others call it only while ``run`` is not running (reads must not race).
         """
@@ -335,17 +326,26 @@ class Loader:
         window.bucket_size = adapted_bucket_size(self._options, self._load, self._name)
         now = self._clock.now()
         before = now + self._options.look_ahead
+        # Candidates: what the free space takes, plus an eighth of the bucket to
+        # evict worse queued rows for and to learn what waits outside (the
+        # rotation's batch). Reading a bucket's worth to admit an eighth of one
+        # made each rotation refill decode eight rows per row it admitted.
+        wanted = window.space + max(1, window.bucket_size // 8)
         # Rows we hold come back from the read too (the table may lag behind us):
         # read past them so they cannot hide the rows we are looking for.
-        limit = window.bucket_size + len(window) + len(self._persister)
+        limit = wanted + len(window) + len(self._persister)
         table = self._table
         reads: list[Awaitable[list[ReminderEntry]]]
         if isinstance(table, SkippingReminderTable):
             # Held rows are left out by the table itself: they are not fetched or
             # decoded again. They still count towards the limit, so an answer of
             # ``full`` rows may have stopped at it.
-            reads = [table.read_due_skipping(r, before, limit, window, after=after) for r in ranges]
-            full = limit - len(window)
+            # Only the first ``take`` rows not held are fetched and decoded: those
+            # wanted, and room for released rows whose update is still unwritten
+            # (the table has them earlier than they are: they come first).
+            take = wanted + len(self._persister)
+            reads = [table.read_due_skipping(r, before, limit, window, take=take) for r in ranges]
+            full = min(limit - len(window), take)
         else:
             reads = [table.read_due(r, before, limit) for r in ranges]
             full = limit
@@ -384,10 +384,6 @@ class Loader:
         self.refills += 1
         self.metrics.refilled(loaded)
         self.evicted += len(evicted)
-        if self._more_available or evicted:
-            self._horizon = None
-        elif ranges == self._ownership.ranges and isinstance(table, SkippingReminderTable):
-            self._horizon, self._horizon_seen = before, self._horizon_counters()
         log.debug(
             "reminder refill name=%s ranges=%d loaded=%d evicted=%d resident=%d bucket_size=%d",
             self._name,
@@ -398,27 +394,12 @@ class Loader:
             window.bucket_size,
         )
 
-    def _horizon_counters(self) -> tuple[int, ...]:
-        w = self._window
-        return (self.evicted, self.repaired, w.rotated, w.cas_conflicts, self.load_errors)
-
-    def _usable_horizon(self) -> datetime | None:
-        """The horizon an incremental poll may read from, or ``None``."""
-        if self._more_available or self._horizon_seen != self._horizon_counters():
-            self._horizon = None
-        return self._horizon
-
     async def _refill_all(self) -> None:
         waiters, self._refill_waiters = self._refill_waiters, []
-        # A poll nobody asked for may be incremental (module docstring).
-        after = None
-        if not self._refill_wanted and self._polls % FULL_REFILL_EVERY:
-            after = self._usable_horizon()
-        self._polls += 1
         self._refill_wanted = False
         self._new_ranges.clear()
         try:
-            await self.refill(self._ownership.ranges, after=after)
+            await self.refill(self._ownership.ranges)
         except BaseException:
             self._refill_wanted = True
             self._refill_waiters[:0] = waiters
