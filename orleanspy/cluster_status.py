@@ -36,6 +36,7 @@ __all__ = [
     "SiloRow",
     "StatusPublisher",
     "explain_no_gateway",
+    "published_types",
     "read_status",
     "status_key",
 ]
@@ -145,6 +146,20 @@ class ClusterStatus:
             "table_version": self.table_version,
             "silos": [s.to_json() for s in self.silos],
         }
+
+
+async def published_types(client: Redis, *, service_id: str, cluster_id: str) -> set[str]:
+    """The grain types named by the silos' status records (``grain_types``)."""
+    with translate_errors("status read"):
+        raw = cast(list[bytes], await client.hvals(status_key(service_id, cluster_id)))
+    found: set[str] = set()
+    for value in raw:
+        try:
+            types = json.loads(value).get("grain_types", [])
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            continue  # advisory data
+        found.update(t for t in types if isinstance(t, str))
+    return found
 
 
 async def read_status(client: Redis, *, cluster_id: str, service_id: str) -> ClusterStatus:

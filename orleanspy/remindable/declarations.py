@@ -3,12 +3,18 @@
 For each grain class the silo hosts, each declared reminder and each of its
 keys (``keys=[...]`` on the declaration, else the class's ``reminder_keys``):
 
-- a missing row is created, marked ``declared``;
-- a row whose period, cron, zone, priority or action differs from the
-  declaration is updated. A changed schedule re-anchors the row at now (like a
-  registration from code); a changed priority or action alone keeps the row's
-  ``next_due`` and ``last_fire``;
-- an unchanged row is left alone (``next_due``, ``last_fire``, etag).
+- a missing row is created, marked ``declared`` and stamped with the
+  declaration's ``fingerprint`` (a hash of its schedule, and the priority and
+  action it asks for);
+- a row whose stored fingerprint is the code's is left alone, whatever it holds
+  now: an operator's ``set-priority``, ``set-action``, ``pause`` or ``repair``
+  survives restarts until the code changes;
+- a row whose fingerprint differs gets what the code changed, and only that: a
+  changed schedule re-anchors the row at now (keeping ``last_fire`` and a
+  pause); a changed priority or action replaces the row's. When the row's value
+  was an operator's (it differs from what the old fingerprint asked for), a
+  WARNING names what the code overrode. A row from before fingerprints gets the
+  declaration as it did then, and the fingerprint.
 
 Then, for every key the class declares reminders for, a row marked
 ``declared`` whose name the class no longer declares for that key is removed
@@ -27,18 +33,21 @@ second, so silos that fall back to plain upserts write identical rows.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from datetime import timedelta
 
 from orleanspy.errors import ReminderError
 from orleanspy.grain import DeclaredReminder, GrainDefinition
 from orleanspy.identity import GrainKey
 from orleanspy.remindable.registry import ReminderRegistry
-from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
 from orleanspy.reminders.spec import new_entry
 
-__all__ = ["DeclarationSync", "register_declared_reminders"]
+__all__ = ["DeclarationSync", "fingerprint", "register_declared_reminders"]
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +90,75 @@ def _desired(
             f"@register_reminder({declared.name!r}) on {defn.cls.__qualname__} "
             f"(grain type {defn.type_name!r}, key {key!r}) is invalid: {exc}"
         ) from exc
-    return replace(entry, declared=True)
+    return replace(entry, declared=True, fingerprint=fingerprint(declared))
 
 
 def _same_schedule(a: ReminderEntry, b: ReminderEntry) -> bool:
     return (a.period, a.cron, a.tz) == (b.period, b.cron, b.tz)
 
 
+def _ms(d: timedelta | None) -> int | None:
+    return None if d is None else d // timedelta(milliseconds=1)
+
+
+def fingerprint(declared: DeclaredReminder) -> str:
+    """``"<schedule hash>:<priority>:<action>"``: a hash of the declaration's
+    schedule (due, period, cron, zone: 12 hex digits of SHA-256) and the
+    priority and action it asks for, in the clear so that a silo can tell which
+    of them an operator changed since (module docstring)."""
+    schedule = repr((_ms(declared.due), _ms(declared.period), declared.cron, declared.tz))
+    digest = hashlib.sha256(schedule.encode()).hexdigest()[:12]
+    return f"{digest}:{int(declared.priority)}:{int(declared.action)}"
+
+
+def _parse(fp: str | None) -> tuple[str, int, MissedReminderAction] | None:
+    if fp is None:
+        return None
+    try:
+        digest, priority, action = fp.split(":")
+        return digest, int(priority), MissedReminderAction(int(action))
+    except ValueError:
+        return None
+
+
 #: Conditional writes one declaration may lose to other silos before giving up.
 _ATTEMPTS = 5
+#: Declarations applied concurrently at start-up (each a read and maybe a write).
+_CONCURRENCY = 256
+
+
+def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEntry, list[str]]:
+    """The row to write when the code's declaration differs from the stored
+    fingerprint, and the operator changes it overrides (for the warning)."""
+    fp = desired.fingerprint
+    assert fp is not None
+    old, new = _parse(stored.fingerprint), _parse(fp)
+    assert new is not None
+    if old is None:
+        # A row written before fingerprints: the declaration wins, as it did.
+        if not _same_schedule(stored, desired):
+            base = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
+        else:
+            base = replace(stored, priority=desired.priority, action=desired.action)
+        return replace(base, declared=True, fingerprint=fp), []
+    overridden: list[str] = []
+    if old[0] != new[0]:
+        # A changed schedule re-anchors; an operator's pause outlives it.
+        base = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
+    else:
+        base = stored
+    priority, action = stored.priority, stored.action
+    if new[1] != old[1]:
+        if stored.priority != old[1]:
+            overridden.append(f"priority {stored.priority} -> {new[1]}")
+        priority = new[1]
+    if new[2] != old[2]:
+        if stored.action != old[2]:
+            overridden.append(f"action {stored.action.name} -> {new[2].name}")
+        action = new[2]
+    return replace(
+        base, priority=priority, action=action, declared=True, fingerprint=fp
+    ), overridden
 
 
 async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
@@ -100,14 +169,18 @@ async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
             if await registry.store_if(desired, None):
                 return "created"
             continue
-        if not _same_schedule(stored, desired):
-            # An operator's pause outlives a changed declaration.
-            write = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
-        elif (stored.priority, stored.action) != (desired.priority, desired.action):
-            write = replace(stored, priority=desired.priority, action=desired.action, declared=True)
-        else:
-            return ""
+        if stored.fingerprint == desired.fingerprint and stored.declared:
+            return ""  # the code did not change: whatever an operator did stands
+        write, overridden = _rewrite(stored, desired)
         if await registry.store_if(write, stored.etag):
+            if overridden:
+                log.warning(
+                    "declared reminder changed in code overrode an operator change "
+                    "grain=%s name=%s overridden=%s",
+                    desired.grain_id,
+                    desired.name,
+                    "; ".join(overridden),
+                )
             return "updated"
     raise ReminderError(
         f"could not register declared reminder {desired.name!r} of {desired.grain_id}: "
@@ -125,11 +198,14 @@ async def register_declared_reminders(
     created = updated = removed = 0
     for defn in definitions:
         declared_names: dict[GrainKey, set[str]] = {}
+        wanted: list[ReminderEntry] = []
         for declared in defn.reminders:
             for key in _keys(defn, declared):
                 declared_names.setdefault(key, set()).add(declared.name)
-                desired = _desired(registry, defn, declared, key)
-                outcome = await _apply(registry, desired)
+                wanted.append(_desired(registry, defn, declared, key))
+        for i in range(0, len(wanted), _CONCURRENCY):
+            chunk = wanted[i : i + _CONCURRENCY]
+            for outcome in await asyncio.gather(*(_apply(registry, d) for d in chunk)):
                 created += outcome == "created"
                 updated += outcome == "updated"
         for key in set(defn.reminder_keys) | set(declared_names):

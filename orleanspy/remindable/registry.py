@@ -9,7 +9,7 @@ registry validates input (``ReminderError``) and refuses grains that are not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,6 +18,7 @@ from orleanspy.errors import ReminderError
 from orleanspy.grain import GrainDefinition
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
+from orleanspy.remindable.operations import ReminderOperations
 from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderChange,
@@ -25,11 +26,7 @@ from orleanspy.reminders.model import (
     ReminderPriority,
 )
 from orleanspy.reminders.spec import new_entry
-from orleanspy.reminders.table import (
-    BulkReminderTable,
-    ConditionalReminderTable,
-    ReminderTable,
-)
+from orleanspy.reminders.table import BulkReminderTable, ReminderTable
 
 __all__ = ["Registration", "ReminderRegistry"]
 
@@ -53,6 +50,55 @@ class Registration:
     action: MissedReminderAction = MissedReminderAction.SKIP
 
 
+class _CoalescedUpserts:
+    """Concurrent upserts made into batched writes: one ``upsert_many`` round
+    trip for every upsert that arrived while the previous round trip was out
+    (group commit). Each caller gets its own row's etag, or the exception of
+    its batch. A lone caller pays one plain ``upsert``, as before. Order is
+    kept: rows are written in arrival order, so of two upserts of one row the
+    later one stays."""
+
+    def __init__(self, table: BulkReminderTable, max_batch: int) -> None:
+        self._table = table
+        self._max = max_batch
+        self._pending: list[tuple[ReminderEntry, asyncio.Future[str]]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def upsert(self, entry: ReminderEntry) -> str:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[str] = loop.create_future()
+        self._pending.append((entry, fut))
+        if self._task is None:
+            self._task = loop.create_task(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                batch = self._pending[: self._max]
+                del self._pending[: self._max]
+                try:
+                    if len(batch) == 1:
+                        etags = [await self._table.upsert(batch[0][0])]
+                    else:
+                        etags = await self._table.upsert_many([e for e, _ in batch])
+                except asyncio.CancelledError:
+                    for _, fut in batch + self._pending:
+                        fut.cancel()
+                    self._pending.clear()
+                    raise
+                except Exception as exc:  # each caller hears of its batch's failure
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for (_, fut), etag in zip(batch, etags, strict=True):
+                    if not fut.done():
+                        fut.set_result(etag)
+        finally:
+            self._task = None
+
+
 class ReminderRegistry:
     """Register, read and remove reminder rows on behalf of grains."""
 
@@ -71,6 +117,25 @@ class ReminderRegistry:
         self.options = options
         self._definitions = definitions
         self._listeners: list[Callable[[ReminderChange], None]] = []
+        self._upserts = (
+            _CoalescedUpserts(table, BULK_BATCH) if isinstance(table, BulkReminderTable) else None
+        )
+        #: The grain types some silo of the cluster hosts (orphans are rows of
+        #: other types); set by the silo, ``None`` when not known.
+        self.hosted_types: Callable[[], Awaitable[Iterable[str]]] | None = None
+
+    @property
+    def operations(self) -> ReminderOperations:
+        """The management operations over this registry's table; their writes
+        are told to this registry's listeners."""
+        return ReminderOperations(
+            self.table,
+            service_id=self.service_id,
+            clock=self.clock,
+            options=self.options,
+            notify=self._changed,
+            hosted_types=self.hosted_types,
+        )
 
     def add_listener(self, listener: Callable[[ReminderChange], None]) -> None:
         """``listener`` hears of every write made through this registry."""
@@ -108,7 +173,9 @@ class ReminderRegistry:
         priority: int | None = None,
         action: MissedReminderAction | None = None,
     ) -> ReminderEntry:
-        """Validate and upsert (last writer wins; the schedule re-anchors at now)."""
+        """Validate and upsert (last writer wins; the schedule re-anchors at now).
+        Concurrent registrations on one silo share round trips to the table
+        (``_CoalescedUpserts``); each is told its own row."""
         self._check_remindable(grain_id)
         entry = new_entry(
             service_id=self.service_id,
@@ -123,7 +190,8 @@ class ReminderRegistry:
             priority=ReminderPriority.NORMAL if priority is None else priority,
             action=MissedReminderAction.SKIP if action is None else action,
         )
-        entry = entry.with_etag(await self.table.upsert(entry))
+        upsert = self.table.upsert if self._upserts is None else self._upserts.upsert
+        entry = entry.with_etag(await upsert(entry))
         self._changed(grain_id, name, entry)
         return entry
 
@@ -183,14 +251,10 @@ class ReminderRegistry:
 
     async def store_if(self, entry: ReminderEntry, expected_etag: str | None) -> bool:
         """Write ``entry`` only if the row is absent (``expected_etag`` ``None``) or
-        still has ``expected_etag``; ``False`` if another writer got there first.
-        On a table that is not a ``ConditionalReminderTable`` this is ``store``."""
-        if isinstance(self.table, ConditionalReminderTable):
-            etag = await self.table.upsert_if(entry, expected_etag)
-            if etag is None:
-                return False
-        else:
-            etag = await self.table.upsert(entry)
+        still has ``expected_etag``; ``False`` if another writer got there first."""
+        etag = await self.table.upsert_if(entry, expected_etag)
+        if etag is None:
+            return False
         self._changed(entry.grain_id, entry.name, entry.with_etag(etag))
         return True
 

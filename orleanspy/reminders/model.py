@@ -64,6 +64,9 @@ class ReminderEntry:
     ``False`` and are never removed that way.
     ``paused``: the row is kept but out of the due index, so nothing is delivered
     until it is resumed; ``next_due`` keeps the slot it stopped at.
+    ``fingerprint`` (declared rows): the declaration that last wrote the row
+    (``remindable.declarations.fingerprint``), so a silo re-applies a
+    declaration only when the code changed it; ``None`` on other rows.
     """
 
     service_id: str
@@ -80,6 +83,7 @@ class ReminderEntry:
     etag: str | None = None
     declared: bool = False
     paused: bool = False
+    fingerprint: str | None = None
 
     def __post_init__(self) -> None:
         # Ints arrive where enums left (msgpack carries IntEnums as ints).
@@ -122,11 +126,12 @@ class ReminderEntry:
             etag=etag,
             declared=self.declared,
             paused=self.paused,
+            fingerprint=self.fingerprint,
         )
 
     def to_record(self) -> dict[str, Any]:
         """Storage form: plain msgpack types, times as integer ms since the epoch.
-        ``"u"`` (paused) is present only on paused rows."""
+        ``"u"`` (paused) and ``"f"`` (fingerprint) are present only when set."""
         rec: dict[str, Any] = {
             "s": self.service_id,
             "g": self.grain_id.canonical,
@@ -144,6 +149,8 @@ class ReminderEntry:
         }
         if self.paused:
             rec["u"] = True
+        if self.fingerprint is not None:
+            rec["f"] = self.fingerprint
         return rec
 
     @classmethod
@@ -165,6 +172,7 @@ class ReminderEntry:
             # Absent in records written before the field existed.
             declared=bool(rec.get("o")),
             paused=bool(rec.get("u", False)),
+            fingerprint=rec.get("f"),
         )
 
 

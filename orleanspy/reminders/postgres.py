@@ -73,6 +73,7 @@ one committed after reaches the new feed.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
@@ -90,6 +91,7 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     ScheduleUpdate,
 )
+from orleanspy.reminders.table import grain_prefix
 from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = ["PostgresReminderTable"]
@@ -190,26 +192,36 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
                 REFERENCES orleanspy_reminders (service_id, grain_id, name) ON DELETE CASCADE
         )""",
     ),
+    # v4: declared rows keep the fingerprint of their declaration; paging and
+    # per-type counts walk an index of the grain id in byte order ("C"), so a
+    # type or key prefix is a range whatever the database's collation.
+    (
+        "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS fingerprint text",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_grain "
+        'ON orleanspy_reminders (service_id, grain_id COLLATE "C", name COLLATE "C")',
+    ),
 )
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, declared, paused, version"
+    "last_fire, priority, action, declared, paused, fingerprint, version"
 )
 
-# The columns a whole-row write sets, in the order of its parameters $2..$15.
+# The columns a whole-row write sets, in the order of its parameters $2..$16.
 _ROW_COLUMNS: Final = (
     "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
-    "period_ms, cron, tz, last_fire, action, declared, paused"
+    "period_ms, cron, tz, last_fire, action, declared, paused, fingerprint"
 )
-_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15"
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16"
+#: The channel parameter of a whole-row write, after the row's.
+_CH: Final = "$17"
 _SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
         action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
-        version = EXCLUDED.version"""
+        fingerprint = EXCLUDED.fingerprint, version = EXCLUDED.version"""
 # A paused row left the schedule: its changes are told as removals (no next_due,
 # no priority), whatever the write.
 _DUE_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.next_due END"
@@ -218,14 +230,14 @@ _PRIORITY_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.priority END"
 # row's priority, for the rows written (none when a condition failed).
 _NOTIFY_ROWS: Final = f"""
 SELECT w.version, orleanspy_reminder_notify(
-    $16, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    {_CH}, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 _RETURNING_ROW: Final = (
     "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority, t.paused"
 )
 
-# $1 service, $2..$15 the row (_ROW_COLUMNS), $16 channel.
+# $1 service, $2..$16 the row (_ROW_COLUMNS), $17 channel.
 _UPSERT: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -248,33 +260,34 @@ WITH w AS (
 {_NOTIFY_ROWS}
 """
 
-# upsert_if with an etag: replace the row only while its version is $17.
+# upsert_if with an etag: replace the row only while its version is $18.
 _REPLACE_IF: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders AS t
     SET ({_ROW_COLUMNS}, version) =
         ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
-    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $17
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $18
     {_RETURNING_ROW}
 )
 {_NOTIFY_ROWS}
 """
 
-# upsert_many: $2..$15 parallel arrays of the rows' columns (no key twice), in
-# key order so two batches lock shared rows in one order; $16 channel.
+# upsert_many: $2..$16 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $17 channel.
 _UPSERT_MANY: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
     SELECT $1, u.*, nextval('orleanspy_reminder_version')
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                 $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
-                $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[]) AS u
+                $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
+                $16::text[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $16, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -419,6 +432,39 @@ WHERE service_id = $1 AND grain_id = $2 AND name = $3
 ORDER BY batch DESC, i DESC
 """
 
+# read_page: rows in byte order of (grain_id, name) from the "C" index; $2, $3
+# the last key of the previous page, $4 <= grain_id < $5 the filter's prefix
+# range, $6 rows. Without a filter, $4 is '' and the upper bound is dropped.
+_PAGE_WHERE: Final = """
+WHERE service_id = $1
+    AND (grain_id COLLATE "C", name COLLATE "C") > ($2::text COLLATE "C", $3::text COLLATE "C")
+    AND grain_id COLLATE "C" >= $4::text COLLATE "C"
+"""
+_PAGE_ORDER: Final = 'ORDER BY grain_id COLLATE "C", name COLLATE "C" LIMIT $6'
+_READ_PAGE: Final = f"""SELECT {_COLUMNS} FROM orleanspy_reminders {_PAGE_WHERE}
+    AND grain_id COLLATE "C" < $5::text COLLATE "C" {_PAGE_ORDER}"""
+_READ_PAGE_ALL: Final = f"""SELECT {_COLUMNS} FROM orleanspy_reminders {_PAGE_WHERE}
+    AND $5::text IS NULL {_PAGE_ORDER}"""
+
+# count_types: a loose index scan of the "C" grain index for the types present
+# (one descent each), then per type an index-only count of its range.
+_COUNT_TYPES: Final = """
+WITH RECURSIVE t(g) AS (
+    SELECT min(grain_id COLLATE "C") FROM orleanspy_reminders WHERE service_id = $1
+    UNION ALL
+    SELECT (SELECT min(grain_id COLLATE "C") FROM orleanspy_reminders
+            WHERE service_id = $1
+                AND grain_id COLLATE "C" >= (split_part(t.g, '/', 1) || '0') COLLATE "C")
+    FROM t WHERE t.g IS NOT NULL
+)
+SELECT split_part(t.g, '/', 1) AS type_name,
+    (SELECT count(*) FROM orleanspy_reminders
+     WHERE service_id = $1
+        AND grain_id COLLATE "C" >= (split_part(t.g, '/', 1) || '/') COLLATE "C"
+        AND grain_id COLLATE "C" < (split_part(t.g, '/', 1) || '0') COLLATE "C") AS n
+FROM t WHERE t.g IS NOT NULL
+"""
+
 _READ_RANGE: Final = f"""
 SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
 WHERE service_id = $1 AND grain_hash BETWEEN $2 AND $3
@@ -487,6 +533,7 @@ def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
         int(entry.action),
         entry.declared,
         entry.paused,
+        entry.fingerprint,
     )
 
 
@@ -509,6 +556,7 @@ def _row(rec: Any) -> ReminderEntry:
             etag=str(rec["version"]),
             declared=bool(rec["declared"]),
             paused=bool(rec["paused"]),
+            fingerprint=rec["fingerprint"],
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"malformed reminder row in postgresql: {exc}") from exc
@@ -624,7 +672,7 @@ class PostgresReminderTable:
     async def _upsert_round(
         self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
     ) -> None:
-        columns: list[list[Any]] = [[] for _ in range(14)]
+        columns: list[list[Any]] = [[] for _ in range(15)]
         for i in indices:
             for column, value in zip(columns, _row_values(entries[i]), strict=True):
                 column.append(value)
@@ -796,6 +844,43 @@ class PostgresReminderTable:
         rows = [_row(rec) for rec in records]
         rows.sort(key=lambda row: row.name)
         return rows
+
+    async def read_page(
+        self,
+        cursor: str | None,
+        limit: int,
+        *,
+        type_name: str | None = None,
+        key_prefix: str | None = None,
+    ) -> tuple[list[ReminderEntry], str | None]:
+        """Rows in byte order of (grain id, name), one index range scan of the
+        "C" grain index from the cursor (the last key, as JSON)."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        prefix = grain_prefix(type_name, key_prefix)
+        after = ("", "")
+        if cursor is not None:
+            try:
+                grain, name = json.loads(cursor)
+                after = (str(grain), str(name))
+            except (ValueError, TypeError):
+                raise ValueError(f"not a page cursor of this table: {cursor!r}") from None
+        # The first string after every string with the prefix: its last char + 1.
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else None
+        statement = _READ_PAGE if upper is not None else _READ_PAGE_ALL
+        with translate_errors("reminder read_page"):
+            records = await self._p.fetch(
+                statement, self.service_id, after[0], after[1], prefix, upper, limit + 1
+            )
+        rows = [_row(rec) for rec in records[:limit]]
+        if len(records) <= limit:
+            return rows, None
+        return rows, json.dumps([rows[-1].grain_id.canonical, rows[-1].name])
+
+    async def count_types(self) -> dict[str, int]:
+        with translate_errors("reminder count_types"):
+            records = await self._p.fetch(_COUNT_TYPES, self.service_id)
+        return {rec["type_name"]: int(rec["n"]) for rec in records if rec["n"]}
 
     async def read_range(self, r: RingRange) -> list[ReminderEntry]:
         """Every row in ``r``, ordered by hash then key (index range scans)."""

@@ -76,7 +76,7 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
     row_key,
 )
-from orleanspy.reminders.table import FeedScope
+from orleanspy.reminders.table import FeedScope, grain_prefix
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, unpack
 
@@ -318,6 +318,30 @@ return out
 """
 
 
+# count_types: the grain types of one shard's grain ZSET and their row counts,
+# by a skip scan: the first member at or after ``min`` names a type T; all of
+# T's members lie in [T/, T0) ('0' follows '/', and no type name holds '/');
+# count them there and jump to T0. One ZRANGEBYLEX and one ZLEXCOUNT per type.
+_TYPES: Final = """
+local out = {}
+local min = '-'
+while true do
+  local m = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, 1)
+  if #m == 0 then break end
+  local slash = string.find(m[1], '/', 1, true)
+  if not slash then break end
+  local t = string.sub(m[1], 1, slash - 1)
+  out[#out + 1] = t
+  out[#out + 1] = redis.call('ZLEXCOUNT', KEYS[1], '[' .. t .. '/', '(' .. t .. '0')
+  min = '[' .. t .. '0'
+end
+return out
+"""
+
+#: Shards whose grain ZSETs one round trip of ``read_page`` asks.
+_PAGE_SHARDS: Final = 32
+
+
 def _intervals(r: RingRange | None) -> list[tuple[int, int]]:
     """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
     if r is None or r.size == HASH_SPACE:
@@ -450,6 +474,7 @@ class RedisReminderTable:
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
             ("history", _APPEND_HISTORY),
+            ("types", _TYPES),
         ):
             self._scripts[name] = client.register_script(text)
 
@@ -744,6 +769,85 @@ class RedisReminderTable:
             for s in range(self.shards):
                 pipe.hlen(self._key(s, "rows"))
             return sum(int(n) for n in await pipe.execute())
+
+    async def read_page(
+        self,
+        cursor: str | None,
+        limit: int,
+        *,
+        type_name: str | None = None,
+        key_prefix: str | None = None,
+    ) -> tuple[list[ReminderEntry], str | None]:
+        """Rows shard by shard, each shard in member order of its grain ZSET
+        (``grain|name``, a lex range for the filter). One round trip asks up to
+        ``_PAGE_SHARDS`` shards for ``limit`` members each, a second fetches the
+        rows taken. The cursor is ``"<shard>|<last member>"``."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        prefix = grain_prefix(type_name, key_prefix).encode()
+        shard, last = 0, b""
+        if cursor is not None:
+            head, sep, tail = cursor.partition("|")
+            if not sep or not head.isdigit() or int(head) >= self.shards:
+                raise ValueError(f"not a page cursor of this table: {cursor!r}")
+            shard, last = int(head), tail.encode()
+        # 0xff never occurs in UTF-8, so it bounds every member with the prefix.
+        top = b"(" + prefix + b"\xff" if prefix else b"+"
+        taken: list[tuple[int, list[bytes]]] = []
+        need = limit
+        with translate_errors("reminder read_page"):
+            while need and shard < self.shards:
+                batch = range(shard, min(shard + _PAGE_SHARDS, self.shards))
+                pipe = self._c.pipeline(transaction=False)
+                for s in batch:
+                    low = b"(" + last if s == shard and last else b"[" + prefix
+                    if low == b"[":
+                        low = b"-"
+                    pipe.zrangebylex(self._key(s, "grain"), low, top, start=0, num=need)
+                answers = await pipe.execute()
+                for s, members in zip(batch, answers, strict=True):
+                    shard, last = s, b""
+                    if members:
+                        got = members[:need]
+                        taken.append((s, got))
+                        need -= len(got)
+                        last = got[-1]
+                    if not need:
+                        break
+                else:
+                    shard, last = batch[-1] + 1, b""
+            pipe = self._c.pipeline(transaction=False)
+            for s, members in taken:
+                pipe.hmget(self._key(s, "rows"), members)
+            raws = await pipe.execute() if taken else []
+        want = prefix.decode()
+        rows = [
+            row
+            for chunk in raws
+            for raw in chunk
+            if raw is not None and (row := _decode_row(raw)).grain_id.canonical.startswith(want)
+        ]
+        if shard >= self.shards:
+            return rows, None
+        return rows, f"{shard}|{last.decode()}" if last else f"{shard}|"
+
+    async def count_types(self) -> dict[str, int]:
+        """Per shard, a skip scan of its grain ZSET (``_TYPES``), all shards in one
+        pipelined round trip: the cost follows shards x types, never rows."""
+        script = self._script("types")
+        with translate_errors("reminder count_types"):
+            pipe = self._c.pipeline(transaction=False)
+            # Loading first on the same connection makes NOSCRIPT impossible.
+            pipe.script_load(_TYPES)
+            for s in range(self.shards):
+                pipe.evalsha(script.sha, 1, self._key(s, "grain"))
+            answers = (await pipe.execute())[1:]
+        counts: dict[str, int] = {}
+        for flat in answers:
+            for i in range(0, len(flat), 2):
+                t = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
+                counts[t] = counts.get(t, 0) + int(flat[i + 1])
+        return counts
 
     def _plan(self, r: RingRange | None) -> list[tuple[int, list[tuple[int, int]]]]:
         """The shards overlapping ``r``, each with ``r``'s part of it as intervals."""

@@ -34,7 +34,11 @@ from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.remindable.declarations import register_declared_reminders
-from orleanspy.remindable.management import MANAGEMENT_TYPE, ReminderManagementGrain
+from orleanspy.remindable.management import (
+    MANAGEMENT_TYPE,
+    ReminderManagementGrain,
+    management,
+)
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders._adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
@@ -84,7 +88,7 @@ class SiloClient:
     @property
     def reminders(self) -> ReminderManagementGrain:
         """The reminder management grain (``upcoming``, ``count_all``, ...)."""
-        return self._silo._factory().get_grain(ReminderManagementGrain, "")
+        return management(self._silo._factory().get_grain(ReminderManagementGrain, ""))
 
 
 def _hosted_types(options: SiloOptions) -> dict[str, GrainDefinition]:
@@ -123,6 +127,7 @@ class Silo:
         self._directory = directory
         self._transport = transport
         self.reminder_service: ReminderService | None = None
+        self._type_names: frozenset[str] = frozenset()
         self.membership: MembershipService | None = None
         self.ring: RingFollower | None = None
         self.declared_dead = False
@@ -519,6 +524,8 @@ class Silo:
             definitions=types.get,
         )
         dispatcher.set_reminders(registry)
+        self._type_names = frozenset(types)
+        registry.hosted_types = self._cluster_types
 
         async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
             await dispatcher.invoke(
@@ -548,12 +555,27 @@ class Silo:
         self.reminder_service = service
         self.streams = streams
 
+    async def _cluster_types(self) -> set[str]:
+        """The grain types this silo hosts and, with Redis, those the other
+        silos publish in their status records (a crashed silo's stale record
+        counts: an orphan is only called so when no record names its type)."""
+        found = set(self._type_names)
+        if self._storage_client is not None:
+            from orleanspy.cluster_status import published_types
+
+            o = self.options
+            found |= await published_types(
+                self._storage_client, service_id=o.service_id, cluster_id=o.cluster_id
+            )
+        return found
+
     def _status_record(self) -> dict[str, object]:
         """What ``orleanspy cluster status`` shows of this silo beyond its membership row."""
         service = self.reminder_service
         return {
             "activations": self.activation_count,
             "reminders_held": 0 if service is None else service.stats.resident,
+            "grain_types": sorted(self._type_names),
         }
 
     # -- operations endpoint ------------------------------------------------------------
