@@ -20,10 +20,14 @@ Then, for every key the class declares reminders for, a row marked
 ``declared`` whose name the class no longer declares for that key is removed
 (with a CAS on the etag just read, so a row rewritten meanwhile is kept). Rows
 registered from code are never marked, so never removed here. Rows of a class
-no silo hosts any more, or of a key no declaration names any more, are not
-looked for (that would need a scan of the table); remove them with the
-management grain.
+no silo hosts any more are orphans (``reminders orphans``, ``delete-many``);
+declared rows of a key no declaration names any more are not looked for (the
+cost of a start-up follows the declarations, never the rows registered from
+code): remove them with ``delete-many --type T --prefix KEY``.
 
+Rows are read and written in bulk, about 2,000 at a time
+(``BulkReminderTable.read_grains`` and ``upsert_if_many``: two round trips and
+one on Redis).
 Silos starting together all run this. Each write is conditional on the row
 as read (absent, or the etag read: ``ConditionalReminderTable.upsert_if``); a
 silo that loses reads the row again and finds it as declared, so each row is
@@ -33,7 +37,6 @@ second, so silos that fall back to plain upserts write identical rows.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from collections.abc import Iterable
@@ -42,7 +45,7 @@ from datetime import timedelta
 
 from orleanspy.errors import ReminderError
 from orleanspy.grain import DeclaredReminder, GrainDefinition
-from orleanspy.identity import GrainKey
+from orleanspy.identity import GrainId, GrainKey
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
 from orleanspy.reminders.spec import new_entry
@@ -123,8 +126,8 @@ def _parse(fp: str | None) -> tuple[str, int, MissedReminderAction] | None:
 
 #: Conditional writes one declaration may lose to other silos before giving up.
 _ATTEMPTS = 5
-#: Declarations applied concurrently at start-up (each a read and maybe a write).
-_CONCURRENCY = 256
+#: Declared rows read, then written, per bulk round trip at start-up.
+_CHUNK = 2000
 
 
 def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEntry, list[str]]:
@@ -161,6 +164,54 @@ def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEnt
     ), overridden
 
 
+def _warn(desired: ReminderEntry, overridden: list[str]) -> None:
+    if overridden:
+        log.warning(
+            "declared reminder changed in code overrode an operator change "
+            "grain=%s name=%s overridden=%s",
+            desired.grain_id,
+            desired.name,
+            "; ".join(overridden),
+        )
+
+
+async def _sync_grains(
+    registry: ReminderRegistry, grains: dict[GrainId, list[ReminderEntry]]
+) -> tuple[list[str], int]:
+    """Apply the declared rows of ``grains`` (each grain with its desired rows)
+    and remove their declared rows whose declaration is gone: one bulk read of
+    the grains' rows, one bulk conditional write; a write that lost a race goes
+    through ``_apply`` alone. Returns the outcomes and how many were removed."""
+    ids = list(grains)
+    outcomes: list[str] = []
+    writes: list[tuple[ReminderEntry, str | None]] = []
+    plans: list[tuple[ReminderEntry, str, list[str]]] = []
+    stale: list[ReminderEntry] = []
+    for gid, rows in zip(ids, await registry.list_many(ids), strict=True):
+        stored = {row.name: row for row in rows}
+        desired_rows = grains[gid]
+        names = {d.name for d in desired_rows}
+        stale.extend(row for row in rows if row.declared and row.name not in names)
+        for desired in desired_rows:
+            row = stored.get(desired.name)
+            if row is None:
+                writes.append((desired, None))
+                plans.append((desired, "created", []))
+            elif row.fingerprint != desired.fingerprint or not row.declared:
+                write, overridden = _rewrite(row, desired)
+                writes.append((write, row.etag))
+                plans.append((desired, "updated", overridden))
+    results = await registry.store_if_many(writes)
+    for (desired, outcome, overridden), won in zip(plans, results, strict=True):
+        if won:
+            outcomes.append(outcome)
+            _warn(desired, overridden)
+        else:
+            outcomes.append(await _apply(registry, desired))
+    removed = sum([await registry.remove_if_unchanged(row) for row in stale])
+    return outcomes, removed
+
+
 async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
     """Create or update one declared row; ``"created"``, ``"updated"`` or ``""``."""
     for _ in range(_ATTEMPTS):
@@ -173,14 +224,7 @@ async def _apply(registry: ReminderRegistry, desired: ReminderEntry) -> str:
             return ""  # the code did not change: whatever an operator did stands
         write, overridden = _rewrite(stored, desired)
         if await registry.store_if(write, stored.etag):
-            if overridden:
-                log.warning(
-                    "declared reminder changed in code overrode an operator change "
-                    "grain=%s name=%s overridden=%s",
-                    desired.grain_id,
-                    desired.name,
-                    "; ".join(overridden),
-                )
+            _warn(desired, overridden)
             return "updated"
     raise ReminderError(
         f"could not register declared reminder {desired.name!r} of {desired.grain_id}: "
@@ -197,26 +241,25 @@ async def register_declared_reminders(
     (the silo does not start)."""
     created = updated = removed = 0
     for defn in definitions:
-        declared_names: dict[GrainKey, set[str]] = {}
-        wanted: list[ReminderEntry] = []
+        grains: dict[GrainId, list[ReminderEntry]] = {
+            defn.grain_id(key): [] for key in defn.reminder_keys
+        }
         for declared in defn.reminders:
             for key in _keys(defn, declared):
-                declared_names.setdefault(key, set()).add(declared.name)
-                wanted.append(_desired(registry, defn, declared, key))
-        for i in range(0, len(wanted), _CONCURRENCY):
-            chunk = wanted[i : i + _CONCURRENCY]
-            for outcome in await asyncio.gather(*(_apply(registry, d) for d in chunk)):
-                created += outcome == "created"
-                updated += outcome == "updated"
-        for key in set(defn.reminder_keys) | set(declared_names):
-            names = declared_names.get(key, set())
-            for row in await registry.list(defn.grain_id(key)):
-                if (
-                    row.declared
-                    and row.name not in names
-                    and await registry.remove_if_unchanged(row)
-                ):
-                    removed += 1
+                desired = _desired(registry, defn, declared, key)
+                grains.setdefault(desired.grain_id, []).append(desired)
+        batch: dict[GrainId, list[ReminderEntry]] = {}
+        size = 0
+        items = list(grains.items())
+        for n, (gid, rows) in enumerate(items, 1):
+            batch[gid] = rows
+            size += max(1, len(rows))
+            if size >= _CHUNK or n == len(items):
+                outcomes, gone = await _sync_grains(registry, batch)
+                created += outcomes.count("created")
+                updated += outcomes.count("updated")
+                removed += gone
+                batch, size = {}, 0
     result = DeclarationSync(created, updated, removed)
     if created or updated or removed:
         log.info(

@@ -215,13 +215,13 @@ class ReminderOperations:
         return ReminderPage(rows, nxt, orphaned)
 
     async def walk(
-        self, *, type_name: str | None = None, key_prefix: str | None = None
+        self, *, type_name: str | None = None, key_prefix: str | None = None, page: int = PAGE
     ) -> AsyncIterator[ReminderEntry]:
-        """Every row (of the filter), a page at a time."""
+        """Every row (of the filter), ``page`` rows per table read."""
         cursor: str | None = None
         while True:
             rows, cursor = await self.table.read_page(
-                cursor, PAGE, type_name=type_name, key_prefix=key_prefix
+                cursor, page, type_name=type_name, key_prefix=key_prefix
             )
             for row in rows:
                 yield row

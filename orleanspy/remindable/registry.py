@@ -9,7 +9,7 @@ registry validates input (``ReminderError``) and refuses grains that are not
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -51,26 +51,34 @@ class Registration:
 
 
 class _CoalescedUpserts:
-    """Concurrent upserts made into batched writes: one ``upsert_many`` round
-    trip for every upsert that arrived while the previous round trip was out
-    (group commit). Each caller gets its own row's etag, or the exception of
-    its batch. A lone caller pays one plain ``upsert``, as before. Order is
-    kept: rows are written in arrival order, so of two upserts of one row the
-    later one stays."""
+    """Concurrent upserts made into batched writes (group commit): while one
+    round trip to the table is out, arriving upserts queue, and the queue goes
+    in the next round trip as one ``upsert_many``. Each caller gets its own
+    row's etag, or the exception of its batch. A caller that finds nothing
+    out writes its row itself with a plain ``upsert`` (no task, no wait), so a
+    lone caller pays what it paid before. Rows are written in arrival order:
+    of two upserts of one row, the later one stays."""
 
     def __init__(self, table: BulkReminderTable, max_batch: int) -> None:
         self._table = table
         self._max = max_batch
+        self._busy = False
         self._pending: list[tuple[ReminderEntry, asyncio.Future[str]]] = []
         self._task: asyncio.Task[None] | None = None
 
     async def upsert(self, entry: ReminderEntry) -> str:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[str] = loop.create_future()
-        self._pending.append((entry, fut))
-        if self._task is None:
-            self._task = loop.create_task(self._drain())
-        return await fut
+        if self._busy:
+            fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self._pending.append((entry, fut))
+            return await fut
+        self._busy = True
+        try:
+            return await self._table.upsert(entry)
+        finally:
+            if self._pending:
+                self._task = asyncio.get_running_loop().create_task(self._drain())
+            else:
+                self._busy = False
 
     async def _drain(self) -> None:
         try:
@@ -78,10 +86,7 @@ class _CoalescedUpserts:
                 batch = self._pending[: self._max]
                 del self._pending[: self._max]
                 try:
-                    if len(batch) == 1:
-                        etags = [await self._table.upsert(batch[0][0])]
-                    else:
-                        etags = await self._table.upsert_many([e for e, _ in batch])
+                    etags = await self._table.upsert_many([e for e, _ in batch])
                 except asyncio.CancelledError:
                     for _, fut in batch + self._pending:
                         fut.cancel()
@@ -96,6 +101,7 @@ class _CoalescedUpserts:
                     if not fut.done():
                         fut.set_result(etag)
         finally:
+            self._busy = False
             self._task = None
 
 
@@ -236,11 +242,12 @@ class ReminderRegistry:
         for start in range(0, len(entries), batch):
             chunk = entries[start : start + batch]
             if isinstance(self.table, BulkReminderTable):
-                etags = await self.table.upsert_many(chunk)
+                await self.table.upsert_many(chunk)
             else:
-                etags = list(await asyncio.gather(*map(self.table.upsert, chunk)))
-            for entry, etag in zip(chunk, etags, strict=True):
-                self._changed(entry.grain_id, entry.name, entry.with_etag(etag))
+                await asyncio.gather(*map(self.table.upsert, chunk))
+            # Listeners read the row's due time and priority, not its etag: no copy.
+            for entry in chunk:
+                self._changed(entry.grain_id, entry.name, entry)
         return len(entries)
 
     async def store(self, entry: ReminderEntry) -> ReminderEntry:
@@ -257,6 +264,23 @@ class ReminderRegistry:
             return False
         self._changed(entry.grain_id, entry.name, entry.with_etag(etag))
         return True
+
+    async def store_if_many(self, writes: Sequence[tuple[ReminderEntry, str | None]]) -> list[bool]:
+        """``store_if`` for each pair, in one round trip on a ``BulkReminderTable``."""
+        if isinstance(self.table, BulkReminderTable):
+            etags = await self.table.upsert_if_many(writes)
+        else:
+            etags = list(await asyncio.gather(*(self.table.upsert_if(e, t) for e, t in writes)))
+        for (entry, _), etag in zip(writes, etags, strict=True):
+            if etag is not None:
+                self._changed(entry.grain_id, entry.name, entry)
+        return [etag is not None for etag in etags]
+
+    async def list_many(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        """``list`` for each grain, in one batch on a ``BulkReminderTable``."""
+        if isinstance(self.table, BulkReminderTable):
+            return await self.table.read_grains(grain_ids)
+        return list(await asyncio.gather(*map(self.table.read_grain, grain_ids)))
 
     async def remove_if_unchanged(self, row: ReminderEntry) -> bool:
         """Remove ``row`` if it still has the etag it was read with; ``False`` if

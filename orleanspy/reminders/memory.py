@@ -105,6 +105,14 @@ class InMemoryReminderTable:
         """``upsert`` each entry in order; their etags in order."""
         return [await self.upsert(e) for e in entries]
 
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        return [await self.upsert_if(e, etag) for e, etag in writes]
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        return [await self.read_grain(g) for g in grain_ids]
+
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
         """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
         ``expected_etag``; the new etag, or ``None`` when it did not hold."""

@@ -72,6 +72,7 @@ one committed after reaches the new feed.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Container, Sequence
@@ -645,6 +646,32 @@ class PostgresReminderTable:
                 statement, self.service_id, *_row_values(entry), self._channel, *extra
             )
         return None if new is None else str(new)
+
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        """``upsert_if`` of each pair, concurrently over the pool (each its own
+        statement: the conditions differ row by row)."""
+        return list(await asyncio.gather(*(self.upsert_if(e, etag) for e, etag in writes)))
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        """One statement: the rows of every grain (primary-key prefix scans)."""
+        if not grain_ids:
+            return []
+        with translate_errors("reminder read_grains"):
+            records = await self._p.fetch(
+                f"SELECT {_COLUMNS} FROM orleanspy_reminders "
+                "WHERE service_id = $1 AND grain_id = ANY($2::text[])",
+                self.service_id,
+                [g.canonical for g in grain_ids],
+            )
+        found: dict[str, list[ReminderEntry]] = {}
+        for rec in records:
+            found.setdefault(rec["grain_id"], []).append(_row(rec))
+        out = [found.get(g.canonical, []) for g in grain_ids]
+        for rows in out:
+            rows.sort(key=lambda row: row.name)
+        return out
 
     async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
         """``upsert`` each entry, in order; their new etags in order.

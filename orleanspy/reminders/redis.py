@@ -184,6 +184,48 @@ return out
 """
 )
 
+# Conditional upserts into one shard in one call: as _UPSERT_MANY, each row
+# [key, due member, score, record map, paused, condition] with condition '-'
+# (only if absent) or the etag the row must have. Returns per row the new
+# etag, or false where the condition did not hold (nothing written or published).
+_UPSERT_IF_MANY: Final = (
+    _LUA_REMOVAL
+    + """
+local rows = cmsgpack.unpack(ARGV[3])
+local out = {}
+for i = 1, #rows do
+  local row = rows[i]
+  local raw = redis.call('HGET', KEYS[1], row[1])
+  local ok
+  if row[6] == '-' then
+    ok = not raw
+  else
+    ok = raw and cmsgpack.unpack(raw)['e'] == row[6]
+  end
+  if ok then
+    local etag = redis.call('INCR', KEYS[4]) .. ARGV[1]
+    local rec = row[4]
+    rec['e'] = etag
+    redis.call('HSET', KEYS[1], row[1], cmsgpack.pack(rec))
+    redis.call('ZADD', KEYS[3], 0, row[1])
+    local head = ARGV[4] .. string.sub(row[2], 1, 8)
+    if row[5] then
+      redis.call('ZREM', KEYS[2], row[2])
+      redis.call('SPUBLISH', ARGV[2], removal(head, rec))
+    else
+      redis.call('ZADD', KEYS[2], string.format('%.0f', row[3]), row[2])
+      redis.call('SPUBLISH', ARGV[2],
+        head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+    end
+    out[i] = etag
+  else
+    out[i] = false
+  end
+end
+return out
+"""
+)
+
 # The two per-tick scripts (the batched schedule CAS and the history append)
 # name their keys in the arguments rather than in KEYS: each batch spans many
 # shards, and redis-py's packing of one argument per key was the largest client
@@ -338,6 +380,24 @@ end
 return out
 """
 
+# read_grains: KEYS grain ZSET, rows HASH of one shard; ARGV the grains'
+# prefixes ("grain|"). Returns per grain its member count n, then n records
+# (nil for a member whose row went meanwhile). 0xff never occurs in UTF-8, so
+# it bounds every member with the prefix.
+_READ_GRAINS: Final = """
+local out = {}
+for i = 1, #ARGV do
+  local p = ARGV[i]
+  local keys = redis.call('ZRANGEBYLEX', KEYS[1], '[' .. p, '(' .. p .. '\\255')
+  out[#out + 1] = #keys
+  if #keys > 0 then
+    local raws = redis.call('HMGET', KEYS[2], unpack(keys))
+    for j = 1, #raws do out[#out + 1] = raws[j] end
+  end
+end
+return out
+"""
+
 #: Shards whose grain ZSETs one round trip of ``read_page`` asks.
 _PAGE_SHARDS: Final = 32
 
@@ -470,11 +530,13 @@ class RedisReminderTable:
         for name, text in (
             ("upsert", _UPSERT),
             ("upsert_many", _UPSERT_MANY),
+            ("upsert_if_many", _UPSERT_IF_MANY),
             ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
             ("history", _APPEND_HISTORY),
             ("types", _TYPES),
+            ("read_grains", _READ_GRAINS),
         ):
             self._scripts[name] = client.register_script(text)
 
@@ -546,6 +608,75 @@ class RedisReminderTable:
             for i, etag in zip(indexes, reply, strict=True):
                 etags[i] = str(etag.decode())
         return etags
+
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        """``upsert_if`` of each pair in one pipelined round trip: one script call
+        per shard touched (``_UPSERT_IF_MANY``), its rows packed in one argument."""
+        if not writes:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        packed: list[list[Any]] = []
+        for i, (entry, etag) in enumerate(writes):
+            h = entry.hash
+            by_shard.setdefault(self.shard_of(h), []).append(i)
+            record = {k: v for k, v in entry.to_record().items() if v is not None}
+            score = lane_score(int(entry.priority), to_ms(entry.next_due))
+            cond = "-" if etag is None else etag
+            packed.append(
+                [entry.key, self._member(h, entry.key), score, record, entry.paused, cond]
+            )
+        script = self._script("upsert_if_many")
+        with translate_errors("reminder upsert_if_many"):
+            pipe = self._c.pipeline(transaction=False)
+            pipe.script_load(_UPSERT_IF_MANY)
+            for s, indexes in by_shard.items():
+                keys = [self._key(s, k) for k in ("rows", "due", "grain", "etag")]
+                rows = pack([packed[i] for i in indexes])
+                pipe.evalsha(
+                    script.sha, 4, *keys, self._etag_suffix, self._channel(s), rows, self._writer
+                )
+            replies = (await pipe.execute())[1:]
+        out: list[str | None] = [None] * len(writes)
+        for indexes, reply in zip(by_shard.values(), replies, strict=True):
+            for i, etag in zip(indexes, reply, strict=True):
+                out[i] = None if etag is None else str(etag.decode())
+        return out
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        """``read_grain`` of each grain in one pipelined round trip: per shard
+        touched, one script call (``_READ_GRAINS``) that scans each grain's lex
+        prefix and fetches its rows."""
+        if not grain_ids:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        for i, g in enumerate(grain_ids):
+            by_shard.setdefault(self.shard_of(g.uniform_hash()), []).append(i)
+        script = self._script("read_grains")
+        with translate_errors("reminder read_grains"):
+            pipe = self._c.pipeline(transaction=False)
+            pipe.script_load(_READ_GRAINS)
+            for s, indexes in by_shard.items():
+                keys = (self._key(s, "grain"), self._key(s, "rows"))
+                prefixes = [f"{grain_ids[i].canonical}|" for i in indexes]
+                pipe.evalsha(script.sha, 2, *keys, *prefixes)
+            replies = (await pipe.execute())[1:]
+        out: list[list[ReminderEntry]] = [[] for _ in grain_ids]
+        for indexes, flat in zip(by_shard.values(), replies, strict=True):
+            at = 0
+            for i in indexes:
+                n = int(flat[at])
+                raws = flat[at + 1 : at + 1 + n]
+                at += 1 + n
+                g = grain_ids[i]
+                # A str key may hold '|', so the prefix can match another grain's rows.
+                rows = [
+                    r for raw in raws if raw is not None and (r := _decode_row(raw)).grain_id == g
+                ]
+                rows.sort(key=lambda row: row.name)
+                out[i] = rows
+        return out
 
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
         """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has

@@ -289,14 +289,30 @@ class BatchingReminderTable(ReminderTable, Protocol):
 class BulkReminderTable(ReminderTable, Protocol):
     """A table that can upsert many rows in one round trip (optional).
 
-    ``ReminderRegistry.register_many`` uses it to seed or migrate a table; it
-    falls back to concurrent ``upsert`` calls otherwise.
+    ``ReminderRegistry.register_many`` uses it to seed or migrate a table, the
+    registry to write concurrent registrations in one round trip, and start-up
+    to read and write ``@register_reminder`` rows in bulk; each falls back to
+    concurrent single calls otherwise.
     """
 
     async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
         """``upsert`` each entry, in order, as one batch; the new etags in order.
         Not a transaction: after a ``StorageUnavailableError`` some may have been
         written (upserting them again is harmless)."""
+        ...
+
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        """``upsert_if(entry, expected_etag)`` for each pair, in order, as one
+        batch; each result is what the single call would return (a row's own
+        condition decides it alone). No key twice in one batch. Not a
+        transaction, as ``upsert_many``."""
+        ...
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        """``read_grain`` of each grain, in order, as one batch (Redis: two
+        pipelined round trips whatever the number of grains)."""
         ...
 
 

@@ -406,6 +406,64 @@ async def check_upsert_if(factory: TableFactory) -> None:
         assert after is not None and after.priority == won[0].priority, "not the winner's row"
 
 
+async def _read_many(
+    table: BulkReminderTable, keys: list[tuple[GrainId, str]]
+) -> list[ReminderEntry | None]:
+    grains = list(dict.fromkeys(g for g, _ in keys))
+    by_grain = dict(zip(grains, await table.read_grains(grains), strict=True))
+    return [next((r for r in by_grain[g] if r.name == n), None) for g, n in keys]
+
+
+async def check_upsert_if_many_and_read_grains(factory: TableFactory) -> None:
+    """``upsert_if_many`` (a ``BulkReminderTable``) decides each row by its own
+    condition, as single ``upsert_if`` calls would, across shards; ``read_grains``
+    returns what ``read_grain`` returns for each grain, in order (grains without
+    rows, and str keys holding ``|``, included). Skipped for tables without them."""
+    async with factory() as table:
+        if not isinstance(table, BulkReminderTable):
+            return
+        gids = [GrainId("ContractBulkIf", i) for i in range(40)]
+        first = [_entry(table, g, priority=i % 3) for i, g in enumerate(gids)]
+        etags = await table.upsert_if_many([(e, None) for e in first[:20]])
+        assert all(etags), f"inserts into empty slots failed: {etags}"
+        stored = await _read_many(table, [(e.grain_id, e.name) for e in first])
+        assert stored[:20] == [
+            _stored(e, t) for e, t in zip(first[:20], etags, strict=True) if t is not None
+        ]
+        assert stored[20:] == [None] * 20, "read_grains invented rows"
+        tricky = [GrainId("ContractBulkIf", "a|b"), GrainId("ContractBulkIf", "a")]
+        for g in tricky:
+            for name in ("x", "y"):
+                await table.upsert(_entry(table, g, name))
+        singles = [await table.read_grain(g) for g in [*tricky, GrainId("None", 1)]]
+        assert await table.read_grains([*tricky, GrainId("None", 1)]) == singles
+        moved = [replace(e, priority=50, paused=i % 4 == 0) for i, e in enumerate(first)]
+        writes: list[tuple[ReminderEntry, str | None]] = []
+        want: list[bool] = []
+        for i, e in enumerate(moved):
+            if i < 20:
+                # The right etag on even rows; on odd ones a stale etag, or an
+                # insert-if-absent of a row that exists.
+                cond = etags[i] if i % 2 == 0 else None if i % 3 == 0 else "stale"
+                writes.append((e, cond))
+                want.append(i % 2 == 0)
+            else:
+                writes.append((e, None))
+                want.append(True)
+        results = await table.upsert_if_many(writes)
+        assert [r is not None for r in results] == want, f"{results}: wrong rows decided"
+        after = await _read_many(table, [(e.grain_id, e.name) for e in first])
+        for i, (row, result) in enumerate(zip(after, results, strict=True)):
+            assert row is not None
+            if result is None:
+                assert row == stored[i], f"row {i}: a refused write changed it"
+            else:
+                assert row == _stored(moved[i], result), f"row {i}: not the written row"
+        paused = [r for r in after if r is not None and r.paused]
+        due = await table.upcoming(_T0 + timedelta(days=1), 1000)
+        assert not {r.key for r in paused} & {r.key for r in due}, "a paused row is due"
+
+
 async def check_upsert_many(factory: TableFactory) -> None:
     """``upsert_many`` (a ``BulkReminderTable``) writes every row as ``upsert``
     would, with the etags in order. Skipped for tables without it."""
@@ -989,6 +1047,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_remove_checks_the_etag,
     check_upsert_if,
     check_upsert_many,
+    check_upsert_if_many_and_read_grains,
     check_update_schedule_cas,
     check_update_schedule_many,
     check_update_schedule_many_keeps_lanes_and_fields,
