@@ -26,6 +26,7 @@ from orleanspy.errors import (
 )
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders._herd import CatchUpThrottle
 from orleanspy.reminders._history import NoHistory, skip_outcome
 from orleanspy.reminders._missed import MissedNotifier, PublishMissed, TickPlan, plan_tick
 from orleanspy.reminders._persist import Persister
@@ -75,6 +76,8 @@ class Delivery:
     - the missed-tick rule (``_missed``) applies: FIRE_IMMEDIATELY delivers
       one catch-up tick, SKIP and NOTIFY deliver none, and the grid resumes at
       the first slot after now;
+    - catch-up grain calls (slots older than ``catch_up_lateness``) wait
+      their turn on the ramp of ``_herd`` first, in the order they came;
     - a dropped row is not ticked or re-queued again (a delivery already running
       finishes).
 
@@ -108,6 +111,12 @@ class Delivery:
         self.retries = 0
         self.missed = 0
         self.skipped = 0
+        self._herd = CatchUpThrottle(
+            clock,
+            rate=options.catch_up_rate,
+            ceiling=options.catch_up_ceiling,
+            lateness=options.catch_up_lateness,
+        )
 
     async def tick(self, row: Row) -> None:
         """Deliver (or skip) one due row, then move it to its next slot."""
@@ -128,6 +137,12 @@ class Delivery:
             self.missed += 1
             self.metrics.missed(row.entry.action.name)
         if plan.deliver:
+            if self._herd.enabled:
+                # A catch-up call waits for its turn on the ramp (``_herd``).
+                await self._herd.admit(now - plan.slot)
+                if row.dropped:
+                    return
+                now = self._clock.now()
             delivered_at = await self._call(row, plan, now)
             if delivered_at is None:
                 return
