@@ -282,6 +282,7 @@ def test_rescheduled_keeps_every_other_field() -> None:
         etag="e1",
         declared=True,
         paused=True,
+        fingerprint="abc:60:2",
     )
     later = t + timedelta(seconds=5)
     assert entry.rescheduled(later, t, "e2") == dataclasses.replace(
