@@ -529,6 +529,9 @@ async def _cluster_status(args: argparse.Namespace) -> int:
             for s in status.silos
         ]  # fmt: skip
         print(_table(headers, rows))
+        if status.orphaned_rows:
+            print(f"orphaned reminder rows: {status.orphaned_rows} (their grain types are hosted "
+                  "by no silo: orleanspy reminders orphans)")  # fmt: skip
     if not any(s.status == "active" for s in status.silos):
         why = await explain_no_gateway(url, cluster_id=args.cluster_id, service_id=args.service_id)
         print(f"orleanspy: no Active silo: {why}", file=sys.stderr)

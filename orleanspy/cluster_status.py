@@ -134,10 +134,14 @@ class SiloRow:
 
 @dataclass(frozen=True, slots=True)
 class ClusterStatus:
+    """``orphaned_rows``: reminder rows whose grain type no silo hosts, from the
+    newest status record that has the figure (``None``: no silo reported it)."""
+
     cluster_id: str
     service_id: str
     table_version: int
     silos: tuple[SiloRow, ...]
+    orphaned_rows: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -145,6 +149,7 @@ class ClusterStatus:
             "service_id": self.service_id,
             "table_version": self.table_version,
             "silos": [s.to_json() for s in self.silos],
+            "orphaned_reminder_rows": self.orphaned_rows,
         }
 
 
@@ -199,7 +204,15 @@ async def read_status(client: Redis, *, cluster_id: str, service_id: str) -> Clu
                 ),
             )
         )
-    return ClusterStatus(cluster_id, service_id, snap.version.version, tuple(rows))
+    reported = [
+        (_num(rec, "updated_ms"), rec["orphaned_rows"])
+        for rec in records.values()
+        if isinstance(rec.get("orphaned_rows"), int)
+    ]
+    orphaned = max(reported)[1] if reported else None
+    return ClusterStatus(
+        cluster_id, service_id, snap.version.version, tuple(rows), cast(int | None, orphaned)
+    )
 
 
 def _num(rec: dict[str, object], key: str) -> float:

@@ -39,6 +39,7 @@ from orleanspy.remindable.management import (
     ReminderManagementGrain,
     management,
 )
+from orleanspy.remindable.orphans import OrphanWatch
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders._adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
@@ -128,6 +129,7 @@ class Silo:
         self._transport = transport
         self.reminder_service: ReminderService | None = None
         self._type_names: frozenset[str] = frozenset()
+        self._orphans: OrphanWatch | None = None
         self.membership: MembershipService | None = None
         self.ring: RingFollower | None = None
         self.declared_dead = False
@@ -554,6 +556,14 @@ class Silo:
         registry.add_listener(service.notify_change)
         self.reminder_service = service
         self.streams = streams
+        self._orphans = watch = OrphanWatch(registry.operations, self.metrics.reminders)
+        task = asyncio.get_running_loop().create_task(watch.run(), name=f"orphans-{self.name}")
+
+        async def stop_watch() -> None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        stack.push_async_callback(stop_watch)
 
     async def _cluster_types(self) -> set[str]:
         """The grain types this silo hosts and, with Redis, those the other
@@ -576,6 +586,7 @@ class Silo:
             "activations": self.activation_count,
             "reminders_held": 0 if service is None else service.stats.resident,
             "grain_types": sorted(self._type_names),
+            "orphaned_rows": None if self._orphans is None else self._orphans.orphaned_rows,
         }
 
     # -- operations endpoint ------------------------------------------------------------
