@@ -223,10 +223,12 @@ async def _bench_unary(
         return [await _measure(call, n, seconds, warmup) for n in callers]
 
 
-async def _bench_bidi(where: str, payload: bytes, seconds: float, warmup: float) -> list[float]:
+async def _bench_bidi(
+    where: str, payload: bytes, seconds: float, warmup: float, callers: Sequence[int] = CALLERS
+) -> list[float]:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{where}") as channel:
         rates = []
-        for n in CALLERS:
+        for n in callers:
             streams = [channel.stream_stream(_STREAM, None, None)() for _ in range(n)]
             free: asyncio.Queue[Any] = asyncio.Queue()
             for s in streams:

@@ -49,8 +49,9 @@ from orleanspy import __version__
 from orleanspy._loop import run
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
-from orleanspy.options import MessagingOptions, SiloOptions, check_redis_url
+from orleanspy.options import MessagingOptions, SiloOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
+from orleanspy.schemes import check_redis_url
 from orleanspy.tables import table_backend
 
 __all__ = ["main"]
@@ -351,8 +352,12 @@ def redis_url(args: argparse.Namespace) -> str:
 def _grain_storage(url: str | None) -> dict[str, str] | None:
     if url is None:
         return None
-    if not url.startswith(("redis://", "rediss://", "unix://", "postgresql://", "postgres://")):
-        raise ConfigurationError(f"--storage {url!r}: give a redis:// or postgresql:// URL")
+    try:
+        table_backend(url)  # --storage takes the stores of the tables (not memory://)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"--storage {url!r}: give a redis:// or postgresql:// URL"
+        ) from None
     return {"default": url}
 
 

@@ -176,6 +176,8 @@ class GrainMetrics:
     """Grain calls as the hosting silo ran them. This base records nothing."""
 
     __slots__ = ()
+    #: Whether ``call`` keeps anything: callers skip timing a call when it does not.
+    records = False
 
     def call(self, grain_type: str, seconds: float, failed: bool) -> None:
         """A call of a ``grain_type`` method took ``seconds``; ``failed`` if it raised."""
@@ -195,6 +197,7 @@ class RecordingGrainMetrics(GrainMetrics):
     """Keeps a ``CallSeries`` per grain type."""
 
     __slots__ = ("by_type",)
+    records = True
 
     def __init__(self) -> None:
         self.by_type: dict[str, CallSeries] = {}

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from orleanspy.errors import ConfigurationError
-from orleanspy.tables import table_backend
+from orleanspy.schemes import KINDS, backend_of, schemes_for
 
 __all__ = [
     "MembershipOptions",
@@ -361,7 +361,7 @@ class SiloOptions:
             url = getattr(self, name)
             if url is not None:
                 try:
-                    table_backend(url)
+                    backend_of(url, "tables")
                 except ConfigurationError as exc:
                     raise ConfigurationError(f"SiloOptions.{name}: {exc}") from None
 
@@ -401,7 +401,7 @@ class SiloOptions:
             self.membership_url,
             self.reminder_table_url,
         ):
-            if url is not None and table_backend(url) == "redis":
+            if url is not None and backend_of(url) in KINDS["streams"]:
                 return url
         return None
 
@@ -410,8 +410,6 @@ _STORAGE_METHODS = ("start", "read", "write", "clear")
 
 
 def _check_storage(storage: Mapping[str, Any]) -> None:
-    from orleanspy.storage.factory import GRAIN_STORAGE_SCHEMES, storage_scheme
-
     if not isinstance(storage, Mapping):
         raise ConfigurationError(
             "SiloOptions.storage must map provider names to providers or URLs, "
@@ -421,26 +419,15 @@ def _check_storage(storage: Mapping[str, Any]) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"SiloOptions.storage: {name!r} is not a provider name")
         if isinstance(value, str):
-            if storage_scheme(value) not in GRAIN_STORAGE_SCHEMES:
+            try:
+                backend_of(value, "storage")
+            except ConfigurationError:
                 raise ConfigurationError(
                     f"SiloOptions.storage[{name!r}]: {value!r} is not a storage URL; use one "
-                    f"of {', '.join(s + '://' for s in GRAIN_STORAGE_SCHEMES)}"
-                )
+                    f"of {', '.join(schemes_for('storage'))}"
+                ) from None
         elif not all(callable(getattr(value, m, None)) for m in _STORAGE_METHODS):
             raise ConfigurationError(
                 f"SiloOptions.storage[{name!r}]: {value!r} is neither a URL nor a GrainStorage "
                 "(start, read, write, clear)"
             )
-
-
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
-
-
-def check_redis_url(url: str, what: str) -> None:
-    """Raise ``ConfigurationError`` naming ``what`` and the schemes that work
-    unless ``url`` starts with one of ``REDIS_SCHEMES``."""
-    if not url.startswith(REDIS_SCHEMES):
-        raise ConfigurationError(
-            f"{what} {url!r} has no Redis scheme; use redis://HOST:PORT/DB, "
-            "rediss://HOST:PORT/DB (TLS) or unix:///PATH/redis.sock"
-        )

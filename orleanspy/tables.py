@@ -1,48 +1,33 @@
-"""Which backend a table URL names, and the tables built from URLs.
+"""The cluster's tables built from URLs.
 
-``table_backend(url)`` is the one place that reads a URL's scheme: ``redis://``,
-``rediss://`` and ``unix://`` name Redis; ``postgresql://`` and ``postgres://``
-name PostgreSQL. ``TableConnections`` builds the membership table, reminder
-table and grain directory for URLs, sharing one Redis client or one PostgreSQL
-pool per URL, and closes them with the stack it was given. Backend modules
-(and so ``redis`` or ``asyncpg``) are imported only when a URL chooses them.
+``TableConnections`` builds the membership table, reminder table, grain
+directory, and the default grain storage on the cluster's store, for URLs,
+sharing one Redis client or one PostgreSQL pool per URL, and closes them with
+the stack it was given. Which backend a URL names is decided in ``schemes``
+(``table_backend`` is its answer for the tables). Backend modules (and so
+``redis`` or ``asyncpg``) are imported only when a URL chooses them.
 """
 
 from __future__ import annotations
 
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from orleanspy.errors import ConfigurationError
+from orleanspy.schemes import Backend, backend_of
 
 if TYPE_CHECKING:
     from orleanspy.directory.table import GrainDirectory
     from orleanspy.membership.table import MembershipTable
     from orleanspy.reminders.table import ReminderTable
+    from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Backend", "TableConnections", "table_backend"]
 
-Backend = Literal["redis", "postgres"]
-
-_SCHEMES: dict[str, Backend] = {
-    "redis://": "redis",
-    "rediss://": "redis",
-    "unix://": "redis",
-    "postgresql://": "postgres",
-    "postgres://": "postgres",
-}
-
 
 def table_backend(url: str) -> Backend:
-    """The backend ``url`` names; ``ConfigurationError`` for any other scheme."""
-    for prefix, backend in _SCHEMES.items():
-        if url.startswith(prefix):
-            return backend
-    raise ConfigurationError(
-        # The scheme only: the rest of a URL may hold a password.
-        f"unsupported table URL scheme {url.partition('://')[0]!r}: use redis://, rediss://, "
-        "unix:// (Redis) or postgresql:// (PostgreSQL)"
-    )
+    """The backend ``url`` names for a table (``redis`` or ``postgres``);
+    ``ConfigurationError`` for any other scheme (``schemes.backend_of``)."""
+    return backend_of(url, "tables")
 
 
 class TableConnections:
@@ -109,3 +94,14 @@ class TableConnections:
         from orleanspy.directory.redis import RedisGrainDirectory
 
         return RedisGrainDirectory(self.redis(url), cluster_id=cluster_id, service_id=service_id)
+
+    async def grain_storage(self, url: str, *, service_id: str) -> GrainStorage:
+        """Grain storage on the store of the cluster's tables at ``url``, sharing
+        its client or pool (the silo's default provider)."""
+        if table_backend(url) == "postgres":
+            from orleanspy.storage.postgres import PostgresGrainStorage
+
+            return PostgresGrainStorage(await self.postgres(url), service_id=service_id)
+        from orleanspy.storage.redis import RedisGrainStorage
+
+        return RedisGrainStorage(self.redis(url), service_id=service_id)

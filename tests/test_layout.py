@@ -2,13 +2,13 @@
 
 Layers, lowest first; a module may import its own layer and those below, never above:
 
-    bottom     errors identity clock options serialization
+    bottom     errors identity clock schemes options serialization
     helpers    _tasks _retry _redis _postgres ring placement metrics
     providers  directory/* membership/* storage/* streams/* messaging/* tables
-               reminders/ model table memory redis postgres _pg_feed schedule spec
+               reminders/* (the storage side: model, spec, schedule, table, backends)
     grain      state grain reference
-    services   the rest of reminders/ (the service), remindable/* (registry, declarations,
-               management), observability, cluster_status
+    services   reminders/_service/* and reminders.service (the service), remindable/*
+               (registry, declarations, management), observability, cluster_status
     runtime    runtime/* _prometheus
     hosts      client cli _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
 
@@ -39,18 +39,20 @@ import orleanspy
 ROOT = Path(orleanspy.__file__).parent
 
 LAYERS: list[tuple[str, str]] = [
-    ("bottom", r"orleanspy\.(errors|identity|clock|options|serialization)"),
+    ("bottom", r"orleanspy\.(errors|identity|clock|schemes|options|serialization)"),
     ("helpers", r"orleanspy\.(_tasks|_retry|_redis|_postgres|ring|placement|metrics)"),
     (
         "providers",
         r"orleanspy\.(directory|membership|storage|streams|messaging)(\..+)?"
         r"|orleanspy\.tables"
-        r"|orleanspy\.reminders(\.(model|table|memory|redis|postgres|_pg_feed|schedule|spec))?",
+        # reminders/ but not its service (the folder _service/ and the module
+        # that composes it).
+        r"|orleanspy\.reminders(\.(?!_service$|service$)[a-z_]+)?",
     ),
     ("grain", r"orleanspy\.(state|grain|reference)"),
     (
         "services",
-        r"orleanspy\.reminders\..+|orleanspy\.remindable(\..+)?"
+        r"orleanspy\.reminders\.(service|_service(\..+)?)|orleanspy\.remindable(\..+)?"
         r"|orleanspy\.(observability|cluster_status)",
     ),
     ("runtime", r"orleanspy\.runtime(\..+)?|orleanspy\._prometheus"),
@@ -65,14 +67,6 @@ RUNTIME_AND_GRAIN_API = r"orleanspy\.(runtime(\..+)?|client|cli|grain|reference|
 PROVIDER_PACKAGES = ("directory", "membership", "reminders", "storage", "streams")
 
 ALLOWED: dict[tuple[str, str], str] = {
-    # The options validate URL schemes against the table and storage backends
-    # they name; the scheme lists belong in the bottom layer (or the check in
-    # the silo), so the options stop reaching up into the providers.
-    ("orleanspy.options", "orleanspy.tables"): "scheme check reaches up",
-    ("orleanspy.options", "orleanspy.storage.factory"): "scheme check reaches up (lazy)",
-    # The lanes drain rows the window holds and name them in annotations only
-    # (the window imports the lanes it owns).
-    ("orleanspy.reminders._lanes", "orleanspy.reminders._window"): "typing only; circle",
     # The exporter reads the silo it is given; the silo loads the exporter lazily,
     # only when a metrics port is set (prometheus_client stays optional).
     ("orleanspy._prometheus", "orleanspy.runtime.silo"): "typing only; circle",
@@ -269,3 +263,18 @@ def test_the_checker_sees_a_planted_violation(tmp_path: Path) -> None:
     assert any(_layer(e.target) > _layer(e.source) for e in planted)
     circle = {Edge("orleanspy.a", "orleanspy.b", "top"), Edge("orleanspy.b", "orleanspy.a", "lazy")}
     assert _cycles(circle) == [["orleanspy.a", "orleanspy.b"]]
+
+
+def test_the_reminder_storage_side_imports_nothing_of_the_service() -> None:
+    """The boundary inside reminders/ is the folder _service/ (and the module
+    composing it): the storage side beside it never reaches in."""
+    service = {
+        m for m in MODULES if re.fullmatch(r"orleanspy\.reminders\.(service|_service(\..+)?)", m)
+    }
+    storage = {m for m in MODULES if m.startswith("orleanspy.reminders.") and m not in service}
+    assert "orleanspy.reminders._service.window" in service
+    assert "orleanspy.reminders.table" in storage
+    assert (
+        sorted((e.source, e.target) for e in EDGES if e.source in storage and e.target in service)
+        == []
+    )

@@ -45,7 +45,8 @@ It and ``append_history`` take the shard key prefix and build the keys of the
 shards a batch touches in Lua (see the comment above ``_UPDATE_MANY``).
 
 Change feeds use Redis 7 sharded pub/sub, one channel per shard (it lives on
-the shard's node in Redis Cluster). A scoped feed (``scoped_changes``)
+the shard's node in Redis Cluster); the subscription and the message form live
+in ``_redis_feed``. A scoped feed (``scoped_changes``)
 subscribes only to the shards overlapping its scope's ranges, re-subscribes
 when they change, and skips its own table's writes and rows outside the ranges
 by the message head, without decoding them.
@@ -53,25 +54,22 @@ by the message head, without decoding them.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Container, Iterable, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Final, cast
 
 import msgpack
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
-from orleanspy._retry import Backoff
-from orleanspy.clock import from_ms, to_ms
+from orleanspy.clock import to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
 from orleanspy.identity import GrainId
+from orleanspy.reminders._redis_feed import RedisChanges, change_payload
 from orleanspy.reminders.model import (
     FireRecord,
-    ReminderChange,
     ReminderEntry,
     ScheduleUpdate,
     row_key,
@@ -91,11 +89,6 @@ _MAX_PAGE: Final = 1000
 # read_due first asks each shard for about twice its fair share of ``limit``
 # (at least this many), so a many-shard read does not move shards x limit members.
 _MIN_FIRST_ASK: Final = 16
-# The change feed polls its socket this often so a close from another task is
-# noticed; between polls it blocks in Redis, it does not busy-wait.
-_FEED_POLL_S: Final = 0.5
-_BACKOFF_MIN: Final = timedelta(milliseconds=50)
-_BACKOFF_MAX: Final = timedelta(seconds=2)
 
 # Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
 # values when a script rewrites a row.
@@ -423,44 +416,11 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
 
 
-#: Bytes of a change message's head: writer id, then the row's hash, 8 hex digits each.
-_HEAD: Final = 16
-
-
-def _change_payload(
-    writer: bytes,
-    h: int,
-    grain_id: GrainId,
-    name: str,
-    next_due_ms: int | None,
-    *,
-    priority: int | None = None,
-) -> bytes:
-    fields: list[Any] = [grain_id.canonical, name, next_due_ms]
-    if priority is not None:
-        fields.append(priority)
-    return b"%s%08x%s" % (writer, h, pack(fields))
-
-
 def _lua_pack(value: Any) -> bytes:
     """msgpack for a script's ``cmsgpack.unpack``: bytes as the old raw type (it
     has no bin types), so they arrive in Lua as strings."""
     packed: bytes = msgpack.packb(value, use_bin_type=False)
     return packed
-
-
-def _decode_change(data: bytes) -> ReminderChange:
-    """A change message (head included) as a ``ReminderChange``."""
-    fields = unpack(data[_HEAD:])
-    if not isinstance(fields, list) or len(fields) not in (3, 4):
-        raise ValueError("a change is [grain, name, next_due_ms] or with a priority")
-    canonical, name, due_ms = fields[:3]
-    priority = fields[3] if len(fields) == 4 else None
-    if priority is not None and (type(priority) is not int or not -128 <= priority <= 127):
-        raise ValueError(f"bad priority in change: {priority!r}")
-    return ReminderChange(
-        GrainId.parse(canonical), name, None if due_ms is None else from_ms(due_ms), priority
-    )
 
 
 class RedisReminderTable:
@@ -496,7 +456,7 @@ class RedisReminderTable:
         # the store lives; the random suffix keeps an etag held from before a
         # wiped store from matching a row written after it.
         self._etag_suffix = f".{self.writer_id}"
-        self._subscriptions: set[_RedisChanges] = set()
+        self._subscriptions: set[RedisChanges] = set()
         self._scripts: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------------
@@ -703,9 +663,9 @@ class RedisReminderTable:
             self._key(s, "etag"),
         ]
         if entry.paused:  # out of the schedule: published as a removal
-            change = _change_payload(self._writer, h, entry.grain_id, entry.name, None)
+            change = change_payload(self._writer, h, entry.grain_id, entry.name, None)
         else:
-            change = _change_payload(
+            change = change_payload(
                 self._writer, h, entry.grain_id, entry.name, due_ms, priority=int(entry.priority)
             )
         args: list[Any] = [
@@ -814,7 +774,7 @@ class RedisReminderTable:
                     self._member(h, key),
                     etag,
                     self._channel(s),
-                    _change_payload(self._writer, h, grain_id, name, None),
+                    change_payload(self._writer, h, grain_id, name, None),
                 ],
             )
         return bool(done)
@@ -1125,7 +1085,7 @@ class RedisReminderTable:
 
     # -- change feed ----------------------------------------------------------------
 
-    def changes(self) -> _RedisChanges:
+    def changes(self) -> RedisChanges:
         """A new subscription to the change channels of every shard, all writers.
 
         It subscribes on the first ``anext`` (changes published before that are
@@ -1134,15 +1094,25 @@ class RedisReminderTable:
         """
         return self.scoped_changes(FeedScope())
 
-    def scoped_changes(self, scope: FeedScope) -> _RedisChanges:
+    def scoped_changes(self, scope: FeedScope) -> RedisChanges:
         """Like ``changes()``, but subscribed only to the shards overlapping
-        ``scope.ranges`` (re-subscribing within ``_FEED_POLL_S`` of a
+        ``scope.ranges`` (re-subscribing within ``_redis_feed.FEED_POLL_S`` of a
         ``set_ranges``); changes of rows outside the ranges and, with
         ``scope.skip_own_writes``, those written through this instance are
         dropped by their message head without being decoded."""
-        sub = _RedisChanges(self, scope)
+        sub = RedisChanges(
+            self._c,
+            scope,
+            writer=self._writer,
+            channels_of=self._channels_of,
+            registry=self._subscriptions,
+        )
         self._subscriptions.add(sub)
         return sub
+
+    def _channels_of(self, ranges: Iterable[RingRange] | None) -> set[str]:
+        """The change channels of the shards overlapping ``ranges`` (all: ``None``)."""
+        return {self._channel(s) for s in self._shards_of(ranges)}
 
     def _shards_of(self, ranges: Iterable[RingRange] | None) -> set[int]:
         if ranges is None:
@@ -1157,156 +1127,3 @@ class RedisReminderTable:
     async def _close_subscriptions(self) -> None:
         for sub in list(self._subscriptions):
             await sub.aclose()
-
-
-class _RedisChanges:
-    """One sharded pub/sub subscription to the change channels a scope wants,
-    resubscribing as needed."""
-
-    def __init__(self, table: RedisReminderTable, scope: FeedScope) -> None:
-        self._table = table
-        self._client = table._c
-        self._scope = scope
-        self._skip = table._writer if scope.skip_own_writes else None
-        self._registry = table._subscriptions
-        self._pubsub: Any = None
-        self._channels: set[str] = set()
-        self._version = -1
-        self._closed = asyncio.Event()
-        self._scope_changed = asyncio.Event()
-        self._lock = asyncio.Lock()
-        self._busy = False
-        self._backoff = Backoff(_BACKOFF_MIN, _BACKOFF_MAX)
-        self._following: asyncio.Task[None] | None = None
-        scope.add_listener(self._on_scope_change)
-
-    def _on_scope_change(self) -> None:
-        """Re-subscribe at once, beside a reader blocked on the socket (redis-py
-        lets one task send subscriptions while another reads)."""
-        self._scope_changed.set()
-        if self._pubsub is not None and self._following is None and not self._closed.is_set():
-            self._following = asyncio.get_running_loop().create_task(self._follow_now())
-
-    async def _follow_now(self) -> None:
-        try:
-            await self._follow_scope()
-        except Exception as exc:
-            # E.g. the reader dropped the connection meanwhile: it reconnects and
-            # follows the scope then.
-            _log.debug("reminder change feed could not re-subscribe yet error=%s", exc)
-        finally:
-            self._following = None
-
-    def __aiter__(self) -> _RedisChanges:
-        return self
-
-    async def __anext__(self) -> ReminderChange:
-        self._busy = True
-        skip, scope = self._skip, self._scope
-        try:
-            while not self._closed.is_set():
-                data = await self._receive()
-                if data is None:
-                    continue
-                # The head is fixed-width ASCII: filter before decoding anything.
-                if skip is not None and data[:8] == skip:
-                    continue
-                try:
-                    if scope.ranges is not None and not scope.wants_hash(int(data[8:_HEAD], 16)):
-                        continue
-                    return _decode_change(data)
-                except (SerializationError, ValueError, TypeError) as exc:
-                    _log.warning("reminder change ignored: malformed payload error=%s", exc)
-        finally:
-            self._busy = False
-        await self._drop()
-        raise StopAsyncIteration
-
-    async def _follow_scope(self) -> None:
-        """Subscribe to the channels the scope wants now (and only those)."""
-        if self._pubsub is not None and self._scope.version == self._version:
-            return  # the common case, checked before taking the lock
-        async with self._lock:
-            with translate_errors("reminder change feed"):
-                await self._follow_scope_locked()
-
-    async def _follow_scope_locked(self) -> None:
-        self._scope_changed.clear()
-        version = self._scope.version
-        if self._pubsub is not None and version == self._version:
-            return
-        wanted = {self._table._channel(s) for s in self._table._shards_of(self._scope.ranges)}
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
-            self._channels = set()
-        pubsub = self._pubsub
-        gone, new = self._channels - wanted, wanted - self._channels
-        if gone:
-            await pubsub.sunsubscribe(*sorted(gone))
-        if new:
-            await pubsub.ssubscribe(*sorted(new))
-        self._channels = wanted
-        self._version = version
-
-    async def _receive(self) -> bytes | None:
-        """The next change message's payload, or ``None`` after a timeout, a
-        message of another kind, or a failure (which has been logged, backed off
-        from, and will be reconnected)."""
-        try:
-            with translate_errors("reminder change feed"):
-                await self._follow_scope()
-                if not self._channels:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._scope_changed.wait(), _FEED_POLL_S)
-                    return None
-                pubsub = self._pubsub
-                response = await pubsub.parse_response(block=False, timeout=_FEED_POLL_S)
-                if response is None:
-                    return None
-                # A change is ["smessage", channel, payload]: taken straight from the
-                # reply, skipping redis-py's per-message dict and bookkeeping.
-                if isinstance(response, list) and len(response) == 3:
-                    kind = response[0]
-                    if kind in (b"smessage", "smessage"):
-                        self._backoff.reset()
-                        data = response[2]
-                        if isinstance(data, bytes):
-                            return data
-                        return None
-                # Subscription confirmations and the like keep redis-py's state right.
-                await pubsub.handle_message(response, ignore_subscribe_messages=True)
-                return None
-        except StorageError as exc:
-            if self._closed.is_set():
-                return None
-            delay = self._backoff.next()
-            _log.warning(
-                "reminder change feed lost redis; resubscribing error=%s delay_s=%.2f", exc, delay
-            )
-            await self._drop()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closed.wait(), delay)
-            return None
-
-    async def _drop(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        self._channels = set()
-        self._version = -1
-        if pubsub is not None:
-            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
-                await pubsub.aclose()
-
-    async def aclose(self) -> None:
-        """End the subscription. A reader blocked in another task stops within
-        about half a second; otherwise the connection is released at once."""
-        self._closed.set()
-        self._scope_changed.set()
-        self._scope.remove_listener(self._on_scope_change)
-        self._registry.discard(self)
-        following, self._following = self._following, None
-        if following is not None:
-            following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await following
-        if not self._busy:
-            await self._drop()

@@ -4,19 +4,20 @@ One per silo. It owns some ring ranges and, for those, keeps only the rows that
 fall due soon in a bounded window; one sleeper wakes when the earliest is due;
 due rows wait in priority lanes for a delivery permit; each delivery is a grain
 call ``receive_reminder``; after the acknowledgement the next slot is persisted
-in batches. The parts live in private modules, one job each:
+in batches. The parts live in the private package ``_service/``, one job each:
 
-- ``_ownership``: the owned ranges and what a ring change means;
-- ``_loader``: reads the table and feeds the window (refills, hints, repair,
+- ``ownership``: the owned ranges and what a ring change means;
+- ``loader``: reads the table and feeds the window (refills, hints, repair,
   change feed);
-- ``_window``: the rows held, their state and lane, the due-heap (all resident
+- ``window``: the rows held, their state and lane, the due-heap (all resident
   rows count against the bound);
-- ``_ticker``: the one sleeper, moving due rows into their lanes;
-- ``_lanes``: priority lanes and the lane drainer with its permits;
-- ``_delivery``: one due row's tick (the grain call, retries, next slot);
-- ``_missed``: the missed-tick rule and NOTIFY publishing;
-- ``_persist``: batched, retried CAS writes;
-- ``_adaptive``: the bucket-size formula.
+- ``ticker``: the one sleeper, moving due rows into their lanes;
+- ``lanes``: priority lanes and the lane drainer with its permits;
+- ``delivery``: one due row's tick (the grain call, retries, next slot);
+- ``herd``: catch-up grain calls ramped after an outage;
+- ``missed``: the missed-tick rule and NOTIFY publishing;
+- ``persist``: batched, retried CAS writes;
+- ``adaptive``: the bucket-size formula.
 
 This module composes them. Data flows one way: table -> loader -> window ->
 ticker -> lanes -> lane drainer -> delivery -> persister -> table; the
@@ -43,16 +44,16 @@ from dataclasses import dataclass
 from orleanspy.clock import Clock
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._adaptive import LoadSignals, adapted_bucket_size, default_load
-from orleanspy.reminders._delivery import TRANSIENT_ERRORS, Deliver, Delivery
-from orleanspy.reminders._history import History, NoHistory
-from orleanspy.reminders._lanes import LaneDrainer
-from orleanspy.reminders._loader import Loader
-from orleanspy.reminders._missed import MissedNotifier, PublishMissed
-from orleanspy.reminders._ownership import Ownership
-from orleanspy.reminders._persist import Persister
-from orleanspy.reminders._ticker import Ticker
-from orleanspy.reminders._window import DueWindow
+from orleanspy.reminders._service.adaptive import LoadSignals, adapted_bucket_size, default_load
+from orleanspy.reminders._service.delivery import TRANSIENT_ERRORS, Deliver, Delivery
+from orleanspy.reminders._service.history import History, NoHistory
+from orleanspy.reminders._service.lanes import LaneDrainer
+from orleanspy.reminders._service.loader import Loader
+from orleanspy.reminders._service.missed import MissedNotifier, PublishMissed
+from orleanspy.reminders._service.ownership import Ownership
+from orleanspy.reminders._service.persist import Persister
+from orleanspy.reminders._service.ticker import Ticker
+from orleanspy.reminders._service.window import DueWindow
 from orleanspy.reminders.model import ReminderChange, ScheduleUpdate
 from orleanspy.reminders.table import PausableReminderTable, ReminderTable, subscribe
 from orleanspy.ring import RingRange
@@ -137,7 +138,7 @@ class ReminderService:
             table, clock, options, self._persisted, metrics=metrics
         )
         self._notifier = notifier = MissedNotifier(publish_missed, name)
-        # Fire history goes to the table from its own task (``_history``).
+        # Fire history goes to the table from its own task (``_service.history``).
         self._history: History | None = None
         history: NoHistory | None = None
         if options.history_size and isinstance(table, PausableReminderTable):

@@ -18,6 +18,7 @@ in Orleans.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import enum
 import logging
 import time
@@ -113,7 +114,9 @@ class Activation:
         self.canonical = grain_id.canonical
         self.state = ActivationState.ACTIVATING
         self.grain: Grain | None = None
-        self.last_activity: datetime = host.clock.now()
+        # Milliseconds since the epoch (an int: a turn's end records it, and a
+        # datetime per turn was a measurable share of a local call).
+        self.last_activity_ms: int = host.clock.now_ms()
         # The mailbox: made on the first message that must wait, dropped when it
         # empties (see below).
         self._queue: deque[_WorkItem] | None = None
@@ -127,7 +130,11 @@ class Activation:
         self._idle_waiter: asyncio.Future[None] | None = None  # deactivation's wait
         self._timers: set[TimerHandle] | None = None
         self._turns: set[asyncio.Task[None]] | None = None  # message and timer turns
-        self._inline: asyncio.Task[None] | None = None  # the task of a run_inline turn
+        self._inline: asyncio.Task[Any] | None = None  # the task of an inline turn
+        # An inline call's turn (enter_inline/exit_inline): at most one at a time.
+        self._inline_chain: contextvars.Token[tuple[str, ...]] | None = None
+        self._inline_read_only = False
+        self._inline_started = 0.0
         self._lifecycle_task: asyncio.Task[None] | None = None
 
     # -- GrainRuntime (what the grain reaches) ------------------------------------------
@@ -166,14 +173,21 @@ class Activation:
                     if isinstance(item, Message):
                         host.forward(item, winner)
                 return
-            grain = self.definition.cls.__new__(self.definition.cls)
+            defn = self.definition
+            grain = defn.cls.__new__(defn.cls)
             grain._activation = self
-            async with asyncio.timeout(host.activation_timeout):
-                if self.definition.states:
-                    await self._load_states(grain)
+            if defn.states or defn.cls.on_activate is not Grain.on_activate:
+                async with asyncio.timeout(host.activation_timeout):
+                    if defn.states:
+                        await self._load_states(grain)
+                    grain.__init__()  # type: ignore[misc]
+                    self.grain = grain
+                    await grain.on_activate()
+            else:
+                # No state to read and the default on_activate: nothing can wait,
+                # so no timeout (a timer per activation) is armed.
                 grain.__init__()  # type: ignore[misc]
                 self.grain = grain
-                await grain.on_activate()
         except asyncio.CancelledError:
             self.state = ActivationState.INVALID
             raise
@@ -182,12 +196,30 @@ class Activation:
             await host.activation_ended(self)
             return
         self.state = ActivationState.VALID
-        self.last_activity = host.clock.now()
-        # Let go of this finished task: a live activation would otherwise keep a
-        # done task, its coroutine and context (garbage every full collection
-        # walks, for every activation). Nothing awaits after this line.
+        self.last_activity_ms = host.clock.now_ms()
+        # Let go of this task as the lifecycle's: a live activation would
+        # otherwise keep a done task, its coroutine and context (garbage every
+        # full collection walks, for every activation).
         self._lifecycle_task = None
+        queue = self._queue
+        if not queue or not isinstance(queue[0], Message):
+            self._pump()
+            return
+        # The call that caused the activation runs as this task's turn (one task
+        # fewer per cold call); what may run beside it starts as usual.
+        first = queue.popleft()
+        assert isinstance(first, Message)
+        read_only = self._info_flags(first)[1]
+        self._running += 1
+        if read_only:
+            self._running_read_only += 1
+        task = asyncio.current_task()
+        assert task is not None
+        if self._turns is None:
+            self._turns = set()
+        self._turns.add(task)
         self._pump()
+        await self._run_message(first, read_only)
 
     async def _load_states(self, grain: Grain) -> None:
         """Bind and read every declared persistent state (before ``__init__``)."""
@@ -278,6 +310,55 @@ class Activation:
             self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed)
             self._inline = None
             self._turn_done(touch=True)
+
+    def try_enter_inline(self, method: str, task: asyncio.Task[Any]) -> bool:
+        """Begin the call ``method`` as a turn in ``task``, the caller's, if a turn
+        may start right now with nothing else running or queued (the activation
+        is valid and idle) and ``method`` is callable; ``False`` otherwise. After
+        ``True`` the caller awaits the grain's method itself, then calls
+        ``exit_inline``, with no await in between.
+
+        For local calls to an idle activation (``Dispatcher.invoke``): no message,
+        no response, no task, no coroutine of the runtime's own around the
+        grain's. Turn rules hold as for ``run_inline``: calls that arrive
+        meanwhile queue behind it (or interleave, as the class allows), the turn
+        counts as activity, and an ``InconsistentStateError`` deactivates. The
+        turn is the caller's: cancelling the caller cancels it, and ``abandon``
+        (a simulated crash) cancels the caller. One inline turn at most runs at
+        a time (it starts only when nothing runs), so its state lives here.
+        """
+        if self._running or self._queue or self.state is not ActivationState.VALID:
+            return False
+        info = self.definition.methods.get(method)
+        if info is None:
+            return False
+        self._running = 1
+        read_only = info.read_only
+        if read_only:
+            self._running_read_only += 1
+        self._inline_read_only = read_only
+        self._inline = task
+        self._inline_chain = current_chain.set((*current_chain.get(), self.canonical))
+        if self.runtime.grain_metrics.records:
+            self._inline_started = time.perf_counter()
+        return True
+
+    def exit_inline(self, error: BaseException | None) -> None:
+        """End the turn ``try_enter_inline`` began; ``error`` is what the method raised."""
+        token = self._inline_chain
+        if token is not None:
+            current_chain.reset(token)
+            self._inline_chain = None
+        metrics = self.runtime.grain_metrics
+        if metrics.records:
+            elapsed = time.perf_counter() - self._inline_started
+            metrics.call(self.definition.type_name, elapsed, error is not None)
+        if self._inline_read_only:
+            self._running_read_only -= 1
+        self._inline = None
+        if isinstance(error, InconsistentStateError):
+            self.request_deactivation()
+        self._turn_done(touch=True)
 
     def enqueue_timer_tick(self, callback: Callable[[], Awaitable[None]]) -> asyncio.Future[None]:
         """Queue a timer tick as a turn; the future completes when it has run."""
@@ -415,14 +496,15 @@ class Activation:
     def _turn_done(self, *, touch: bool) -> None:
         self._running -= 1
         if touch:
-            self.last_activity = self.runtime.clock.now()
-        if self._running == 0:
+            self.last_activity_ms = self.runtime.clock.now_ms()
+        if self._running == 0 and (self._idle_waiter is not None or self._deactivate_requested):
             if self._idle_waiter is not None and not self._idle_waiter.done():
                 self._idle_waiter.set_result(None)
             if self._deactivate_requested and self.state is ActivationState.VALID:
                 self.start_deactivation()
                 return
-        self._pump()
+        if self._queue is not None:
+            self._pump()
 
     # -- timers -------------------------------------------------------------------------
 
@@ -449,7 +531,7 @@ class Activation:
             self.state is ActivationState.VALID
             and self._running == 0
             and not self._queue
-            and self.last_activity <= cutoff
+            and self.last_activity_ms <= cutoff.timestamp() * 1000
         )
 
     def request_deactivation(self) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import logging
 import os
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
@@ -47,6 +48,11 @@ class Catalog:
 
     def __len__(self) -> int:
         return len(self._activations)
+
+    @property
+    def activations_by_id(self) -> Mapping[GrainId, Activation]:
+        """The live table of activations (read-only; the dispatcher's hot path)."""
+        return self._activations
 
     def get(self, grain_id: GrainId) -> Activation | None:
         return self._activations.get(grain_id)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from orleanspy.clock import Clock
 from orleanspy.errors import (
+    GrainCallTimeoutError,
     GrainMethodNotFoundError,
     MessageRejectedError,
     SiloRestartedError,
@@ -38,7 +39,7 @@ from orleanspy.grain import GrainDefinition, lookup_definition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, settle
 from orleanspy.messaging.pending import PendingCalls
-from orleanspy.messaging.remote_errors import error_payload, result_of
+from orleanspy.messaging.remote_errors import error_payload, rebuild_error, result_of
 from orleanspy.messaging.transport import Transport
 from orleanspy.metrics import GrainMetrics
 from orleanspy.options import SiloOptions
@@ -48,7 +49,8 @@ from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.runtime.activation import Activation
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
-from orleanspy.runtime.immutable import all_immutable
+from orleanspy.runtime.immutable import all_immutable, result_immutable
+from orleanspy.runtime.inline import InlineDeadlines, running_task
 from orleanspy.runtime.locator import Locator
 from orleanspy.serialization import Codec, DecodeLimits
 
@@ -83,6 +85,8 @@ _MANAGEMENT_READS = frozenset(
         "history",
     }
 )
+# Local calls run inline (in the caller's task) this many in a row between yields.
+_INLINE_STREAK = 64
 
 
 class Dispatcher:
@@ -114,6 +118,8 @@ class Dispatcher:
         self._types = grain_types
         self._transport = transport
         self._pending: PendingCalls[Message] = PendingCalls(self._response_timeout)
+        self._inline_deadlines = InlineDeadlines(self._response_timeout)
+        self._inline_streak = _INLINE_STREAK
         self._background: set[asyncio.Task[Any]] = set()
         self.factory = GrainFactory(self)
         self.catalog = Catalog(
@@ -122,6 +128,8 @@ class Dispatcher:
             collection_age=options.collection_age,
             check_interval=options.collection_check_interval,
         )
+        # The catalog's table, read on every call (one method call less per call).
+        self._activations = self.catalog.activations_by_id
         self._reminders: ReminderRegistry | None = None
         # Requests sent to other silos and not answered yet (see module docstring).
         self._sent: dict[_SentKey, Message] = {}
@@ -170,20 +178,72 @@ class Dispatcher:
         is active here and idle, run at once as a turn in the calling task (its
         result is not returned: a tick's is discarded anyway).
 
+        Any other call to an activation that is here, valid and idle runs as a
+        turn in the calling task too (``Activation.try_enter_inline``): no message,
+        no response future, no turn task. Cancelling the caller cancels that
+        turn; otherwise the caller cannot tell it from a queued call.
+
         Immutable arguments (``runtime.immutable``) are not encoded here: a local
         activation gets them as they are, and ``_send_to`` encodes them only if
         the call leaves the process. Anything mutable is copied through the codec.
         """
+        act = self._activations.get(grain_id)
+        # The grain is here and idle: the call runs as a turn in this task (no
+        # message, response or turn task).
+        if act is not None and not one_way:
+            if not self._inline_streak:
+                # A caller awaiting local grains back to back, none of which
+                # suspends, would never yield: every _INLINE_STREAK-th inline call
+                # yields to the loop first (the activation is checked after).
+                self._inline_streak = _INLINE_STREAK
+                await asyncio.sleep(0)
+            if reminder_tick:
+                if not kwargs and act.idle_and_valid() and method in act.definition.methods:
+                    self._inline_streak -= 1
+                    await act.run_inline(method, args)
+                    return None
+            else:
+                # What the caller sees is what a queued call would give it:
+                # mutable arguments and results are copied through the codec, an
+                # exception comes back as ``result_of`` would rebuild it, and the
+                # response timeout raises GrainCallTimeoutError (it cancels the
+                # turn, which runs in this task; runtime.inline).
+                codec = self.codec
+                call_args: tuple[Any, ...] | list[Any] = args
+                call_kwargs = kwargs
+                if not all_immutable(args, kwargs):
+                    call_args, call_kwargs = codec.decode(codec.encode((args, kwargs)))
+                task = running_task()
+                if task is not None and act.try_enter_inline(method, task):
+                    self._inline_streak -= 1
+                    deadlines = self._inline_deadlines
+                    outermost = deadlines.begin(task)
+                    try:
+                        bound = getattr(act.grain, method)
+                        if call_kwargs:
+                            result = await bound(*call_args, **call_kwargs)
+                        else:
+                            result = await bound(*call_args)
+                    except asyncio.CancelledError as exc:
+                        act.exit_inline(exc)
+                        if deadlines.timed_out(task, outermost):
+                            raise GrainCallTimeoutError(
+                                f"{grain_id}.{method}: no response within "
+                                f"{self._response_timeout:g}s"
+                            ) from None
+                        raise
+                    except Exception as exc:
+                        act.exit_inline(exc)
+                        raise rebuild_error(error_payload(exc)) from None
+                    finally:
+                        deadlines.end(task, outermost)
+                    act.exit_inline(None)
+                    if result_immutable(result):
+                        return result
+                    return codec.decode(codec.encode(result))
         # A tick's arguments are the reminder's name and a TickStatus, both
         # immutable by construction: no need to walk them.
         local = reminder_tick or all_immutable(args, kwargs)
-        if reminder_tick and not kwargs:
-            act = self.catalog.get(grain_id)
-            if act is not None and act.idle_and_valid() and method in act.definition.methods:
-                # The grain is here and idle: the tick runs as a turn in this task
-                # (no message, response or turn task; Activation.run_inline).
-                await act.run_inline(method, args)
-                return None
         msg = Message.request(
             grain_id,
             method,
@@ -601,6 +661,7 @@ class Dispatcher:
     async def close(self, exc: Exception) -> None:
         """Fail every call still waiting and stop the timeout sweeper (silo stopped)."""
         await self._pending.close(exc)
+        await self._inline_deadlines.close()
 
 
 def _is_management_change(msg: Message) -> bool:

@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo
 from orleanspy.identity import GrainId
 from orleanspy.serialization import is_registered
 
-__all__ = ["all_immutable"]
+__all__ = ["all_immutable", "result_immutable"]
 
 _SCALARS: Final = frozenset({type(None), bool, float, str, bytes, timedelta, uuid.UUID, GrainId})
 #: The tz kinds the codec can carry (a datetime with another tzinfo must fail as it would).
@@ -78,7 +78,28 @@ def _immutable(value: Any, depth: int) -> bool:
 
 def all_immutable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether every positional and keyword argument is immutable (see the module)."""
+    # The common arguments (str, in-range int, the other scalars) are decided
+    # here without a call: this runs on every local grain call.
     for value in args:
+        cls = type(value)
+        if cls is str or cls in _SCALARS:
+            continue
+        if cls is int:
+            if _INT_MIN <= value < _INT_END:
+                continue
+            return False
         if not _immutable(value, 0):
             return False
     return not kwargs or all(_immutable(value, 0) for value in kwargs.values())
+
+
+def result_immutable(value: Any) -> bool:
+    """Whether a call's result may reach a local caller uncopied: immutable, and
+    not a tuple (through the codec a tuple arrives as a list, and a result must
+    look the same to a local and a remote caller)."""
+    cls = type(value)
+    if cls is str or cls in _SCALARS:
+        return True
+    if cls is int:
+        return bool(_INT_MIN <= value < _INT_END)
+    return cls is not tuple and _immutable(value, 0)

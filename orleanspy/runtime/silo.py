@@ -41,7 +41,7 @@ from orleanspy.remindable.management import (
 )
 from orleanspy.remindable.orphans import OrphanWatch
 from orleanspy.remindable.registry import ReminderRegistry
-from orleanspy.reminders._adaptive import LoadSignals, default_load
+from orleanspy.reminders._service.adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable
@@ -52,7 +52,7 @@ from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
 from orleanspy.storage.contract import GrainStorage
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
-from orleanspy.tables import TableConnections, table_backend
+from orleanspy.tables import TableConnections
 
 if TYPE_CHECKING:
     from orleanspy.runtime.ops_http import Check
@@ -716,10 +716,4 @@ async def _default_grain_storage(
     url = o.storage_url or o.redis_url
     if o.storage is not None or url is None:
         return None
-    if table_backend(url) == "postgres":
-        from orleanspy.storage.postgres import PostgresGrainStorage
-
-        return PostgresGrainStorage(await connections.postgres(url), service_id=o.service_id)
-    from orleanspy.storage.redis import RedisGrainStorage
-
-    return RedisGrainStorage(connections.redis(url), service_id=o.service_id)
+    return await connections.grain_storage(url, service_id=o.service_id)

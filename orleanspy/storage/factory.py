@@ -1,44 +1,33 @@
-"""Grain storage from a URL: the one place that maps a scheme to a backend.
+"""Grain storage from a URL: builds the provider the scheme names (``schemes``).
 
-``memory://`` (or ``memory``) is ``InMemoryGrainStorage``; ``redis://``,
-``rediss://`` and ``unix://`` are ``RedisGrainStorage``; ``postgresql://`` and
-``postgres://`` are ``PostgresGrainStorage``. Backends are imported only when
-their scheme is asked for.
+``memory://`` (or ``memory``) is ``InMemoryGrainStorage``; Redis schemes
+(``redis://``, ``rediss://``, ``unix://``) are ``RedisGrainStorage``;
+PostgreSQL schemes (``postgresql://``, ``postgres://``) are
+``PostgresGrainStorage``. Which scheme names which backend is decided in
+``orleanspy.schemes`` (kind ``storage``). Backends are imported only when their
+scheme is asked for.
 """
 
 from __future__ import annotations
 
-from typing import Final
-
-from orleanspy.errors import ConfigurationError
+from orleanspy.schemes import backend_of
 from orleanspy.storage.contract import GrainStorage
 
-__all__ = ["GRAIN_STORAGE_SCHEMES", "grain_storage_from_url", "storage_scheme"]
-
-GRAIN_STORAGE_SCHEMES: Final = ("memory", "redis", "rediss", "unix", "postgresql", "postgres")
-
-
-def storage_scheme(url: str) -> str:
-    """The scheme of a grain storage URL, lower-cased (``memory`` may stand alone)."""
-    return url.partition("://")[0].lower() if "://" in url else url.lower()
+__all__ = ["grain_storage_from_url"]
 
 
 def grain_storage_from_url(url: str, *, service_id: str) -> GrainStorage:
-    """A new, unstarted provider for ``url``, keyed under ``service_id``."""
-    scheme = storage_scheme(url)
-    if scheme == "memory":
+    """A new, unstarted provider for ``url``, keyed under ``service_id``;
+    ``ConfigurationError`` for a scheme grain storage does not offer."""
+    backend = backend_of(url, "storage")
+    if backend == "memory":
         from orleanspy.storage.memory import InMemoryGrainStorage
 
         return InMemoryGrainStorage()
-    if scheme in ("redis", "rediss", "unix"):
+    if backend == "redis":
         from orleanspy.storage.redis import RedisGrainStorage
 
         return RedisGrainStorage(url, service_id=service_id)
-    if scheme in ("postgresql", "postgres"):
-        from orleanspy.storage.postgres import PostgresGrainStorage
+    from orleanspy.storage.postgres import PostgresGrainStorage
 
-        return PostgresGrainStorage(url, service_id=service_id)
-    raise ConfigurationError(
-        f"grain storage URL {url!r}: the scheme must be one of "
-        f"{', '.join(s + '://' for s in GRAIN_STORAGE_SCHEMES)}"
-    )
+    return PostgresGrainStorage(url, service_id=service_id)

@@ -10,7 +10,7 @@ import pytest
 
 from orleanspy.errors import ConfigurationError
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._herd import CatchUpThrottle
+from orleanspy.reminders._service.herd import CatchUpThrottle
 from orleanspy.testing.clock import ManualClock
 
 LATE = timedelta(minutes=10)

@@ -15,7 +15,7 @@ from orleanspy.clock import to_ms
 from orleanspy.errors import SiloUnavailableError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._loader import FULL_REFILL_EVERY
+from orleanspy.reminders._service.loader import FULL_REFILL_EVERY
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import (
     MissedReminder,
@@ -635,7 +635,7 @@ async def test_storage_outage_ticks_continue_and_persistence_catches_up(clock) -
 
 
 async def test_bucket_size_follows_the_load_signals(table, clock) -> None:
-    from orleanspy.reminders._adaptive import LoadSignals
+    from orleanspy.reminders._service.adaptive import LoadSignals
 
     signals = [LoadSignals(cpu_count=16, memory_load=0.6, active_grains=40_000)]
     rec = Recorder()

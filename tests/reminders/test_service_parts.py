@@ -13,11 +13,11 @@ import pytest
 
 from orleanspy._retry import Backoff
 from orleanspy.identity import GrainId
-from orleanspy.reminders._adaptive import LoadSignals, bucket_size, read_memory_load
-from orleanspy.reminders._lanes import LaneDrainer, Lanes
-from orleanspy.reminders._missed import TickPlan, plan_tick
-from orleanspy.reminders._ownership import Ownership
-from orleanspy.reminders._window import DueWindow, Row, RowState
+from orleanspy.reminders._service.adaptive import LoadSignals, bucket_size, read_memory_load
+from orleanspy.reminders._service.lanes import LaneDrainer, Lanes
+from orleanspy.reminders._service.missed import TickPlan, plan_tick
+from orleanspy.reminders._service.ownership import Ownership
+from orleanspy.reminders._service.window import DueWindow, Row, RowState
 from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.ring import HASH_SPACE, RingRange

@@ -489,7 +489,7 @@ async def test_a_tick_to_an_idle_local_activation_keeps_turn_rules(clock: Manual
         await _loaded(silo, 1)
         act = silo.dispatcher.catalog.get(GrainId("test_silo_reminders.GatedTick", "g"))
         assert act is not None and act.idle_and_valid()
-        before = act.last_activity
+        before = act.last_activity_ms
         await clock.advance(5 * S)
         await wait_for(lambda: GatedTickGrain.events == ["tick started"], 5.0, interval=0)
         assert not act.idle_and_valid()
@@ -499,7 +499,7 @@ async def test_a_tick_to_an_idle_local_activation_keeps_turn_rules(clock: Manual
         GatedTickGrain.gate.set()
         await poke
         assert GatedTickGrain.events == ["tick started", "tick ended", "poke"]
-        assert act.last_activity > before
+        assert act.last_activity_ms > before
         svc = silo.reminder_service
         assert svc is not None
         await wait_for(lambda: svc.stats.delivered == 1, 5.0, interval=0)

@@ -1,7 +1,9 @@
-"""Local calls: immutable arguments are handed over as they are, mutable ones copied."""
+"""Local calls: immutable arguments are handed over as they are, mutable ones copied;
+a call to an idle local activation runs inline in the caller's task and looks the same."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -9,7 +11,16 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from orleanspy import Grain, GrainId, Silo, SiloOptions, TickStatus, register_type
+from orleanspy import (
+    Grain,
+    GrainCallTimeoutError,
+    GrainId,
+    MessagingOptions,
+    Silo,
+    SiloOptions,
+    TickStatus,
+    register_type,
+)
 from orleanspy.reminders.model import ReminderPriority
 from orleanspy.runtime.immutable import all_immutable
 
@@ -132,3 +143,95 @@ def test_what_counts_as_immutable() -> None:
     for value in no:
         assert not all_immutable((value,), {}), value
         assert not all_immutable((1,), {"k": value}), value
+
+
+class InlineGrain(Grain):
+    """A grain whose calls, once it is active and idle, run inline in the caller."""
+
+    async def on_activate(self) -> None:
+        self.items: list[int] = []
+        self.gate = asyncio.Event()
+        self.cancelled = False
+
+    async def ping(self) -> None:
+        pass
+
+    async def items_after(self, n: int) -> list[int]:
+        self.items.append(n)
+        return self.items
+
+    async def pair(self) -> tuple[int, int]:
+        return (1, 2)
+
+    async def fail(self) -> None:
+        raise KeyError("missing")
+
+    async def hang(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+
+    async def was_cancelled(self) -> bool:
+        return self.cancelled
+
+
+async def _active(silo: Silo, key: str) -> InlineGrain:
+    g = silo.client.get_grain(InlineGrain, key)
+    await g.ping()  # activates it; later calls find it idle and run inline
+    act = silo.dispatcher.catalog.get(GrainId("InlineGrain", key))
+    assert act is not None and act.idle_and_valid()
+    return g
+
+
+async def test_an_inline_call_copies_a_mutable_result_and_lists_a_tuple() -> None:
+    async with Silo.local(SiloOptions(grain_types=(InlineGrain,))) as silo:
+        g = await _active(silo, "copy")
+        first = await g.items_after(1)
+        first.append(99)  # the caller's copy, not the grain's list
+        assert await g.items_after(2) == [1, 2]
+        # As through the codec (a remote caller's view), a tuple comes back as a list.
+        assert await g.pair() == [1, 2]
+
+
+async def test_an_inline_call_raises_what_a_queued_call_raises() -> None:
+    async with Silo.local(SiloOptions(grain_types=(InlineGrain,))) as silo:
+        g = await _active(silo, "err")
+        with pytest.raises(KeyError, match="missing") as caught:
+            await g.fail()
+        # Rebuilt from the error payload, as for a queued call: not the grain's object.
+        assert caught.value.__traceback__ is not None
+        assert await g.was_cancelled() is False  # the activation is still there and idle
+
+
+async def test_an_inline_call_times_out_with_grain_call_timeout_error() -> None:
+    opts = SiloOptions(
+        grain_types=(InlineGrain,),
+        messaging=MessagingOptions(response_timeout=timedelta(milliseconds=80)),
+    )
+    async with Silo.local(opts) as silo:
+        g = await _active(silo, "slow")
+        with pytest.raises(GrainCallTimeoutError, match="hang"):
+            await g.hang()
+        # The turn ran in the caller's task, so the timeout ended it too, and
+        # the activation takes calls again.
+        assert await g.was_cancelled() is True
+        assert current_task_cancelling() == 0
+
+
+async def test_cancelling_the_caller_cancels_its_inline_turn() -> None:
+    async with Silo.local(SiloOptions(grain_types=(InlineGrain,))) as silo:
+        g = await _active(silo, "cancel")
+        call = asyncio.ensure_future(g.hang())
+        await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert await g.was_cancelled() is True
+
+
+def current_task_cancelling() -> int:
+    task = asyncio.current_task()
+    assert task is not None
+    return task.cancelling()

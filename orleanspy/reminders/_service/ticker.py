@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from orleanspy.clock import Cancellable, Clock, call_at
-from orleanspy.reminders._window import DueWindow
+from orleanspy.reminders._service.window import DueWindow
 
 __all__ = ["Ticker", "sleep_or_wake"]
 

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 
 from orleanspy.clock import to_ms
-from orleanspy.reminders._lanes import Lanes
+from orleanspy.reminders._service.lanes import Lanes
 from orleanspy.reminders.model import ReminderEntry, ScheduleUpdate
 from orleanspy.reminders.schedule import Schedule
 
@@ -139,7 +139,7 @@ class DueWindow:
 
     def __init__(self, bucket_size: int, *, enable_priority: bool = True, name: str = "") -> None:
         self.bucket_size = bucket_size
-        self.lanes = Lanes(enable_priority)
+        self.lanes: Lanes[Row] = Lanes(enable_priority)
         #: Set when the heap may have a new head (the ticker clears it).
         self.head_changed = asyncio.Event()
         #: Set when the heap fell below half, or half of it turned over (ticks

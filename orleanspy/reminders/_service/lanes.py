@@ -22,12 +22,9 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
-if TYPE_CHECKING:
-    from orleanspy.reminders._window import DueWindow, Row
-
-__all__ = ["BACKGROUND_AT_MOST", "CRITICAL_AT_LEAST", "LaneDrainer", "Lanes"]
+__all__ = ["BACKGROUND_AT_MOST", "CRITICAL_AT_LEAST", "LaneDrainer", "Laned", "Lanes", "RowSource"]
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +32,28 @@ CRITICAL_AT_LEAST = 50
 BACKGROUND_AT_MOST = -50
 
 
-class Lanes:
+class Laned(Protocol):
+    """What a lane holds: a row with a priority and a key (the window's ``Row``).
+
+    The lanes name no window type, so the window owns them without an import
+    circle."""
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def key(self) -> str: ...
+
+
+R = TypeVar("R", bound=Laned)
+
+
+class Lanes(Generic[R]):
     """Three FIFO lanes (one when priorities are disabled)."""
 
     def __init__(self, enable_priority: bool = True) -> None:
         self._enable = enable_priority
-        self._lanes: tuple[deque[Row], deque[Row], deque[Row]] = (deque(), deque(), deque())
+        self._lanes: tuple[deque[R], deque[R], deque[R]] = (deque(), deque(), deque())
 
     def __len__(self) -> int:
         return sum(len(lane) for lane in self._lanes)
@@ -49,17 +62,17 @@ class Lanes:
         critical, normal, background = self._lanes
         return bool(critical or normal or background)
 
-    def put(self, row: Row) -> None:
+    def put(self, row: R) -> None:
         self._lanes[self._lane_of(row)].append(row)
 
-    def pop(self) -> Row | None:
+    def pop(self) -> R | None:
         """The oldest row of the highest non-empty lane."""
         for lane in self._lanes:
             if lane:
                 return lane.popleft()
         return None
 
-    def remove(self, row: Row) -> bool:
+    def remove(self, row: R) -> bool:
         lane = self._lanes[self._lane_of(row)]
         try:
             lane.remove(row)
@@ -67,7 +80,7 @@ class Lanes:
             return False
         return True
 
-    def _lane_of(self, row: Row) -> int:
+    def _lane_of(self, row: R) -> int:
         if not self._enable:
             return 1
         p = row.priority
@@ -78,7 +91,17 @@ class Lanes:
         return 1
 
 
-class LaneDrainer:
+class RowSource(Protocol[R]):
+    """Where the drainer takes due rows from (``DueWindow``): its lanes, and
+    ``take`` for the next waiting row."""
+
+    @property
+    def lanes(self) -> Lanes[R]: ...
+
+    def take(self) -> R | None: ...
+
+
+class LaneDrainer(Generic[R]):
     """Drains the window's lanes: runs ``deliver(row)`` for each due row, at most
     ``permits`` at a time, critical lane first.
 
@@ -92,7 +115,7 @@ class LaneDrainer:
     """
 
     def __init__(
-        self, window: DueWindow, permits: int, deliver: Callable[[Row], Awaitable[None]]
+        self, window: RowSource[R], permits: int, deliver: Callable[[R], Awaitable[None]]
     ) -> None:
         self._window = window
         self._free = permits
@@ -147,7 +170,7 @@ class LaneDrainer:
             # A task cancelled before its first step never ran its ``finally``.
             self._tasks.clear()
 
-    async def _one(self, row: Row | None) -> None:
+    async def _one(self, row: R | None) -> None:
         # A delivery task keeps its permit and takes the next due row itself
         # while rows wait: under a backlog a tick then costs no task of its own.
         window = self._window

@@ -55,13 +55,13 @@ from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._adaptive import LoadSignals, adapted_bucket_size
-from orleanspy.reminders._history import NoHistory, skip_outcome
-from orleanspy.reminders._missed import MissedNotifier, plan_tick
-from orleanspy.reminders._ownership import Ownership
-from orleanspy.reminders._persist import Persister
-from orleanspy.reminders._ticker import sleep_or_wake
-from orleanspy.reminders._window import DueWindow, Row, admission_key
+from orleanspy.reminders._service.adaptive import LoadSignals, adapted_bucket_size
+from orleanspy.reminders._service.history import NoHistory, skip_outcome
+from orleanspy.reminders._service.missed import MissedNotifier, plan_tick
+from orleanspy.reminders._service.ownership import Ownership
+from orleanspy.reminders._service.persist import Persister
+from orleanspy.reminders._service.ticker import sleep_or_wake
+from orleanspy.reminders._service.window import DueWindow, Row, admission_key
 from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderChange,
@@ -435,7 +435,7 @@ class Loader:
         """Whether the store failed (a read here, or a write of the persister)
         within the last ``grace``: rows read now may lag ticks already delivered,
         or have slots the outage kept from being loaded, so the missed-tick rule
-        treats them as reloaded (``_missed.plan_tick``). Otherwise a row behind
+        treats them as reloaded (``missed.plan_tick``). Otherwise a row behind
         its grid is an ordinary late row (an overload), delivered within the grace."""
         now = self._clock.now()
         failures = self._persister.failures + self.load_errors

@@ -4,7 +4,7 @@ A tick is one grain call, ``receive_reminder``. Failures of the call path are
 retried until the grain acknowledges; only then is the row's next slot handed
 to the persister. A silo lost between the two leaves the old slot in the table
 and the next owner delivers the tick again: at least once. A row reached later
-than the grace gets its ``MissedReminderAction`` instead (``_missed``), and
+than the grace gets its ``MissedReminderAction`` instead (``missed``), and
 its grid resumes after now, so a long outage costs at most one catch-up tick
 per row.
 """
@@ -26,11 +26,11 @@ from orleanspy.errors import (
 )
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders._herd import CatchUpThrottle
-from orleanspy.reminders._history import NoHistory, skip_outcome
-from orleanspy.reminders._missed import MissedNotifier, PublishMissed, TickPlan, plan_tick
-from orleanspy.reminders._persist import Persister
-from orleanspy.reminders._window import DueWindow, Row
+from orleanspy.reminders._service.herd import CatchUpThrottle
+from orleanspy.reminders._service.history import NoHistory, skip_outcome
+from orleanspy.reminders._service.missed import MissedNotifier, PublishMissed, TickPlan, plan_tick
+from orleanspy.reminders._service.persist import Persister
+from orleanspy.reminders._service.window import DueWindow, Row
 from orleanspy.reminders.model import (
     FireOutcome,
     MissedReminderAction,
@@ -73,11 +73,11 @@ class Delivery:
       logged, counted in ``grain_errors``, not retried; the schedule moves on;
     - the next slot is submitted for persistence only after ``deliver`` has
       returned (or raised a grain error), never before;
-    - the missed-tick rule (``_missed``) applies: FIRE_IMMEDIATELY delivers
+    - the missed-tick rule (``missed``) applies: FIRE_IMMEDIATELY delivers
       one catch-up tick, SKIP and NOTIFY deliver none, and the grid resumes at
       the first slot after now;
     - catch-up grain calls (slots older than ``catch_up_lateness``) wait
-      their turn on the ramp of ``_herd`` first, in the order they came;
+      their turn on the ramp of ``herd`` first, in the order they came;
     - a dropped row is not ticked or re-queued again (a delivery already running
       finishes).
 
