@@ -26,15 +26,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from orleanspy.clock import Clock
+from orleanspy.clock import Clock, from_ms
 from orleanspy.errors import ReminderError
 from orleanspy.grain import Grain, definition_of
 from orleanspy.identity import GrainId, GrainKey
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.spec import new_entry
-from orleanspy.reminders.table import PausableReminderTable, ReminderTable
+from orleanspy.reminders.spec import LATEST_TICK, new_entry
+from orleanspy.reminders.table import PausableReminderTable, ReminderTable, grain_prefix
 from orleanspy.serialization import register_type
 
 __all__ = [
@@ -49,6 +49,10 @@ __all__ = [
 _ATTEMPTS = 5
 #: Rows per table read when walking the table.
 PAGE = 500
+#: The most rows one page may ask for.
+MAX_PAGE = 10_000
+
+EPOCH = from_ms(0)
 
 #: Told of every row written (``entry``) or removed (``None``) through the
 #: operations, so the local reminder service hears of it at once.
@@ -205,9 +209,13 @@ class ReminderOperations:
         """One page of the table's rows (``ReminderTable.read_page``), filtered by
         grain type and key prefix, with the page's orphaned rows flagged."""
         _check_filter(type_name, key_prefix)
-        rows, nxt = await self.table.read_page(
-            cursor, limit, type_name=type_name, key_prefix=key_prefix
-        )
+        _check_page(cursor, limit)
+        try:
+            rows, nxt = await self.table.read_page(
+                cursor, limit, type_name=type_name, key_prefix=key_prefix
+            )
+        except ValueError as exc:  # a cursor of another table, or made up
+            raise ReminderError(str(exc)) from None
         hosted = await self.hosted()
         orphaned = [
             r.key for r in rows if hosted is not None and r.grain_id.type_name not in hosted
@@ -324,6 +332,8 @@ class ReminderOperations:
         ``key_prefix``), a page at a time; how many were removed (with
         ``dry_run``: would be). Each remove is checked against the etag read, so
         a row rewritten meanwhile (re-registered by its grain) is kept."""
+        if not type_name:
+            raise ReminderError("delete_where needs a grain type (it never empties the table)")
         _check_filter(type_name, key_prefix)
         removed = 0
         cursor: str | None = None
@@ -356,8 +366,10 @@ class ReminderOperations:
         replaced on the etag just read (a row that changes meanwhile is a
         conflict, kept). With ``dry_run`` nothing is written; the counts say
         what would be done."""
+        now = self._clock.now()
+        checked = [_check_row(r, self._options, now) for r in rows]  # all, before any write
         created = exist = replaced = conflicts = 0
-        for given in rows:
+        for given in checked:
             row = replace(given, service_id=self.service_id, etag=None)
             current = await self.table.read(row.grain_id, row.name)
             if current is None:
@@ -422,3 +434,40 @@ class ReminderOperations:
 def _check_filter(type_name: str | None, key_prefix: str | None) -> None:
     if key_prefix is not None and not type_name:
         raise ReminderError("a key prefix needs a grain type: pass type_name as well")
+    if not isinstance(type_name, str | None) or not isinstance(key_prefix, str | None):
+        raise ReminderError("a grain type and a key prefix are strings")
+    try:
+        grain_prefix(type_name, key_prefix)
+    except ValueError as exc:
+        raise ReminderError(str(exc)) from None
+
+
+def _check_page(cursor: object, limit: object) -> None:
+    if not isinstance(cursor, str | None):
+        raise ReminderError(f"a page cursor is a string from the previous page, got {cursor!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise ReminderError(f"a page holds 1..{MAX_PAGE} rows, got {limit!r}")
+
+
+def _check_row(row: object, options: ReminderOptions, now: datetime) -> ReminderEntry:
+    """An imported row, validated as a registration of its schedule would be
+    (``ReminderError`` naming what is wrong), its times inside the tables' range."""
+    if not isinstance(row, ReminderEntry):
+        raise ReminderError(f"not a reminder row: {type(row).__name__}")
+    new_entry(  # validation only: the exported times are kept
+        service_id=row.service_id,
+        grain_id=row.grain_id,
+        name=row.name,
+        now=now,
+        options=options,
+        due=0,
+        period=row.period,
+        cron=row.cron,
+        tz=row.tz,
+        priority=row.priority,
+        action=row.action,
+    )
+    for what, at in (("start_at", row.start_at), ("next_due", row.next_due)):
+        if not isinstance(at, datetime) or at.tzinfo is None or not EPOCH <= at < LATEST_TICK:
+            raise ReminderError(f"{row.grain_id} {row.name!r}: {what} {at!r} is out of range")
+    return row

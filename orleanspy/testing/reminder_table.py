@@ -1014,6 +1014,7 @@ async def check_read_page_against_brute_force(factory: TableFactory) -> None:
             ("PageGrainB", "t3"),
             ("PageGrain", "a|"),
             ("PageGrain", "a|b1"),
+            ("PageGrain", "1"),
             ("Nothing", None),
         ):
             want = {
