@@ -33,6 +33,9 @@ __all__ = ["Registration", "ReminderRegistry"]
 _REMOVE_ATTEMPTS = 5
 #: Rows per round trip of ``register_many``.
 BULK_BATCH = 2000
+#: Batches of ``register_many`` in flight at once: the next batch is encoded
+#: while the store runs the previous one (Redis: about half the time each).
+_BULK_IN_FLIGHT = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,9 +210,11 @@ class ReminderRegistry:
         """Register many reminders (upsert, last writer wins), ``batch`` rows per
         round trip: for seeding or migrating a table. Every registration is
         validated before anything is written; the first invalid one raises
-        ``ReminderError`` naming its position, and nothing is written. Returns
-        how many rows were written. The local service hears of each row, and
-        other silos read the change feed, as for single registrations."""
+        ``ReminderError`` naming its position, and nothing is written. Two
+        batches are in flight at once (a row registered twice is written once,
+        as its last registration). Returns how many registrations there were.
+        The local service hears of each row, and other silos read the change
+        feed, as for single registrations."""
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
         now = self.clock.now()
@@ -239,16 +244,37 @@ class ReminderRegistry:
                 raise ReminderError(
                     f"registration #{i} ({r.grain_id}, {r.name!r}) is invalid: {exc}"
                 ) from exc
-        for start in range(0, len(entries), batch):
-            chunk = entries[start : start + batch]
-            if isinstance(self.table, BulkReminderTable):
-                await self.table.upsert_many(chunk)
-            else:
-                await asyncio.gather(*map(self.table.upsert, chunk))
-            # Listeners read the row's due time and priority, not its etag: no copy.
-            for entry in chunk:
-                self._changed(entry.grain_id, entry.name, entry)
+        # A row registered twice ends as its last registration: write that one
+        # only, so that batches in flight together never hold the same row.
+        rows = list({e.key: e for e in entries}.values())
+        chunks = [rows[i : i + batch] for i in range(0, len(rows), batch)]
+        pending: set[asyncio.Task[None]] = set()
+        try:
+            for chunk in chunks:
+                if len(pending) >= _BULK_IN_FLIGHT:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()  # a failed batch stops the registration
+                pending.add(asyncio.create_task(self._write_batch(chunk)))
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
         return len(entries)
+
+    async def _write_batch(self, chunk: list[ReminderEntry]) -> None:
+        if isinstance(self.table, BulkReminderTable):
+            await self.table.upsert_many(chunk)
+        else:
+            await asyncio.gather(*map(self.table.upsert, chunk))
+        # Listeners read the row's due time and priority, not its etag: no copy.
+        for entry in chunk:
+            self._changed(entry.grain_id, entry.name, entry)
 
     async def store(self, entry: ReminderEntry) -> ReminderEntry:
         """Upsert a fully built row (management operations)."""
