@@ -391,8 +391,11 @@ end
 return out
 """
 
-#: Shards whose grain ZSETs one round trip of ``read_page`` asks.
+#: Shards whose grain ZSETs one round trip of ``read_page`` asks at most, and
+#: the members it may move beyond the page (each shard is asked for the whole
+#: page, so a large page asks fewer shards at a time).
 _PAGE_SHARDS: Final = 32
+_PAGE_SPARE: Final = 4096
 
 
 def _intervals(r: RingRange | None) -> list[tuple[int, int]]:
@@ -871,7 +874,8 @@ class RedisReminderTable:
     ) -> tuple[list[ReminderEntry], str | None]:
         """Rows shard by shard, each shard in member order of its grain ZSET
         (``grain|name``, a lex range for the filter). One round trip asks up to
-        ``_PAGE_SHARDS`` shards for ``limit`` members each, a second fetches the
+        ``_PAGE_SHARDS`` shards (fewer for a large page: ``_PAGE_SPARE``) for
+        the members still wanted, a second fetches the
         rows taken. The cursor is ``"<shard>|<last member>"``."""
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
@@ -888,7 +892,8 @@ class RedisReminderTable:
         need = limit
         with translate_errors("reminder read_page"):
             while need and shard < self.shards:
-                batch = range(shard, min(shard + _PAGE_SHARDS, self.shards))
+                fan_out = max(1, min(_PAGE_SHARDS, _PAGE_SPARE // need))
+                batch = range(shard, min(shard + fan_out, self.shards))
                 pipe = self._c.pipeline(transaction=False)
                 for s in batch:
                     low = b"(" + last if s == shard and last else b"[" + prefix
