@@ -72,7 +72,6 @@ one committed after reaches the new feed.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from collections.abc import Container, Sequence
@@ -285,6 +284,38 @@ WITH w AS (
                 $16::text[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
+    {_RETURNING_ROW}
+)
+SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
+    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+FROM w
+"""
+
+# upsert_if_many, rows that must be absent: _UPSERT_MANY that does nothing on
+# a conflict (a row written first by another writer stays; this one is refused).
+_INSERT_MANY_IF_ABSENT: Final = _UPSERT_MANY.replace(f"DO UPDATE SET {_SET_ROW}", "DO NOTHING")
+
+# upsert_if_many, rows that must have an etag: $2..$16 the rows' columns as in
+# _UPSERT_MANY, $17 channel, $18 the versions they must have; only rows still
+# at their version are replaced.
+_REPLACE_MANY_IF: Final = f"""
+WITH u AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
+                         $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
+                         $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
+                         $16::text[], $18::bigint[])
+        AS u(grain_id, name, grain_hash, bucket, priority, start_at, next_due, period_ms,
+             cron, tz, last_fire, action, declared, paused, fingerprint, expected)
+), w AS (
+    UPDATE orleanspy_reminders AS t
+    SET grain_hash = u.grain_hash, bucket = u.bucket, priority = u.priority,
+        start_at = u.start_at, next_due = u.next_due, period_ms = u.period_ms, cron = u.cron,
+        tz = u.tz, last_fire = u.last_fire, action = u.action, declared = u.declared,
+        paused = u.paused, fingerprint = u.fingerprint,
+        version = nextval('orleanspy_reminder_version')
+    FROM u
+    WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
+        AND t.version = u.expected
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
@@ -650,9 +681,42 @@ class PostgresReminderTable:
     async def upsert_if_many(
         self, writes: Sequence[tuple[ReminderEntry, str | None]]
     ) -> list[str | None]:
-        """``upsert_if`` of each pair, concurrently over the pool (each its own
-        statement: the conditions differ row by row)."""
-        return list(await asyncio.gather(*(self.upsert_if(e, etag) for e, etag in writes)))
+        """Two statements per ``_MANY_CHUNK`` rows: the inserts of rows that must
+        be absent (``ON CONFLICT DO NOTHING``) and the replaces of rows that must
+        have an etag (an ``UPDATE ... FROM unnest`` checked against ``version``).
+        Keys are unique within a batch (the contract), so each returned row
+        names its write."""
+        out: list[str | None] = [None] * len(writes)
+        for start in range(0, len(writes), _MANY_CHUNK):
+            absent: list[int] = []
+            present: list[int] = []
+            for i in range(start, min(start + _MANY_CHUNK, len(writes))):
+                etag = writes[i][1]
+                if etag is None:
+                    absent.append(i)
+                elif _version(etag) is not None:
+                    present.append(i)  # an etag that is no version of ours never matches
+            for indices, statement in (
+                (absent, _INSERT_MANY_IF_ABSENT),
+                (present, _REPLACE_MANY_IF),
+            ):
+                if not indices:
+                    continue
+                columns: list[list[Any]] = [[] for _ in range(15)]
+                for i in indices:
+                    for column, value in zip(columns, _row_values(writes[i][0]), strict=True):
+                        column.append(value)
+                extra: list[Any] = []
+                if statement is _REPLACE_MANY_IF:
+                    extra.append([_version(writes[i][1] or "") for i in indices])
+                with translate_errors("reminder upsert_if_many"):
+                    records = await self._p.fetch(
+                        statement, self.service_id, *columns, self._channel, *extra
+                    )
+                at = {(writes[i][0].grain_id.canonical, writes[i][0].name): i for i in indices}
+                for rec in records:
+                    out[at[(rec["grain_id"], rec["name"])]] = str(rec["version"])
+        return out
 
     async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
         """One statement: the rows of every grain (primary-key prefix scans)."""
