@@ -199,28 +199,6 @@ class _Direct(ReminderOperations):
         )
         self.via = via
 
-    async def page(  # type: ignore[override]
-        self, cursor: str | None, limit: int, type_name: str | None, key_prefix: str | None
-    ) -> ReminderPage:
-        return await super().page(cursor, limit, type_name=type_name, key_prefix=key_prefix)
-
-    async def count(  # type: ignore[override]
-        self, type_name: str | None, key_prefix: str | None
-    ) -> int:
-        return await super().count(type_name=type_name, key_prefix=key_prefix)
-
-    async def delete_where(  # type: ignore[override]
-        self, type_name: str, key_prefix: str | None, dry_run: bool
-    ) -> int:
-        return await super().delete_where(
-            type_name=type_name, key_prefix=key_prefix, dry_run=dry_run
-        )
-
-    async def import_rows(  # type: ignore[override]
-        self, rows: Iterable[ReminderEntry], replace_existing: bool, dry_run: bool
-    ) -> ImportResult:
-        return await super().import_rows(rows, replace_existing=replace_existing, dry_run=dry_run)
-
     async def trigger(self, grain: GrainId, name: str) -> TickStatus:
         await self.get(grain, name)
         raise ReminderError(

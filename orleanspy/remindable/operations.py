@@ -202,7 +202,6 @@ class ReminderOperations:
         self,
         cursor: str | None = None,
         limit: int = PAGE,
-        *,
         type_name: str | None = None,
         key_prefix: str | None = None,
     ) -> ReminderPage:
@@ -236,7 +235,7 @@ class ReminderOperations:
             if cursor is None:
                 return
 
-    async def count(self, *, type_name: str | None = None, key_prefix: str | None = None) -> int:
+    async def count(self, type_name: str | None = None, key_prefix: str | None = None) -> int:
         """How many rows the filter selects: from the index alone for a whole
         type or the whole table, else by walking the selected rows."""
         _check_filter(type_name, key_prefix)
@@ -326,7 +325,7 @@ class ReminderOperations:
         )
 
     async def delete_where(
-        self, *, type_name: str, key_prefix: str | None = None, dry_run: bool = False
+        self, type_name: str, key_prefix: str | None = None, dry_run: bool = False
     ) -> int:
         """Remove every row of ``type_name`` (with a string key starting with
         ``key_prefix``), a page at a time; how many were removed (with
@@ -355,7 +354,6 @@ class ReminderOperations:
     async def import_rows(
         self,
         rows: Iterable[ReminderEntry],
-        *,
         replace_existing: bool = False,
         dry_run: bool = False,
     ) -> ImportResult:
