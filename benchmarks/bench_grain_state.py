@@ -117,7 +117,7 @@ async def _seed(storage: GrainStorage, keys: range, codec: Codec) -> None:
 async def _orleanspy(
     url: str, grains: int, seconds: float, seeded: int, fresh: Iterator[int]
 ) -> dict[str, float]:
-    options = SiloOptions(name="bench", storage={"default": url})
+    options = SiloOptions(name="bench", storage={"default": url}, tune_gc=True)
     async with Silo.local(options) as silo:
         proxies = [silo.client.get_grain(BenchStateGrain, f"w{c}") for c in range(grains)]
         await asyncio.gather(*(p.bump() for p in proxies))  # activate, first write

@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 
-from orleanspy import Grain, Silo, run
+from orleanspy import Grain, Silo, SiloOptions, run
 
 
 class BenchCounterGrain(Grain):
@@ -54,7 +54,7 @@ async def _rate(call: Callable[[], Awaitable[object]], callers: int, seconds: fl
 async def main(seconds: float) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     plain = _Plain()
-    async with Silo.local() as silo:
+    async with Silo.local(SiloOptions(tune_gc=True)) as silo:
         for callers in (1, 100):
             # 100 concurrent callers each call their own grain, as independent clients would;
             # with callers=1 one grain takes every call.

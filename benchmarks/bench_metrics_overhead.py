@@ -90,7 +90,10 @@ def _scrape(port: int, series: str) -> float:
 
 async def calls_per_s(metrics: bool, seconds: float) -> tuple[float, float, float]:
     options = SiloOptions(
-        grain_types=(CallGrain,), metrics_port=0 if metrics else None, name="calls"
+        grain_types=(CallGrain,),
+        metrics_port=0 if metrics else None,
+        name="calls",
+        tune_gc=True,
     )
     async with Silo.local(options) as silo:
         refs = [silo.client.get_grain(CallGrain, i) for i in range(100)]
@@ -133,6 +136,7 @@ async def ticks_per_s(metrics: bool, n: int, seconds: float) -> tuple[float, flo
             )
         )
     options = SiloOptions(
+        tune_gc=True,
         service_id=service_id,
         grain_types=(TickCountGrain,),
         collection_age=timedelta(hours=1),

@@ -54,6 +54,7 @@ async def orleanspy_run(n: int, seconds: float) -> dict[str, Any]:
     service_id = "bench-memory"
     table = InMemoryReminderTable(service_id)
     options = SiloOptions(
+        tune_gc=True,  # as a cluster silo would (the default for embedded is off)
         grain_types=(BenchTickGrain,),
         collection_age=timedelta(hours=1),
         reminders=ReminderOptions(

@@ -117,6 +117,7 @@ async def one_run(
             )
         )
     options = SiloOptions(
+        tune_gc=True,
         service_id="bench-overload",
         grain_types=(BusyGrain,),
         collection_age=timedelta(hours=1),

@@ -19,10 +19,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import AsyncExitStack, contextmanager
 from typing import Any, TypeAlias
 
-import asyncpg
-
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import StorageError, StorageUnavailableError
+from orleanspy.schemes import missing_extra
+
+try:
+    import asyncpg
+except ModuleNotFoundError as exc:  # the optional extra: one line, not a traceback
+    if exc.name != "asyncpg":
+        raise
+    raise missing_extra("asyncpg", "postgres", "a postgresql:// URL") from None
 
 __all__ = ["Pool", "connect", "migrate", "open_pool", "translate_errors"]
 

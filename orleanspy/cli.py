@@ -27,7 +27,9 @@ is Active and stops gracefully on SIGTERM or SIGINT. Read commands print
 tables, or JSON with ``--json``; the reminder commands say on stderr whether
 they went through a gateway or straight to the reminder table (Redis or
 PostgreSQL; ``cluster status`` reads Redis only). Exit status: 0
-done, 1 failed (the message says why), 2 usage error.
+done, 1 failed (the message says why), 2 usage error, 3 the silo stopped
+itself (declared Dead by the cluster, or its membership store lost its data:
+restart it).
 """
 
 from __future__ import annotations
@@ -401,7 +403,12 @@ def _import_grains(args: argparse.Namespace) -> None:
             ) from None
 
 
-async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> None:
+#: Exit status of a silo that stopped itself: declared Dead by the cluster, or
+#: its membership store lost its data. A restart joins it as a new incarnation.
+EXIT_STOPPED_BY_CLUSTER = 3
+
+
+async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> int:
     from orleanspy.runtime.silo import Silo
 
     options = SiloOptions(
@@ -434,6 +441,10 @@ async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> None:
         while not stopped.done() and not silo.declared_dead:
             await asyncio.wait([stopped], timeout=0.5)
         stopped.cancel()
+    if silo.declared_dead:
+        print(f"orleanspy: silo stopped: {silo.stop_reason}", file=sys.stderr)
+        return EXIT_STOPPED_BY_CLUSTER
+    return 0
 
 
 # -- output ---------------------------------------------------------------------------
@@ -709,8 +720,7 @@ async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -
 
 async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
     if args.command == "silo":
-        await _run_silo(args, names)
-        return 0
+        return await _run_silo(args, names)
     if args.command == "cluster":
         return await _cluster_status(args)
     if args.command == "demo":
@@ -723,8 +733,7 @@ async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``orleanspy`` command; returns the exit status."""
-    # gRPC's C core logs to stderr on its own; keep it to errors unless asked.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    # gRPC's C core stays quiet unless GRPC_VERBOSITY asks (orleanspy.messaging).
     parser = _parser()
     try:
         args = parser.parse_args(argv)

@@ -11,18 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import enum
 import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
-from orleanspy.errors import ClosedError, SiloUnavailableError
+from orleanspy.errors import (
+    AuthenticationError,
+    ClosedError,
+    ConfigurationError,
+    SiloUnavailableError,
+)
 from orleanspy.grain import Grain
 from orleanspy.identity import GrainId, GrainKey
 from orleanspy.messaging.message import Message, MessageKind
@@ -36,7 +42,7 @@ from orleanspy.tables import TableConnections, table_backend
 
 if TYPE_CHECKING:
     from orleanspy.membership.table import MembershipTable
-    from orleanspy.messaging.grpc import GrpcGatewayConnection
+    from orleanspy.messaging.transport import GatewayConnection, GatewayConnector
 
 __all__ = ["ClusterClient"]
 
@@ -58,6 +64,14 @@ class ClusterClient:
     ``service_id`` as the silos use; a ``postgresql://`` URL works too, as
     does the keyword ``membership_url``), or from a fixed ``gateways`` list of
     ``host:port`` endpoints. A closed client cannot be reopened.
+
+    ``secret`` is the cluster secret the gateways require (the same as
+    ``options=MessagingOptions(cluster_secret=...)``). ``ClusterClient.from_env()``
+    reads the settings from the environment variables the CLI reads.
+
+    ``connector`` makes its gateway connections (a ``GatewayConnector``; gRPC
+    by default, ``InMemoryNetwork.connector()`` for silos on an in-memory
+    transport in the same process).
     """
 
     def __init__(
@@ -71,7 +85,11 @@ class ClusterClient:
         gateway_refresh: timedelta = timedelta(seconds=10),
         membership_table: MembershipTable | None = None,
         membership_url: str | None = None,
+        connector: GatewayConnector | None = None,
+        secret: str | None = None,
     ) -> None:
+        if secret is not None:
+            options = _with_secret(options or MessagingOptions(), secret)
         url = membership_url or redis_url
         if url is None and gateways is None and membership_table is None:
             raise ValueError(
@@ -86,12 +104,13 @@ class ClusterClient:
         self._options = options or MessagingOptions()
         self._refresh_every = gateway_refresh.total_seconds()
         self._table = membership_table
+        self._connector = connector
         self._state = _State.CREATED
         self._stack = AsyncExitStack()
         self._client_id = f"client-{os.getpid()}-{os.urandom(6).hex()}"
-        self._connections: dict[str, GrpcGatewayConnection] = {}
+        self._connections: dict[str, GatewayConnection] = {}
         # The open connections in rotation order; None after _connections changed.
-        self._live: list[tuple[str, GrpcGatewayConnection]] | None = None
+        self._live: list[tuple[str, GatewayConnection]] | None = None
         self._round_robin = itertools.count()
         self._pending: PendingCalls[Message] = PendingCalls(
             self._options.response_timeout.total_seconds()
@@ -104,13 +123,53 @@ class ClusterClient:
         self._refresh_lock = asyncio.Lock()
         self._timeout_ms = int(self._options.response_timeout.total_seconds() * 1000)
         self._last_connect_error: Exception | None = None
+        # Gateways that refused this client's secret, since the last success.
+        self._refused_by: set[str] = set()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """A client configured as the CLI is: ``ORLEANSPY_MEMBERSHIP_URL``, else
+        ``ORLEANSPY_STORAGE_URL``, else ``ORLEANSPY_REDIS_URL`` (where gateways
+        are found), ``ORLEANSPY_CLUSTER_ID`` (``dev``), ``ORLEANSPY_SERVICE_ID``
+        (``default``) and ``ORLEANSPY_CLUSTER_SECRET``. Keyword arguments win over
+        the environment; ``environ`` defaults to ``os.environ``. Nothing is read
+        unless this is called (the constructor never reads the environment)."""
+        env = os.environ if environ is None else environ
+        settings: dict[str, Any] = {}
+        url = next(
+            (env[k] for k in _URL_VARIABLES if env.get(k)),
+            None,
+        )
+        if url is not None:
+            settings["membership_url"] = url
+        for key, variable in (
+            ("cluster_id", "ORLEANSPY_CLUSTER_ID"),
+            ("service_id", "ORLEANSPY_SERVICE_ID"),
+            ("secret", "ORLEANSPY_CLUSTER_SECRET"),
+        ):
+            if env.get(variable):
+                settings[key] = env[variable]
+        settings.update(overrides)
+        return cls(**settings)
 
     # -- lifecycle ----------------------------------------------------------------------
 
+    def _not_open(self) -> ClosedError:
+        if self._state is _State.CREATED:
+            return ClosedError(
+                "the ClusterClient is not open, it was never started: use `async with "
+                "ClusterClient(...) as client:` (or `await client.start()` first)"
+            )
+        return ClosedError(
+            "the ClusterClient is not open, it was closed and does not reopen: make a new "
+            "one (`async with ClusterClient(...) as client:` scopes it)"
+        )
+
     async def start(self) -> None:
-        """Connect to the gateways; ``SiloUnavailableError`` if none can be reached,
-        chained (``__cause__``) to the last connection error, e.g. the
-        ``AuthenticationError`` of a refused cluster secret."""
+        """Connect to the gateways. ``AuthenticationError`` ("refused: wrong or
+        missing cluster secret") if a gateway refused this client's secret and
+        none accepted it; ``SiloUnavailableError`` if none could be reached,
+        chained (``__cause__``) to the last connection error."""
         if self._state is not _State.CREATED:
             raise ClosedError("a ClusterClient starts once")
         self._state = _State.OPEN
@@ -125,8 +184,13 @@ class ClusterClient:
             self._stack.push_async_callback(self._close_connections)
             await self._refresh()
             if not self._connections:
-                # Chain why the last gateway failed: a refused cluster secret
-                # (AuthenticationError) must not read as a mere outage.
+                if self._refused_by:
+                    # A refused secret must not read as an outage.
+                    raise AuthenticationError(
+                        "refused: wrong or missing cluster secret (MessagingOptions."
+                        "cluster_secret, --secret); refused by gateway "
+                        f"{', '.join(sorted(self._refused_by))}"
+                    ) from self._last_connect_error
                 raise SiloUnavailableError(
                     f"no gateway of the cluster could be reached: {await self._why_no_gateway()}"
                 ) from self._last_connect_error
@@ -181,7 +245,7 @@ class ClusterClient:
     def get_grain(self, grain: type[G] | str, key: GrainKey) -> Any:
         """A proxy for ``(grain, key)``: typed for a class, untyped for a type name."""
         if self._state is not _State.OPEN:
-            raise ClosedError("the client is not open")
+            raise self._not_open()
         return self._factory.get_grain(grain, key)
 
     @property
@@ -206,7 +270,7 @@ class ClusterClient:
     ) -> Any:
         """Send a call through a gateway (see ``CallInvoker``)."""
         if self._state is not _State.OPEN:
-            raise ClosedError("the client is not open")
+            raise self._not_open()
         live = self._live
         if live:
             endpoint, conn = live[next(self._round_robin) % len(live)]
@@ -234,7 +298,7 @@ class ClusterClient:
 
     # -- gateways -----------------------------------------------------------------------
 
-    async def _pick(self) -> tuple[str, GrpcGatewayConnection]:
+    async def _pick(self) -> tuple[str, GatewayConnection]:
         for attempt in range(2):
             self._live = live = [(e, c) for e, c in self._connections.items() if not c.closed]
             if live:
@@ -252,7 +316,11 @@ class ClusterClient:
 
     async def _refresh(self) -> None:
         """Connect to gateways we do not have; drop those no longer listed."""
-        from orleanspy.messaging.grpc import GrpcGatewayConnection
+        connector = self._connector
+        if connector is None:
+            from orleanspy.messaging.grpc import GrpcGatewayConnection
+
+            connector = self._connector = GrpcGatewayConnection
 
         async with self._refresh_lock:
             try:
@@ -266,7 +334,7 @@ class ClusterClient:
                     await self._connections.pop(endpoint).aclose()
 
             async def open_one(endpoint: str) -> None:
-                conn = GrpcGatewayConnection(
+                conn = connector(
                     endpoint,
                     client_id=self._client_id,
                     options=self._options,
@@ -278,6 +346,8 @@ class ClusterClient:
                 except Exception as exc:
                     log.info("gateway unreachable endpoint=%s error=%r", endpoint, exc)
                     self._last_connect_error = exc
+                    if isinstance(exc, AuthenticationError):
+                        self._refused_by.add(endpoint)
                     return
                 self._connections[endpoint] = conn
                 self._live = None
@@ -298,9 +368,7 @@ class ClusterClient:
             return
         self._pending.resolve(message.correlation_id, message)
 
-    def _on_closed(
-        self, endpoint: str, conn: GrpcGatewayConnection, error: Exception | None
-    ) -> None:
+    def _on_closed(self, endpoint: str, conn: GatewayConnection, error: Exception | None) -> None:
         if self._connections.get(endpoint) is conn:
             del self._connections[endpoint]
         self._live = None
@@ -330,6 +398,17 @@ class ClusterClient:
         self._connections.clear()
         self._live = None
         await asyncio.gather(*(c.aclose() for c in conns), return_exceptions=True)
+
+
+_URL_VARIABLES = ("ORLEANSPY_MEMBERSHIP_URL", "ORLEANSPY_STORAGE_URL", "ORLEANSPY_REDIS_URL")
+
+
+def _with_secret(options: MessagingOptions, secret: str) -> MessagingOptions:
+    if options.cluster_secret not in (None, secret):
+        raise ConfigurationError(
+            "ClusterClient: secret= and options.cluster_secret differ; give one of them"
+        )
+    return dataclasses.replace(options, cluster_secret=secret)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

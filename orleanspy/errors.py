@@ -30,6 +30,8 @@ Expected outcomes are values, not exceptions: a lost compare-and-swap returns
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 __all__ = [
     "ActivationError",
     "AuthenticationError",
@@ -89,7 +91,28 @@ class RemoteGrainError(GrainCallError):
 
 
 class UnknownGrainTypeError(GrainCallError):
-    """No grain class is registered under the requested type name."""
+    """No grain class is registered under the requested type name.
+
+    ``known(message, types)`` makes one whose message lists the type names known
+    where the call failed and says how to make a type known (kept in
+    ``known_types``; a copy rebuilt from the wire has the message only).
+    """
+
+    known_types: tuple[str, ...] = ()
+
+    @classmethod
+    def known(cls, message: str, types: Iterable[str]) -> UnknownGrainTypeError:
+        # Internal types (the reminder management grain) are not the user's.
+        shown = sorted(t for t in types if not t.startswith("orleanspy."))
+        listed = ", ".join(shown[:20]) + (f" and {len(shown) - 20} more" if len(shown) > 20 else "")
+        hint = (
+            "import the module that defines the grain class before the silo starts "
+            "(orleanspy silo --import MODULE)"
+        )
+        known = f"known grain types: {listed}" if shown else "no grain types are known"
+        error = cls(f"{message}; {known}; {hint}")
+        error.known_types = tuple(shown)
+        return error
 
 
 class GrainMethodNotFoundError(GrainCallError, AttributeError):
@@ -150,4 +173,5 @@ class ReminderError(OrleansPyError, ValueError):
 
 
 class ClosedError(OrleansPyError, RuntimeError):
-    """The silo or client was used after it was stopped; it cannot be reopened."""
+    """The silo or client was used before it was started or after it was stopped
+    (it cannot be reopened). The message says which, and suggests ``async with``."""

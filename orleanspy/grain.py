@@ -217,7 +217,9 @@ def lookup_definition(type_name: str) -> GrainDefinition:
     try:
         return _registry[type_name]
     except KeyError:
-        raise UnknownGrainTypeError(f"no grain class is registered as {type_name!r}") from None
+        raise UnknownGrainTypeError.known(
+            f"no grain class is registered as {type_name!r}", _registry
+        ) from None
 
 
 def definition_of(cls: type[Grain]) -> GrainDefinition:

@@ -1,16 +1,24 @@
 """Options: frozen, validated dataclasses with ``timedelta`` durations.
 
-A bad value fails at construction with a ``ConfigurationError`` saying how to fix
-it. Defaults follow Orleans where Orleans has one (REFERENCE.md).
+A duration may also be given as a number of seconds, as the reminder API takes
+them (``ReminderOptions(poll_interval=10)``); it is stored as a ``timedelta``.
+A bad value fails at construction with a ``ConfigurationError`` (a
+``ValueError``) that names the field and says how to fix it, a value of the
+wrong type too (``SiloOptions(gateway_port="30000")``). Defaults follow Orleans
+where Orleans has one (REFERENCE.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orleanspy.errors import ConfigurationError
 from orleanspy.schemes import KINDS, backend_of, schemes_for
@@ -34,13 +42,68 @@ def _positive(owner: object, name: str) -> None:
 
 
 def _durations(owner: object, *names: str) -> None:
+    """Check ``names`` are positive durations; a number of seconds becomes the
+    ``timedelta`` it means (written past the frozen dataclass, once, here)."""
     for name in names:
-        if not isinstance(getattr(owner, name), timedelta):
-            raise ConfigurationError(
-                f"{type(owner).__name__}.{name} must be a datetime.timedelta, "
-                f"got {getattr(owner, name)!r}"
-            )
+        value = getattr(owner, name)
+        if not isinstance(value, timedelta):
+            object.__setattr__(owner, name, _as_duration(owner, name, value))
         _positive(owner, name)
+
+
+def _as_duration(owner: object, name: str, value: object) -> timedelta:
+    what = f"{type(owner).__name__}.{name}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigurationError(
+            f"{what} must be a datetime.timedelta or a number of seconds, "
+            f"got {type(value).__name__} {value!r}"
+        )
+    if not math.isfinite(value):
+        raise ConfigurationError(f"{what} must be a finite number of seconds, got {value!r}")
+    try:
+        return timedelta(seconds=value)
+    except OverflowError:
+        raise ConfigurationError(f"{what} of {value!r} seconds is too large") from None
+
+
+_PLAIN_TYPES: dict[type, dict[str, tuple[type, ...]]] = {}
+
+
+def _plain_types(cls: type) -> dict[str, tuple[type, ...]]:
+    """Each field of ``cls`` whose annotation is a class or a union of classes
+    (``int | None``), with those classes. Fields of a generic type
+    (``Mapping[str, Any]``) are left to their own checks."""
+    cached = _PLAIN_TYPES.get(cls)
+    if cached is not None:
+        return cached
+    hints = typing.get_type_hints(cls)
+    found: dict[str, tuple[type, ...]] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        if all(isinstance(m, type) and not typing.get_args(m) for m in members):
+            found[f.name] = tuple(members)
+    _PLAIN_TYPES[cls] = found
+    return found
+
+
+def _check_types(owner: object) -> None:
+    """``ConfigurationError`` naming the field for a value of the wrong type
+    (``bool`` is no ``int`` here, an ``int`` is a ``float``)."""
+    for name, allowed in _plain_types(type(owner)).items():
+        value = getattr(owner, name)
+        if isinstance(value, bool) and bool not in allowed:
+            ok = False
+        elif isinstance(value, int) and float in allowed:
+            ok = True
+        else:
+            ok = isinstance(value, allowed)
+        if not ok:
+            wanted = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            shown = "" if "secret" in name else f" {value!r}"
+            raise ConfigurationError(
+                f"{type(owner).__name__}.{name} must be {wanted}, got {type(value).__name__}{shown}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,6 +119,7 @@ class TlsOptions:
     server_name: str | None = None
 
     def __post_init__(self) -> None:
+        _check_types(self)
         for name in ("cert_file", "key_file", "ca_file"):
             path = getattr(self, name)
             if not os.path.isfile(path):
@@ -105,8 +169,29 @@ class MessagingOptions:
     max_in_flight: int = 10_000
     max_frame_items: int = 10_000
 
+    if TYPE_CHECKING:
+        # What a type checker sees of the generated __init__: durations also take
+        # numbers of seconds (``__post_init__`` makes them timedeltas).
+        def __init__(
+            self,
+            *,
+            response_timeout: timedelta | float = ...,
+            max_message_size: int = ...,
+            max_forward_count: int = ...,
+            max_batch: int = ...,
+            cluster_secret: str | None = ...,
+            tls: TlsOptions | None = ...,
+            max_nesting_depth: int = ...,
+            max_extension_depth: int = ...,
+            max_container_length: int = ...,
+            max_string_length: int | None = ...,
+            max_in_flight: int = ...,
+            max_frame_items: int = ...,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         _durations(self, "response_timeout")
+        _check_types(self)
         _positive(self, "max_message_size")
         _positive(self, "max_batch")
         for name in (
@@ -136,23 +221,52 @@ class MembershipOptions:
 
     Every ``probe_interval`` a silo probes up to ``num_probed_silos`` peers; a peer
     that misses ``num_missed_probes_limit`` probes in a row (each waits
-    ``probe_timeout``) is suspected and voted on. ``num_votes_for_death_declaration``
-    fresh votes (younger than ``death_vote_expiration``) declare it Dead; the
-    votes needed are ``min(that, (active + 1) // 2)``.
+    ``probe_timeout``) is suspected and voted on; a peer whose port refuses the
+    connection is voted on at once. ``num_votes_for_death_declaration`` fresh
+    votes (younger than ``death_vote_expiration``) declare it Dead; the votes
+    needed are ``min(that, (active + 1) // 2)``. Every ``table_refresh_interval``
+    a silo re-reads the table, so it learns of its own Dead verdict within that
+    even when no gossip reaches it.
+
+    Defaults (docs/decisions.md, "Failure detection defaults"): probes every
+    1 s with a 2 s timeout, where Orleans has 5 s and 5 s, and a table read
+    every 2 s, where Orleans has 60 s: a killed process is declared Dead in
+    about a second, a silent host in about 9 s, and a silo learns its own
+    verdict within 2 s.
     """
 
-    probe_interval: timedelta = timedelta(seconds=5)
-    probe_timeout: timedelta = timedelta(seconds=5)
+    probe_interval: timedelta = timedelta(seconds=1)
+    probe_timeout: timedelta = timedelta(seconds=2)
     num_missed_probes_limit: int = 3
     num_probed_silos: int = 10
     num_votes_for_death_declaration: int = 2
     death_vote_expiration: timedelta = timedelta(minutes=2)
     i_am_alive_interval: timedelta = timedelta(seconds=30)
-    table_refresh_interval: timedelta = timedelta(seconds=60)
+    table_refresh_interval: timedelta = timedelta(seconds=2)
     i_am_alive_staleness: timedelta = timedelta(minutes=10)
     defunct_silo_expiration: timedelta = timedelta(days=7)
     defunct_silo_cleanup_interval: timedelta = timedelta(hours=1)
     shutdown_timeout: timedelta = timedelta(seconds=30)
+
+    if TYPE_CHECKING:
+        # What a type checker sees of the generated __init__: durations also take
+        # numbers of seconds (``__post_init__`` makes them timedeltas).
+        def __init__(
+            self,
+            *,
+            probe_interval: timedelta | float = ...,
+            probe_timeout: timedelta | float = ...,
+            num_missed_probes_limit: int = ...,
+            num_probed_silos: int = ...,
+            num_votes_for_death_declaration: int = ...,
+            death_vote_expiration: timedelta | float = ...,
+            i_am_alive_interval: timedelta | float = ...,
+            table_refresh_interval: timedelta | float = ...,
+            i_am_alive_staleness: timedelta | float = ...,
+            defunct_silo_expiration: timedelta | float = ...,
+            defunct_silo_cleanup_interval: timedelta | float = ...,
+            shutdown_timeout: timedelta | float = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         _durations(
@@ -167,6 +281,7 @@ class MembershipOptions:
             "defunct_silo_cleanup_interval",
             "shutdown_timeout",
         )
+        _check_types(self)
         _positive(self, "num_missed_probes_limit")
         _positive(self, "num_probed_silos")
         _positive(self, "num_votes_for_death_declaration")
@@ -213,6 +328,29 @@ class ReminderOptions:
     catch_up_ceiling: float = 0.0
     catch_up_lateness: timedelta = timedelta(seconds=1)
 
+    if TYPE_CHECKING:
+        # What a type checker sees of the generated __init__: durations also take
+        # numbers of seconds (``__post_init__`` makes them timedeltas).
+        def __init__(
+            self,
+            *,
+            look_ahead: timedelta | float = ...,
+            poll_interval: timedelta | float = ...,
+            base_bucket_size: int = ...,
+            permits: int = ...,
+            missed_tick_grace: timedelta | float | None = ...,
+            repair_interval: timedelta | float = ...,
+            minimum_period: timedelta | float = ...,
+            enable_priority: bool = ...,
+            shards: int = ...,
+            max_name_length: int = ...,
+            persist_batch: int = ...,
+            retry_initial: timedelta | float = ...,
+            retry_max: timedelta | float = ...,
+            adaptive: bool = ...,
+            history_size: int = ...,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
         _durations(
             self,
@@ -226,6 +364,7 @@ class ReminderOptions:
         )
         if self.missed_tick_grace is not None:
             _durations(self, "missed_tick_grace")
+        _check_types(self)
         for name in ("base_bucket_size", "permits", "max_name_length", "persist_batch"):
             _positive(self, name)
         if not 0 <= self.history_size <= 10_000:
@@ -296,8 +435,10 @@ class SiloOptions:
     ``tune_gc``: once started, the silo calls ``gc.freeze()`` and raises the
     garbage collector's young-generation threshold to 10,000 (never lowers it),
     so full collections are rare and do not walk start-up objects
-    (``orleanspy.runtime.collector``); ``False`` leaves the collector as the
-    application set it.
+    (``orleanspy.runtime.collector``); the last silo to stop puts the collector
+    back. ``None`` (the default) does this for a cluster silo only, never for an
+    embedded one (``Silo.local()``, which shares its process with an
+    application); ``True`` always; ``False`` never.
     """
 
     cluster_id: str = "dev"
@@ -320,7 +461,7 @@ class SiloOptions:
     reminders: ReminderOptions = field(default_factory=ReminderOptions)
     grain_types: tuple[Any, ...] | None = None
     use_uvloop: bool = True
-    tune_gc: bool = True
+    tune_gc: bool | None = None
     allow_client_management: bool | None = None
     storage: Mapping[str, Any] | None = None
 
@@ -334,13 +475,40 @@ class SiloOptions:
     metrics_port: int | None = None
     storage_start_timeout: timedelta = timedelta(seconds=30)
 
+    if TYPE_CHECKING:
+        # What a type checker sees of the generated __init__: durations also take
+        # numbers of seconds (``__post_init__`` makes them timedeltas).
+        def __init__(
+            self,
+            *,
+            cluster_id: str = ...,
+            service_id: str = ...,
+            name: str | None = ...,
+            host: str = ...,
+            advertised_host: str | None = ...,
+            silo_port: int = ...,
+            gateway_port: int | None = ...,
+            redis_url: str | None = ...,
+            storage_url: str | None = ...,
+            membership_url: str | None = ...,
+            reminder_table_url: str | None = ...,
+            collection_age: timedelta | float = ...,
+            collection_check_interval: timedelta | float = ...,
+            activation_timeout: timedelta | float = ...,
+            deactivation_timeout: timedelta | float = ...,
+            messaging: MessagingOptions = ...,
+            membership: MembershipOptions = ...,
+            reminders: ReminderOptions = ...,
+            grain_types: tuple[Any, ...] | None = ...,
+            use_uvloop: bool = ...,
+            tune_gc: bool | None = ...,
+            allow_client_management: bool | None = ...,
+            storage: Mapping[str, Any] | None = ...,
+            metrics_port: int | None = ...,
+            storage_start_timeout: timedelta | float = ...,
+        ) -> None: ...
+
     def __post_init__(self) -> None:
-        for name in ("cluster_id", "service_id"):
-            value = getattr(self, name)
-            if not value or not isinstance(value, str) or any(c in value for c in "{}:|"):
-                raise ConfigurationError(
-                    f"SiloOptions.{name} must be a non-empty string without '{{', '}}', ':', '|'"
-                )
         _durations(
             self,
             "collection_age",
@@ -349,6 +517,13 @@ class SiloOptions:
             "deactivation_timeout",
             "storage_start_timeout",
         )
+        _check_types(self)
+        for name in ("cluster_id", "service_id"):
+            value = getattr(self, name)
+            if not value or not isinstance(value, str) or any(c in value for c in "{}:|"):
+                raise ConfigurationError(
+                    f"SiloOptions.{name} must be a non-empty string without '{{', '}}', ':', '|'"
+                )
         for name in ("silo_port", "gateway_port", "metrics_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:

@@ -72,6 +72,17 @@ class RingRange:
     def full(cls) -> RingRange:
         return cls(0, 0)
 
+    def intervals(self) -> list[tuple[int, int]]:
+        """The range as closed intervals ``[lo, hi]`` of hashes, in ring order from
+        ``begin``: one, or two when it wraps past ``2**32 - 1`` (the part up to the
+        top first). What a store's hash index scans."""
+        if self.size == HASH_SPACE:
+            return [(0, _TOP)]
+        lo = (self.begin + 1) % HASH_SPACE
+        if lo <= self.end:
+            return [(lo, self.end)]
+        return [(lo, _TOP), (0, self.end)]
+
 
 # --- sets of ranges -------------------------------------------------------------
 #

@@ -33,6 +33,7 @@ __all__ = [
     "Kind",
     "backend_of",
     "check_redis_url",
+    "missing_extra",
     "scheme_of",
     "schemes_for",
 ]
@@ -102,3 +103,13 @@ def check_redis_url(url: str, what: str) -> None:
             f"{what} {url!r} has no Redis scheme; use redis://HOST:PORT/DB, "
             "rediss://HOST:PORT/DB (TLS) or unix:///PATH/redis.sock"
         )
+
+
+def missing_extra(module: str, extra: str, what: str) -> ConfigurationError:
+    """The one-line error for an optional dependency that is not installed:
+    ``what`` needs ``module``, and how to install it (from the package index or
+    from a checkout)."""
+    return ConfigurationError(
+        f"{what} needs {module}, which is not installed: pip install 'orleanspy[{extra}]' "
+        f"(in a checkout: pip install -e '.[{extra}]')"
+    )

@@ -13,9 +13,11 @@ code  type
 4     ``timedelta``
 5     ``uuid.UUID``
 6     a dataclass registered with ``register_type`` (fields by name)
+7     ``set`` or ``frozenset`` (its items, each any type here; they must be
+      hashable once decoded, else the value is refused)
 ====  =====================================================================
 
-Sets and frozensets arrive as lists. Anything else raises ``SerializationError``
+A set arrives as a set, a frozenset as a frozenset. Anything else raises ``SerializationError``
 naming the type and how to make it travel. Pickle is never used: bytes from the
 network can only build the types above.
 
@@ -41,7 +43,7 @@ import msgpack
 from orleanspy.errors import SerializationError
 from orleanspy.identity import GrainId
 
-__all__ = ["Codec", "DecodeLimits", "pack", "register_type", "unpack"]
+__all__ = ["Codec", "DecodeLimits", "pack", "pack_lua", "register_type", "unpack"]
 
 _T = TypeVar("_T")
 
@@ -51,6 +53,7 @@ _EXT_DATETIME = 3
 _EXT_TIMEDELTA = 4
 _EXT_UUID = 5
 _EXT_DATACLASS = 6
+_EXT_SET = 7
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _EPOCH_NAIVE = datetime(1970, 1, 1)
@@ -125,6 +128,14 @@ def register_type(cls: type[_T] | None = None, *, name: str | None = None) -> An
 def is_registered(cls: type[Any]) -> bool:
     """Whether ``cls`` was registered with ``register_type`` (so it can travel)."""
     return cls in _names
+
+
+def pack_lua(value: Any) -> bytes:
+    """Plain msgpack (no extension types) for a Redis script's ``cmsgpack.unpack``:
+    bytes as the old raw type (Lua's cmsgpack has no bin types), so they arrive
+    in Lua as strings."""
+    packed: bytes = msgpack.packb(value, use_bin_type=False)
+    return packed
 
 
 def _packb(value: Any) -> bytes:
@@ -244,17 +255,16 @@ class Codec:
             return int.from_bytes(data, "big", signed=True) * _US
         if code == _EXT_UUID:
             return uuid.UUID(bytes=data)
-        if code == _EXT_DATACLASS:
-            # Each level is a nested unpackb, i.e. C stack: bounded before recursing.
-            if self._ext_depth >= self._limits.max_ext_depth:
-                raise SerializationError(
-                    f"extension values nested more than {self._limits.max_ext_depth} deep"
-                )
-            self._ext_depth += 1
+        if code == _EXT_SET:
+            frozen, items = self._nested(data)
+            if not isinstance(items, list):
+                raise SerializationError("malformed set extension value")
             try:
-                name, fields = self._unpack(data)
-            finally:
-                self._ext_depth -= 1
+                return frozenset(items) if frozen else set(items)
+            except TypeError as exc:
+                raise SerializationError(f"a set item is not hashable: {exc}") from None
+        if code == _EXT_DATACLASS:
+            name, fields = self._nested(data)
             if not isinstance(name, str) or not isinstance(fields, dict):
                 raise SerializationError("malformed dataclass extension value")
             cls = _registry.get(name)
@@ -264,6 +274,19 @@ class Codec:
                 )
             return cls(**fields)
         raise SerializationError(f"unknown msgpack extension type {code}")
+
+    def _nested(self, data: bytes) -> Any:
+        """Decode an extension value's own msgpack document. Each level is a nested
+        unpackb, i.e. C stack: bounded before recursing."""
+        if self._ext_depth >= self._limits.max_ext_depth:
+            raise SerializationError(
+                f"extension values nested more than {self._limits.max_ext_depth} deep"
+            )
+        self._ext_depth += 1
+        try:
+            return self._unpack(data)
+        finally:
+            self._ext_depth -= 1
 
 
 def _check_depth(value: Any, max_depth: int) -> None:
@@ -306,7 +329,7 @@ def _default(value: Any) -> Any:
             _packb([name, fields]),
         )
     if isinstance(value, (set, frozenset)):
-        return list(value)
+        return msgpack.ExtType(_EXT_SET, _packb([isinstance(value, frozenset), list(value)]))
     hint = (
         " (decorate the dataclass with @orleanspy.register_type)"
         if dataclasses.is_dataclass(value)

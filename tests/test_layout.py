@@ -10,7 +10,7 @@ Layers, lowest first; a module may import its own layer and those below, never a
     services   reminders/_service/* and reminders.service (the service), remindable/*
                (registry, declarations, management), observability, cluster_status
     runtime    runtime/* _prometheus
-    hosts      client cli _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
+    hosts      client cli __main__ _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
 
 An edge is every ``import`` in a module: at the top (``top``), inside a function
 (``lazy``: it runs the first time the function does, so it binds the layers as
@@ -56,7 +56,7 @@ LAYERS: list[tuple[str, str]] = [
         r"|orleanspy\.(observability|cluster_status)",
     ),
     ("runtime", r"orleanspy\.runtime(\..+)?|orleanspy\._prometheus"),
-    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|_loop|demo|testing(\..+)?))?"),
+    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|_loop|demo|__main__|testing(\..+)?))?"),
 ]
 
 # What providers must not import: the runtime, its hosts, and the grain-facing API.
@@ -278,3 +278,42 @@ def test_the_reminder_storage_side_imports_nothing_of_the_service() -> None:
         sorted((e.source, e.target) for e in EDGES if e.source in storage and e.target in service)
         == []
     )
+
+
+# Each wire or store library is imported by one module (its seam), which
+# translates its errors; everything else goes through that module.
+SEAMS: dict[str, set[str]] = {
+    "asyncpg": {"orleanspy._postgres"},
+    "redis": {"orleanspy._redis"},
+    "msgpack": {"orleanspy.serialization"},
+    "grpc": {"orleanspy.messaging.grpc"},
+    "prometheus_client": {"orleanspy._prometheus"},
+}
+
+
+def _third_party_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module.partition(".")[0])
+    return found
+
+
+def test_each_wire_library_is_imported_by_its_seam_alone() -> None:
+    importers: dict[str, set[str]] = defaultdict(set)
+    for module, path in MODULES.items():
+        for library in _third_party_imports(path) & set(SEAMS):
+            importers[library].add(module)
+    assert dict(importers) == SEAMS
+
+
+def test_the_architecture_page_shows_this_layer_map() -> None:
+    """docs/architecture.md draws LAYERS, in order: there is one map."""
+    page = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = page[page.index("## 1. Layers") : page.index("\n## 2.")]
+    rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
+    assert rows[1:] == [name for name, _ in LAYERS]  # after the header row
+    for module in ("schemes", "_redis_feed", "reminders/_service/", "__main__"):
+        assert f"`{module}" in section, module

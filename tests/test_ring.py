@@ -205,3 +205,15 @@ def test_range_set_algebra_matches_membership(
         assert ranges_contain(diff, h) == (in_a and not in_b)
         assert ranges_contain(inter, h) == (in_a and in_b)
     assert ranges_size(union) == ranges_size(diff) + ranges_size(b)
+
+
+def test_a_range_splits_into_the_intervals_a_hash_index_scans() -> None:
+    top = 2**32 - 1
+    assert RingRange.full().intervals() == [(0, top)]
+    assert RingRange(10, 20).intervals() == [(11, 20)]
+    assert RingRange(top - 5, 3).intervals() == [(top - 4, top), (0, 3)]
+    assert RingRange(top, 3).intervals() == [(0, 3)]
+    for r in (RingRange(10, 20), RingRange(top - 5, 3), RingRange(7, 7 + 2**31)):
+        covered = sum(hi - lo + 1 for lo, hi in r.intervals())
+        assert covered == r.size
+        assert all(lo in r and hi in r for lo, hi in r.intervals())

@@ -12,6 +12,22 @@ peer Dead instead. A suspect whose own heartbeat is older than
 ``i_am_alive_staleness`` is written Dead at once: it is both silent to us and
 silent to the table. Votes older than ``death_vote_expiration`` do not count
 and are dropped when the row is next written.
+
+Evidence (``ProbeOutcome``). A refused connection (the peer's host answered
+that nothing listens on its port) or another incarnation answering on its
+address is strong evidence: the prober votes at once, without waiting for
+the miss limit, so a process killed on a live host is declared Dead within a
+probe interval or so. Silence (a timeout, an unreachable route) is weak
+evidence and keeps the miss rule. A refusal of this silo's credentials counts
+as a miss, like silence.
+
+Self-suspicion (after Orleans' ``LocalSiloHealthMonitor``). A silo that
+probes two or more peers and has had no answer from any of them (an answer,
+a refusal, another incarnation: anything that proves its own network works)
+for ``probe_timeout * num_missed_probes_limit`` suspects itself: it goes on
+probing but casts no vote, so an isolated or mis-deployed silo cannot evict
+healthy ones. With a single peer it cannot tell who is cut off and votes as
+before (as Orleans does), or a two-silo cluster could never evict a dead one.
 """
 
 from __future__ import annotations
@@ -19,25 +35,46 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from orleanspy.clock import Clock
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
 from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus
 from orleanspy.membership.table import MembershipTable
+from orleanspy.messaging.transport import ProbeOutcome
 from orleanspy.options import MembershipOptions
 
-__all__ = ["HealthMonitor", "Ping", "judge", "probe_targets", "votes_needed"]
+__all__ = [
+    "HealthMonitor",
+    "Ping",
+    "ProbeOutcome",
+    "judge",
+    "probe_targets",
+    "self_suspicion_window",
+    "votes_needed",
+]
 
 log = logging.getLogger(__name__)
 
-Ping = Callable[[SiloAddress, float], Awaitable[bool]]
-"""``ping(silo, timeout_seconds)``: ``True`` if ``silo`` answered within the timeout.
+Ping = Callable[[SiloAddress, float], Awaitable["bool | ProbeOutcome"]]
+"""``ping(silo, timeout_seconds)``: a ``ProbeOutcome``, or ``True`` if ``silo``
+answered within the timeout (``False``: silent).
 
 It must enforce the timeout itself (it runs on real time, not the membership
-clock). ``False`` or an exception counts as a missed probe.
+clock). An exception counts as silence.
 """
+
+_STRONG = (ProbeOutcome.REFUSED, ProbeOutcome.GONE)
+# Outcomes that prove this silo's own network works.
+_REACHED = (ProbeOutcome.ANSWERED, ProbeOutcome.REFUSED, ProbeOutcome.GONE)
+
+
+def self_suspicion_window(options: MembershipOptions) -> timedelta:
+    """How long a silo probing two or more peers may go without any answer
+    before it suspects itself: ``probe_timeout * num_missed_probes_limit``."""
+    return options.probe_timeout * options.num_missed_probes_limit
+
 
 # Lost compare-and-swaps are expected when several silos vote on one suspect at
 # once; a few immediate re-reads settle it, and the next probe round retries.
@@ -92,10 +129,12 @@ class HealthMonitor:
     service (it returns the service's latest snapshot); ``may_vote`` says
     whether this silo may still vote (Active, not leaving, not declared dead);
     ``on_death(version)`` hears of every death this silo writes, with the
-    table version it wrote.
+    table version it wrote. ``on_reached()`` is called after every probe
+    round in which some peer answered (the ownership lease counts it).
 
     Counters (they only grow): ``probes_sent``, ``probes_failed``,
-    ``suspicions`` (suspect votes written), ``declared_dead`` (deaths written).
+    ``suspicions`` (suspect votes written), ``declared_dead`` (deaths written),
+    ``votes_withheld`` (votes not cast while this silo suspected itself).
     """
 
     def __init__(
@@ -110,8 +149,13 @@ class HealthMonitor:
         snapshot: Callable[[], MembershipSnapshot],
         may_vote: Callable[[], bool],
         on_death: Callable[[int], None] = lambda _version: None,
+        on_reached: Callable[[], None] = lambda: None,
     ) -> None:
         self._table = table
+        self._on_reached = on_reached
+        self._last_reached = clock.now()
+        self._self_suspected = False
+        self.votes_withheld = 0
         self._on_death = on_death
         self._me = address
         self._ping = ping
@@ -131,6 +175,11 @@ class HealthMonitor:
         """Consecutive missed probes per currently probed silo (a copy)."""
         return dict(self._missed)
 
+    @property
+    def self_suspected(self) -> bool:
+        """Whether this silo suspects itself (see the module docstring)."""
+        return self._self_suspected
+
     async def run(self) -> None:
         """Probe every ``probe_interval`` until cancelled; errors are logged and
         the next round goes on."""
@@ -145,21 +194,60 @@ class HealthMonitor:
                 log.exception("membership probe round failed silo=%s", self._me)
 
     async def probe_once(self) -> None:
-        """One round: probe the targets at once, then suspect those over the limit."""
+        """One round: probe the targets at once; vote at once on strong evidence,
+        and on those over the miss limit unless this silo suspects itself."""
         targets = probe_targets(self._snapshot(), self._me, self._options.num_probed_silos)
         self._missed = {s: n for s, n in self._missed.items() if s in targets}
         results = await asyncio.gather(*(self._probe(s) for s in targets))
         self.probes_sent += len(targets)
-        for silo, ok in zip(targets, results, strict=True):
-            if ok:
+        if any(r in _REACHED for r in results):
+            self._last_reached = self._clock.now()
+            self._on_reached()
+        self._update_self_suspicion(len(targets))
+        for silo, outcome in zip(targets, results, strict=True):
+            if outcome is ProbeOutcome.ANSWERED:
                 self._missed.pop(silo, None)
                 continue
             self.probes_failed += 1
+            if outcome in _STRONG:
+                self._missed[silo] = self._options.num_missed_probes_limit
+                log.info(
+                    "membership probe %s silo=%s target=%s: voting at once",
+                    outcome.value,
+                    self._me,
+                    silo,
+                )
+                await self.suspect_or_kill(silo)
+                continue
             misses = self._missed.get(silo, 0) + 1
             self._missed[silo] = misses
-            log.info("membership probe missed silo=%s target=%s misses=%d", self._me, silo, misses)
+            log.info(
+                "membership probe missed silo=%s target=%s misses=%d outcome=%s",
+                self._me,
+                silo,
+                misses,
+                outcome.value,
+            )
             if misses >= self._options.num_missed_probes_limit:
+                if self._self_suspected:
+                    self.votes_withheld += 1
+                    continue
                 await self.suspect_or_kill(silo)
+
+    def _update_self_suspicion(self, monitored: int) -> None:
+        silent_for = self._clock.now() - self._last_reached
+        suspected = monitored >= 2 and silent_for > self_suspicion_window(self._options)
+        if suspected and not self._self_suspected:
+            log.warning(
+                "membership: no peer answered for %.1fs (%d probed); this silo suspects "
+                "itself and casts no votes silo=%s",
+                silent_for.total_seconds(),
+                monitored,
+                self._me,
+            )
+        elif self._self_suspected and not suspected:
+            log.warning("membership: peers answer again; this silo votes again silo=%s", self._me)
+        self._self_suspected = suspected
 
     async def suspect_or_kill(self, silo: SiloAddress) -> bool:
         """Vote ``silo`` suspect, or write it Dead when the votes suffice.
@@ -198,9 +286,12 @@ class HealthMonitor:
                 return True
         return False
 
-    async def _probe(self, silo: SiloAddress) -> bool:
+    async def _probe(self, silo: SiloAddress) -> ProbeOutcome:
         try:
-            return bool(await self._ping(silo, self._options.probe_timeout.total_seconds()))
+            result = await self._ping(silo, self._options.probe_timeout.total_seconds())
         except Exception as exc:
             log.debug("membership probe raised silo=%s target=%s error=%r", self._me, silo, exc)
-            return False
+            return ProbeOutcome.SILENT
+        if isinstance(result, ProbeOutcome):
+            return result
+        return ProbeOutcome.ANSWERED if result else ProbeOutcome.SILENT

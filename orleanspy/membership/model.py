@@ -51,7 +51,9 @@ class MembershipEntry:
     connect to on ``silo.host`` (``None``: the silo runs no gateway).
     ``i_am_alive`` is the silo's last heartbeat, written by the silo itself.
     ``grain_types`` names the grain types the silo hosts (``None``: the row
-    does not say, and the silo is taken to host every type).
+    does not say, and the silo is taken to host every type). ``verifier``
+    proves which credentials the silo joined with, without revealing them
+    (``membership.credentials``; ``None``: the row does not say).
     """
 
     silo: SiloAddress
@@ -63,6 +65,7 @@ class MembershipEntry:
     gateway_port: int | None = None
     host_name: str = ""
     grain_types: frozenset[str] | None = None
+    verifier: str | None = None
 
     def hosts(self, type_name: str) -> bool:
         """Whether grains of ``type_name`` may be placed on this silo."""
@@ -116,6 +119,8 @@ class MembershipEntry:
             # One string, not a list: a Lua script that re-encodes the row
             # cannot tell an empty list from an empty map.
             rec["gt"] = "\n".join(sorted(self.grain_types))
+        if self.verifier is not None:
+            rec["cv"] = self.verifier
         return rec
 
     @classmethod
@@ -132,6 +137,7 @@ class MembershipEntry:
             gateway_port=None if rec.get("g") is None else int(rec["g"]),
             host_name=rec.get("h", ""),
             grain_types=_grain_types(rec.get("gt")),
+            verifier=None if rec.get("cv") is None else str(rec["cv"]),
         )
 
 
@@ -190,6 +196,11 @@ class MembershipSnapshot:
     def hosting(self, type_name: str) -> tuple[SiloAddress, ...]:
         """The Active silos that host ``type_name``, sorted."""
         return tuple(s for s in self._active if self.entries[s][0].hosts(type_name))
+
+    def hosted_types(self) -> set[str]:
+        """The grain types some Active silo names in its row (a row naming none,
+        from a silo that hosts everything registered there, adds nothing)."""
+        return {t for s in self._active for t in (self.entries[s][0].grain_types or ())}
 
     def gateways(self) -> list[tuple[str, int]]:
         """``(host, gateway_port)`` of every Active silo that runs a gateway, sorted."""

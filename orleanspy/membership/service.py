@@ -12,6 +12,19 @@ a version newer than its own re-reads the table at once. So changes spread in
 a network round trip instead of waiting for each silo's periodic read, which
 stays as the safety net for gossip that is lost.
 
+Death is final and prompt. A silo learns of its own Dead verdict from the
+gossip of the silo that wrote it, or at its next table read (every
+``table_refresh_interval``); it then revokes its ownership lease (no more
+ticks), stops its loops and calls ``on_declared_dead``. A store that lost its
+data (this silo's row gone, or the table version below one already read) is
+treated the same way, with a WARNING that says what happened: the silo stops,
+and a restart joins as a new incarnation (docs/decisions.md, "A store that
+lost its data").
+
+Credentials. Each row carries a verifier of the joining silo's credentials
+(``membership.credentials``); a silo whose verifier differs from that of a
+live member refuses to join, before it writes anything.
+
 Timing reads the injected ``Clock``; only the probe timeout (enforced by the
 ``ping`` callable) and the bound on the final writes at shutdown run on the
 event loop's real time, because they guard I/O rather than schedule work.
@@ -31,7 +44,9 @@ from typing import Any
 from orleanspy.clock import Clock
 from orleanspy.errors import MembershipError, SiloDeclaredDeadError, StorageError
 from orleanspy.identity import SiloAddress
+from orleanspy.membership.credentials import check_verifier
 from orleanspy.membership.health import HealthMonitor, Ping
+from orleanspy.membership.lease import ContactLease, lease_duration
 from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus
 from orleanspy.membership.table import MembershipTable
 from orleanspy.options import MembershipOptions
@@ -53,8 +68,11 @@ class MembershipService:
     ``gossip_received`` takes such news from one. ``grain_types`` (optional)
     goes into this silo's row: the grain types placement may put here.
     ``on_declared_dead()`` is called once, from a background task, when this
-    silo reads itself Dead in the table without having left gracefully; the
-    service has then already stopped its loops, and the silo must stop too.
+    silo reads itself Dead in the table without having left gracefully, or
+    finds that the store lost its data (``stop_reason`` says which); the
+    service has then already revoked ``lease`` and stopped its loops, and the
+    silo must stop too. ``verifier`` (optional) goes into this silo's row and
+    is checked against the live members' before joining.
     """
 
     def __init__(
@@ -71,8 +89,12 @@ class MembershipService:
         host_name: str = "",
         gossip: Gossip | None = None,
         grain_types: Collection[str] | None = None,
+        verifier: str | None = None,
     ) -> None:
         self._table = table
+        self._verifier = verifier
+        self.stop_reason: str | None = None
+        self._joined = False
         self.address = address
         self.name = name
         self._gateway_port = gateway_port
@@ -94,6 +116,9 @@ class MembershipService:
         self._spreading: set[asyncio.Task[None]] = set()
         self._catch_up: asyncio.Task[None] | None = None
         self._catch_up_again = False
+        self.lease = ContactLease(
+            clock, lease_duration(options), has_peers=self._has_peers, name=name
+        )
         self.health = HealthMonitor(
             table,
             address=address,
@@ -104,6 +129,7 @@ class MembershipService:
             snapshot=lambda: self._snapshot,
             may_vote=self._may_vote,
             on_death=self._spread,
+            on_reached=self.lease.peer_reached,
         )
 
     # -- the view -----------------------------------------------------------
@@ -152,7 +178,21 @@ class MembershipService:
         """
         self._reads_started += 1
         seq = self._reads_started
+        # What was known when this read began: the table cannot answer with
+        # less, unless it lost data.
+        known_version = self._snapshot.version.version
+        had_row = self._joined and self.address in self._snapshot.entries
         snap = await self._table.read_all()
+        self.lease.table_reached()
+        if self._started and not self._leaving and not self._dead:
+            if snap.version.version < known_version:
+                self._store_lost(
+                    f"the table version went back from {known_version} to {snap.version.version}"
+                )
+                return self._snapshot
+            if had_row and self.address not in snap.entries:
+                self._store_lost("this silo's row is gone")
+                return self._snapshot
         self._apply(snap, seq)
         return self._snapshot
 
@@ -160,6 +200,8 @@ class MembershipService:
         """A peer wrote ``table_version``: re-read the table now, unless this
         silo has seen that version already. Reads caused by gossip never
         overlap: gossip that arrives during one gets one more read after it."""
+        if self._started:
+            self.lease.peer_reached()
         if not self._started or self._dead or table_version <= self._snapshot.version.version:
             return
         if self._catch_up is not None and not self._catch_up.done():
@@ -185,6 +227,7 @@ class MembershipService:
         self._started = True
         stack.push_async_callback(self._stop_loops)
         await self._join()
+        self._joined = True
         await self.update_status(SiloStatus.ACTIVE)
         log.info("membership joined silo=%s name=%s", self.address, self.name)
         self._spawn(self.health.run(), "probe")
@@ -231,10 +274,10 @@ class MembershipService:
         from cancellation: a cancelled caller still waits for them (at most that
         long) before the cancellation goes on. Returns ``True`` if the Dead row
         was written, ``False`` if the store failed or timed out (peers will then
-        detect the silo by probing) or the silo was never started or is
-        already declared dead.
+        detect the silo by probing) or the silo never joined or is already
+        declared dead.
         """
-        if not self._started or self._dead:
+        if not self._joined or self._dead:
             await self._stop_loops()
             return False
         self._leaving = True
@@ -264,6 +307,9 @@ class MembershipService:
         while True:
             snap = await self.refresh()
             now = self._clock.now()
+            # Before anything is written: a silo with other credentials than
+            # the live members' must not take a row, ranges or votes.
+            check_verifier(self._verifier, snap, self.address, now, self._options)
             if await self._bury_earlier_incarnations(snap):
                 continue
             existing, etag = snap.get(self.address), snap.etag(self.address)
@@ -286,6 +332,7 @@ class MembershipService:
                     gateway_port=self._gateway_port,
                     host_name=self._host_name,
                     grain_types=self._grain_types,
+                    verifier=self._verifier,
                 )
                 ok = await self._table.insert_row(row, snap.version.next())
             if ok:
@@ -336,6 +383,11 @@ class MembershipService:
 
     async def _heartbeat(self) -> None:
         await self._table.update_i_am_alive(self.address, self._clock.now())
+        self.lease.table_reached()
+
+    def _has_peers(self) -> bool:
+        """Whether another Active silo could declare this one Dead."""
+        return any(s != self.address for s in self._snapshot.active_silos())
 
     async def _cleanup(self) -> None:
         cutoff = self._clock.now() - self._options.defunct_silo_expiration
@@ -425,11 +477,23 @@ class MembershipService:
         except Exception:
             log.exception("membership listener failed silo=%s", self.address)
 
-    def _declare_dead(self) -> None:
+    def _store_lost(self, what: str) -> None:
+        log.warning(
+            "membership store lost its data silo=%s: %s (a store restarted empty, "
+            "flushed or truncated?); this silo stops and must be restarted, which joins "
+            "it as a new incarnation and registers its declared reminders again",
+            self.address,
+            what,
+        )
+        self._declare_dead(f"membership store lost its data: {what}")
+
+    def _declare_dead(self, reason: str = "declared Dead in the membership table") -> None:
         if self._dead:
             return
         self._dead = True
-        log.error("membership found itself dead silo=%s", self.address)
+        self.stop_reason = reason
+        self.lease.revoke(reason)
+        log.error("membership: this silo stops silo=%s reason=%s", self.address, reason)
         # Stop every loop but the one that noticed (it cannot await itself);
         # that one ends when its own cancellation arrives from _stop_loops.
         current = asyncio.current_task()

@@ -42,6 +42,23 @@ Lost connections
     ``connection_lost(target, error)`` is called after its unwritten messages
     went to ``undeliverable``: whatever was written on that link is now in doubt,
     and the dispatcher fails (or, once the peer is known dead, re-routes) it.
+    The log says so once per change of a peer's state: a WARNING when its link
+    goes down, an INFO when it is up again (or the peer left the cluster) with
+    how many messages failed meanwhile; never a line per message.
+
+Probes
+    ``probe`` tells a refused connection (nothing listens on the peer's port:
+    its process is gone from a live host) from silence (a timeout, a host or
+    route that is gone): after a failed ping it tries a plain TCP connect to
+    the port, so the verdict does not depend on gRPC's error texts.
+
+gRPC's own logging
+    Its C core writes to stderr by itself (``Got goaway``, ``add_port.cc``);
+    importing this module sets ``GRPC_VERBOSITY=NONE`` unless the environment
+    already sets it, so those lines appear only when asked for. Every error
+    that matters reaches orleanspy's own log through the translated exceptions.
+    (The setting lives in ``orleanspy.messaging``'s ``__init__``, which runs
+    before this module imports grpc.)
 """
 
 from __future__ import annotations
@@ -54,6 +71,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -79,7 +97,7 @@ from orleanspy.messaging.frames import (
 )
 from orleanspy.messaging.message import Message, MessageKind, settle
 from orleanspy.messaging.remote_errors import error_payload
-from orleanspy.messaging.transport import MessageSink
+from orleanspy.messaging.transport import MessageSink, ProbeOutcome
 from orleanspy.options import MessagingOptions, TlsOptions
 from orleanspy.serialization import pack
 
@@ -226,7 +244,7 @@ async def _handshake(call: Any, what: str) -> str:
 
 def _call_error(what: str, code: grpc.StatusCode | None, details: str | None) -> Exception:
     if code == grpc.StatusCode.UNAUTHENTICATED:
-        return AuthenticationError(f"{what}: refused, wrong or missing cluster secret")
+        return AuthenticationError(f"{what}: refused: wrong or missing cluster secret")
     name = code.name if code is not None else "UNKNOWN"
     return SiloUnavailableError(f"{what}: {name} {details or ''}".rstrip())
 
@@ -261,18 +279,17 @@ class _PeerLink:
             self._run(), name=f"orleanspy-grpc-peer-{target}"
         )
 
-    def fail(self, error: Exception) -> None:
-        """Stop the link and hand everything unwritten to the sink with ``error``."""
+    def fail(self, error: Exception, *, quiet: bool = False) -> None:
+        """Stop the link and hand everything unwritten to the sink with ``error``
+        (``quiet``: the caller logs the peer's state itself)."""
         if self.closed:
             return
         self.closed = True
         self._transport._forget(self)
         self.task.cancel()
         undelivered = self.outbox.take_all()
-        if undelivered:
-            log.info(
-                "peer link failed peer=%s dropped=%d error=%s", self.target, len(undelivered), error
-            )
+        if not quiet:
+            self._transport._link_down(self.target, error, len(undelivered))
         sink = self._transport._sink
         assert sink is not None
         for message in undelivered:
@@ -293,6 +310,7 @@ class _PeerLink:
                 ),
             )
             await _handshake(call, what)
+            transport._link_up(self.target)
             watcher = asyncio.create_task(self._watch(call, what))
             try:
                 await self.outbox.pump(
@@ -326,6 +344,33 @@ class _PeerLink:
         except Exception as exc:
             self._broken = _error_of(exc, what)
         self.outbox.wake()
+
+
+@dataclass(slots=True)
+class _Down:
+    """A peer whose link is down: since when (monotonic), why, and how many
+    messages failed since (the first failure's included)."""
+
+    since: float
+    error: Exception
+    failed: int
+
+
+async def _refused(target: SiloAddress, timeout: float) -> bool:
+    """Whether a plain TCP connect to ``target``'s port is refused (RST): the
+    host is up and nothing listens there. Any other failure, or success, is
+    ``False``: a timeout or an unreachable route says nothing about the peer."""
+    try:
+        async with asyncio.timeout(timeout):
+            _reader, writer = await asyncio.open_connection(target.host, target.port)
+    except ConnectionRefusedError:
+        return True
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return False
 
 
 # --------------------------------------------------------- gateway inbound
@@ -482,6 +527,7 @@ class GrpcTransport:
         self._channels: dict[SiloAddress, grpc.aio.Channel] = {}
         self._stopped = False
         self._gossip_listener: Callable[[int], None] | None = None
+        self._down: dict[SiloAddress, _Down] = {}
         self._may_answer: Callable[[SiloAddress], bool] | None = None
         # Requests (and one-way messages whose turn has not run) from each peer silo.
         self._owed: dict[SiloAddress, _Unanswered] = {}
@@ -648,9 +694,18 @@ class GrpcTransport:
         link = self._links.get(target)
         error = SiloUnavailableError(f"silo {target}: disconnected")
         if link is not None:
-            link.fail(error)
+            link.fail(error, quiet=True)
         elif self._sink is not None:
             _connection_lost(self._sink, target, error)
+        down = self._down.pop(target, None)
+        if down is not None:
+            log.info(
+                "peer link closed peer=%s reason=left the cluster down_for=%.1fs "
+                "failed_messages=%d",
+                target,
+                time.monotonic() - down.since,
+                down.failed,
+            )
         self.peer_stats.pop(target, None)
         channel = self._channels.pop(target, None)
         if channel is not None:
@@ -662,6 +717,32 @@ class GrpcTransport:
         if sink is not None:
             asyncio.get_running_loop().call_soon(sink.undeliverable, message, error)
 
+    def _link_down(self, target: SiloAddress, error: Exception, dropped: int) -> None:
+        """A link to ``target`` failed, with ``dropped`` messages unwritten: log
+        the first failure of a run of them, count the rest."""
+        if self._stopped:
+            return
+        down = self._down.get(target)
+        if down is None:
+            self._down[target] = _Down(time.monotonic(), error, dropped)
+            log.warning(
+                "peer link down peer=%s failed_messages=%d error=%s", target, dropped, error
+            )
+            return
+        down.failed += dropped
+        down.error = error
+        log.debug("peer link still down peer=%s dropped=%d error=%s", target, dropped, error)
+
+    def _link_up(self, target: SiloAddress) -> None:
+        down = self._down.pop(target, None)
+        if down is not None:
+            log.info(
+                "peer link up again peer=%s down_for=%.1fs failed_messages=%d",
+                target,
+                time.monotonic() - down.since,
+                down.failed,
+            )
+
     def _forget(self, link: _PeerLink) -> None:
         if self._links.get(link.target) is link:
             del self._links[link.target]
@@ -671,26 +752,50 @@ class GrpcTransport:
     async def ping(self, target: SiloAddress, timeout: float, table_version: int = 0) -> bool:
         """``True`` if ``target`` (that very generation) answered within ``timeout``;
         a non-zero ``table_version`` goes along as gossip."""
+        return await self.probe(target, timeout, table_version) is ProbeOutcome.ANSWERED
+
+    async def probe(
+        self, target: SiloAddress, timeout: float, table_version: int = 0
+    ) -> ProbeOutcome:
+        """Ping ``target`` and say what was found (``ProbeOutcome``), within
+        about ``timeout`` seconds; ``table_version`` as for ``ping``."""
         if self._stopped:
-            return False
+            return ProbeOutcome.SILENT
         channel = self._channels.get(target)
         if channel is None:
             channel = self._channels[target] = _open_channel(target.endpoint, self._options)
         request = pb.PingRequest(table_version=table_version)
         # "from" is a Python keyword, so the field is reached by name.
         setattr(request, "from", self._codec.text(self.address))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
             reply_bytes: bytes = await channel.unary_unary(_SILO_PING, None, None)(
                 request.SerializeToString(), timeout=timeout, metadata=_metadata(self._options)
             )
             reply = pb.PingReply.FromString(reply_bytes)
-            return SiloAddress.parse(reply.silo).generation == target.generation
+            answered = SiloAddress.parse(reply.silo)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             raise_if_cancelled()  # grpc.aio reports a cancelled call as a CANCELLED error
             log.debug("ping failed target=%s error=%r", target, exc)
-            return False
+            code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else None
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                return ProbeOutcome.UNAUTHORIZED
+            left = timeout - (loop.time() - started)
+            # A fast failure: was the connection refused? (gRPC's channel may
+            # not even have tried, inside its reconnect backoff.)
+            if (
+                code != grpc.StatusCode.DEADLINE_EXCEEDED
+                and left > 0
+                and await _refused(target, min(left, 1.0))
+            ):
+                return ProbeOutcome.REFUSED
+            return ProbeOutcome.SILENT
+        if answered.generation != target.generation:
+            return ProbeOutcome.GONE
+        return ProbeOutcome.ANSWERED
 
     # -- serving
 

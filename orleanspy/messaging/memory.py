@@ -25,7 +25,8 @@ from contextlib import AsyncExitStack
 from orleanspy.errors import ClosedError, SiloUnavailableError
 from orleanspy.identity import SiloAddress
 from orleanspy.messaging.message import Message
-from orleanspy.messaging.transport import MessageSink
+from orleanspy.messaging.transport import GatewayConnection, GatewayConnector, MessageSink
+from orleanspy.options import MessagingOptions
 
 __all__ = ["InMemoryGatewayConnection", "InMemoryNetwork", "InMemoryTransport"]
 
@@ -50,6 +51,28 @@ class InMemoryNetwork:
             return False
         transport._die(SiloUnavailableError(f"silo {address}: killed"))
         return True
+
+    def connector(self) -> GatewayConnector:
+        """A ``GatewayConnector`` for this network (``ClusterClient(connector=...)``)."""
+
+        def connect(
+            endpoint: str,
+            *,
+            client_id: str,
+            options: MessagingOptions,
+            on_message: Callable[[Message], None],
+            on_closed: Callable[[Exception | None], None],
+        ) -> GatewayConnection:
+            return InMemoryGatewayConnection(
+                self,
+                endpoint,
+                client_id=client_id,
+                options=options,
+                on_message=on_message,
+                on_closed=on_closed,
+            )
+
+        return connect
 
     def alive(self, address: SiloAddress) -> bool:
         """Whether a started, not killed or stopped silo has exactly ``address``."""
@@ -180,8 +203,11 @@ class InMemoryTransport:
 
 
 class InMemoryGatewayConnection:
-    """A client's connection to an ``InMemoryTransport`` gateway, shaped like
-    ``GrpcGatewayConnection`` (``endpoint`` is the gateway's ``address.endpoint``)."""
+    """A client's connection to an ``InMemoryTransport`` gateway: a
+    ``transport.GatewayConnection`` (``endpoint`` is the gateway's
+    ``address.endpoint``). ``network.connector()`` makes them for
+    ``ClusterClient(connector=...)``; ``options`` is accepted for that shape
+    (nothing is encoded, so no size limit applies)."""
 
     def __init__(
         self,
@@ -191,6 +217,7 @@ class InMemoryGatewayConnection:
         client_id: str,
         on_message: Callable[[Message], None],
         on_closed: Callable[[Exception | None], None],
+        options: MessagingOptions | None = None,
     ) -> None:
         self._network = network
         self._endpoint = endpoint
@@ -236,6 +263,10 @@ class InMemoryGatewayConnection:
         asyncio.get_running_loop().call_soon(
             self._gateway._client_message, self._client_id, message
         )
+
+    def take_unsent(self) -> list[Message]:
+        """Nothing: a message is handed to the gateway's loop as it is sent."""
+        return []
 
     async def aclose(self) -> None:
         """Detach; ``on_closed(None)`` if it was still open."""

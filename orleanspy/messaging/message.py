@@ -1,4 +1,4 @@
-"""The message envelope, in pure Python (the wire form lives in ``grpc.py``)."""
+"""The message envelope, in pure Python (the wire form lives in ``frames.py``)."""
 
 from __future__ import annotations
 

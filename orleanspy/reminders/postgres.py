@@ -92,11 +92,10 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
 )
 from orleanspy.reminders.table import grain_prefix
-from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.ring import RingRange
 
 __all__ = ["PostgresReminderTable"]
 
-_TOP: Final = HASH_SPACE - 1
 _BUCKET_SHIFT: Final = 24
 # read_due's first pass asks each scan for at least this many rows.
 _MIN_FIRST_ASK: Final = 16
@@ -503,22 +502,12 @@ WHERE service_id = $1 AND grain_hash BETWEEN $2 AND $3
 """
 
 
-def _intervals(r: RingRange) -> list[tuple[int, int]]:
-    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
-    if r.size == HASH_SPACE:
-        return [(0, _TOP)]
-    lo = (r.begin + 1) % HASH_SPACE
-    if lo <= r.end:
-        return [(lo, r.end)]
-    return [(lo, _TOP), (0, r.end)]
-
-
 def _slices(r: RingRange) -> tuple[list[int], list[int], list[int]]:
     """The buckets ``r`` overlaps, each with ``r``'s inclusive hash bounds inside it."""
     buckets: list[int] = []
     los: list[int] = []
     his: list[int] = []
-    for a, b in _intervals(r):
+    for a, b in r.intervals():
         for bucket in range(a >> _BUCKET_SHIFT, (b >> _BUCKET_SHIFT) + 1):
             buckets.append(bucket)
             los.append(max(a, bucket << _BUCKET_SHIFT))
@@ -977,7 +966,7 @@ class PostgresReminderTable:
         """Every row in ``r``, ordered by hash then key (index range scans)."""
         rows: list[ReminderEntry] = []
         with translate_errors("reminder read_range"):
-            for lo, hi in _intervals(r):
+            for lo, hi in r.intervals():
                 records = await self._p.fetch(_READ_RANGE, self.service_id, lo, hi)
                 rows.extend(_row(rec) for rec in records)
         rows.sort(key=lambda row: (row.hash, row.key))

@@ -61,8 +61,6 @@ from contextlib import AsyncExitStack
 from datetime import datetime
 from typing import Any, Final, cast
 
-import msgpack
-
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
 from orleanspy.clock import to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
@@ -76,7 +74,7 @@ from orleanspy.reminders.model import (
 )
 from orleanspy.reminders.table import FeedScope, grain_prefix
 from orleanspy.ring import HASH_SPACE, RingRange
-from orleanspy.serialization import pack, unpack
+from orleanspy.serialization import pack, pack_lua, unpack
 
 __all__ = ["RedisReminderTable"]
 
@@ -399,13 +397,8 @@ _PAGE_SPARE: Final = 4096
 
 
 def _intervals(r: RingRange | None) -> list[tuple[int, int]]:
-    """``r`` as inclusive intervals of hashes (one, or two when it wraps)."""
-    if r is None or r.size == HASH_SPACE:
-        return [(0, _TOP)]
-    lo = (r.begin + 1) % HASH_SPACE
-    if lo <= r.end:
-        return [(lo, r.end)]
-    return [(lo, _TOP), (0, r.end)]
+    """``r`` as inclusive intervals of hashes (``None``: the whole ring)."""
+    return [(0, _TOP)] if r is None else r.intervals()
 
 
 def _decode_row(raw: bytes | str) -> ReminderEntry:
@@ -417,13 +410,6 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
         return ReminderEntry.from_record({**_NULLABLE, **unpack(raw)})
     except (SerializationError, KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
-
-
-def _lua_pack(value: Any) -> bytes:
-    """msgpack for a script's ``cmsgpack.unpack``: bytes as the old raw type (it
-    has no bin types), so they arrive in Lua as strings."""
-    packed: bytes = msgpack.packb(value, use_bin_type=False)
-    return packed
 
 
 class RedisReminderTable:
@@ -726,7 +712,7 @@ class RedisReminderTable:
             )
         with translate_errors("reminder update_schedule_many"):
             results = await self._script("update_many")(
-                args=[self._etag_suffix, self._shard_prefix, _lua_pack(flat)]
+                args=[self._etag_suffix, self._shard_prefix, pack_lua(flat)]
             )
         return [None if r is None else r.decode() for r in results]
 
@@ -745,7 +731,7 @@ class RedisReminderTable:
             for r in recs:
                 flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered)
         with translate_errors("reminder append_history"):
-            await self._script("history")(args=[keep, self._shard_prefix, _lua_pack(flat)])
+            await self._script("history")(args=[keep, self._shard_prefix, pack_lua(flat)])
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         key = row_key(grain_id, name)

@@ -42,6 +42,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from orleanspy.clock import Clock
+from orleanspy.membership.lease import OwnershipLease, guard
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._service.adaptive import LoadSignals, adapted_bucket_size, default_load
@@ -111,6 +112,10 @@ class ReminderService:
     ``publish_missed`` receives a ``MissedReminder`` for NOTIFY rows. ``load``
     gives the signals for the adaptive bucket size (``options.adaptive``).
     ``metrics`` records ticks, reads and writes (default: nothing).
+    ``lease`` (a cluster silo's ``OwnershipLease``) is consulted before every
+    delivery: while it is not held no tick is delivered; a tick that waited
+    for it is retried, so a row that moved meanwhile is not delivered here.
+    A revoked lease (the silo was declared Dead) stops every delivery at once.
     """
 
     def __init__(
@@ -124,7 +129,10 @@ class ReminderService:
         load: Callable[[], LoadSignals] | None = None,
         name: str = "",
         metrics: ReminderMetrics | None = None,
+        lease: OwnershipLease | None = None,
     ) -> None:
+        if lease is not None:
+            deliver = guard(deliver, lease)
         self._table = table
         self._name = name
         load = load or default_load

@@ -119,8 +119,9 @@ class ClusterLocator:
         silos = snapshot.hosting(grain_id.type_name)
         if not silos:
             if snapshot.active_silos():
-                raise UnknownGrainTypeError(
-                    f"no active silo hosts grain type {grain_id.type_name!r}"
+                raise UnknownGrainTypeError.known(
+                    f"no active silo hosts grain type {grain_id.type_name!r}",
+                    snapshot.hosted_types(),
                 )
             silos = (self._address(),)  # not joined yet: this silo is all there is
         if prefer is not None and prefer in silos:

@@ -297,7 +297,12 @@ class Dispatcher:
         """A grain type this silo does not host: in a cluster, send the call to
         a silo that does (placement only considers those)."""
         if self._local_only or _is_here(msg.target_silo, self.address):
-            self._reject(msg, UnknownGrainTypeError(f"no grain type {gid.type_name!r} here"))
+            self._reject(
+                msg,
+                UnknownGrainTypeError.known(
+                    f"this silo hosts no grain type {gid.type_name!r}", self._types
+                ),
+            )
             return
         # The class may be imported here without being hosted: then its
         # placement is known and a bad method fails without a round trip.

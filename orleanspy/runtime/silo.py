@@ -14,6 +14,7 @@ import functools
 import ipaddress
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from types import TracebackType
@@ -28,7 +29,7 @@ from orleanspy.identity import GrainKey, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
-from orleanspy.messaging.transport import Transport
+from orleanspy.messaging.transport import AnswersOnly, Transport
 from orleanspy.metrics import SiloMetrics
 from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
@@ -133,11 +134,15 @@ class Silo:
         self.membership: MembershipService | None = None
         self.ring: RingFollower | None = None
         self.declared_dead = False
+        self.stop_reason: str | None = None
+        """Why the silo stopped itself (declared Dead, its store lost its data), if it did."""
         self.gateway_port: int | None = None
         """The port clients connect to (a cluster silo with a gateway), once started."""
         self._aborted = False
         self._stop_task: asyncio.Task[None] | None = None
         self._clustered = self.options.clustered or transport is not None
+        # Set by ``start`` when this silo tuned the garbage collector; ``stop`` calls it.
+        self._restore_collector: Callable[[], None] = _nothing
         self.state = SiloState.CREATED
         self._stack: AsyncExitStack | None = None
         self._dispatcher: Dispatcher | None = None
@@ -184,10 +189,15 @@ class Silo:
         token = set_current_silo(self.name)
         try:
             await self._start()
+        except BaseException:
+            # What started has been stopped; a failed silo does not restart.
+            self.state = SiloState.STOPPED
+            raise
         finally:
             reset_current_silo(token)
-        if self.options.tune_gc:
-            tune_collector()
+        tune = self.options.tune_gc
+        if tune or (tune is None and self._clustered):
+            self._restore_collector = tune_collector()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
 
@@ -217,8 +227,12 @@ class Silo:
             self._stack = stack.pop_all()
 
     async def stop(self) -> None:
-        """Stop gracefully: deactivate grains, stop components in reverse order."""
+        """Stop gracefully: deactivate grains, stop components in reverse order.
+        While the silo is stopping itself (declared dead), wait for that."""
         if self.state in (SiloState.STOPPING, SiloState.STOPPED):
+            own = self._stop_task
+            if own is not None and own is not asyncio.current_task() and not own.done():
+                await asyncio.shield(own)
             return
         self.state = SiloState.STOPPING
         try:
@@ -227,6 +241,7 @@ class Silo:
         finally:
             if self._dispatcher is not None:
                 await self._dispatcher.close(ClosedError(f"silo {self.name} stopped"))
+            self._restore_collector()
             self.state = SiloState.STOPPED
             log.info("silo stopped name=%s", self.name)
 
@@ -370,9 +385,8 @@ class Silo:
             transport=transport,
         )
         self._dispatcher = dispatcher
-        answer_only = getattr(transport, "answer_only", None)
-        if answer_only is not None:
-            answer_only(locator.knows)
+        if isinstance(transport, AnswersOnly):
+            transport.answer_only(locator.knows)
         dispatcher.grain_metrics = self.metrics.grains
         self.transport = transport
         return locator, dispatcher
@@ -399,6 +413,8 @@ class Silo:
     ) -> MembershipService:
         """The membership service, wired to the transport's gossip and the locator;
         a graceful stop ends with its final write (Dead)."""
+        from orleanspy.membership.credentials import cluster_verifier
+
         o = self.options
         assert self._membership_table is not None
         membership = MembershipService(
@@ -406,7 +422,9 @@ class Silo:
             address=self.address,
             name=self.name,
             gateway_port=transport.gateway_port,
-            ping=transport.ping,
+            # A transport that tells a refused connection from silence lets
+            # membership declare a killed process Dead at once.
+            ping=getattr(transport, "probe", transport.ping),
             clock=self.clock,
             options=o.membership,
             on_declared_dead=self._on_declared_dead,
@@ -414,6 +432,9 @@ class Silo:
                 _gossip, transport, o.membership.probe_timeout.total_seconds()
             ),
             grain_types=types.keys(),
+            verifier=cluster_verifier(
+                o.messaging, service_id=o.service_id, cluster_id=o.cluster_id
+            ),
         )
         transport.on_gossip(membership.gossip_received)
         stack.callback(transport.on_gossip, None)
@@ -501,11 +522,13 @@ class Silo:
             log.warning("could not write ShuttingDown name=%s error=%r", self.name, exc)
 
     def _on_declared_dead(self) -> None:
-        """The table says we are Dead: stop at once (no more writes as a member)."""
+        """The table says we are Dead (or lost our row): stop at once, no more
+        writes as a member. The lease is already revoked, so no tick goes out."""
         if self.declared_dead:
             return
         self.declared_dead = True
-        log.error("silo declared dead by the cluster; stopping name=%s", self.name)
+        self.stop_reason = self.membership.stop_reason if self.membership else None
+        log.error("silo stops itself name=%s reason=%s", self.name, self.stop_reason)
         self._stop_task = asyncio.get_running_loop().create_task(self.stop())
 
     async def _start_reminders(
@@ -551,6 +574,7 @@ class Silo:
             load=load,
             name=self.name,
             metrics=self.metrics.reminders,
+            lease=self.membership.lease if self.membership is not None else None,
         )
         await service.start(stack)
         registry.add_listener(service.notify_change)
@@ -623,10 +647,16 @@ class Silo:
 
         checks = {"silo": Check(self.state is SiloState.RUNNING, self.state.name.lower())}
         if self._clustered:
-            status = self.membership.status if self.membership is not None else None
+            membership = self.membership
+            status = membership.status if membership is not None else None
             checks["membership"] = Check(
-                status is SiloStatus.ACTIVE, status.name.lower() if status else "not joined"
+                status is SiloStatus.ACTIVE and not self.declared_dead,
+                self.stop_reason or (status.name.lower() if status else "not joined"),
             )
+            if membership is not None:
+                lease = membership.lease
+                held = lease.held()
+                checks["lease"] = Check(held, "held" if held else lease.revoked or "lapsed")
         checks["storage"] = await self._storage_check()
         ranges = self.reminder_service.ranges if self.reminder_service is not None else ()
         checks["ranges"] = Check(bool(ranges), f"{len(ranges)} owned")
@@ -652,7 +682,12 @@ class Silo:
 
     def _factory(self) -> GrainFactory:
         if self.state is not SiloState.RUNNING or self._dispatcher is None:
-            raise ClosedError(f"silo {self.name} is not running (state {self.state.name})")
+            hint = (
+                "start it first: `async with Silo.local() as silo:` (or `await silo.start()`)"
+                if self.state is SiloState.CREATED
+                else "a stopped silo does not restart: make a new one"
+            )
+            raise ClosedError(f"silo {self.name} is not running (state {self.state.name}); {hint}")
         return self._dispatcher.factory
 
     @property
@@ -717,3 +752,7 @@ async def _default_grain_storage(
     if o.storage is not None or url is None:
         return None
     return await connections.grain_storage(url, service_id=o.service_id)
+
+
+def _nothing() -> None:
+    return None

@@ -1,8 +1,10 @@
-"""``PostgresGrainStorage``: grain state in PostgreSQL, through asyncpg.
+"""``PostgresGrainStorage``: grain state in PostgreSQL.
 
-The only module that imports asyncpg for grain state. One table, created by
-``start`` when missing (``CREATE ... IF NOT EXISTS`` under an advisory lock, so
-silos starting together do not race on the catalog)::
+It reaches PostgreSQL only through ``orleanspy._postgres``, as every PostgreSQL
+backend does: the pool (``jit`` off), the error translation (a lost connection
+is ``StorageUnavailableError``) and the schema migration, whose version is
+recorded in ``orleanspy_schema`` under the component ``grain_state:<table>``.
+One table per ``table`` name::
 
     CREATE SEQUENCE <table>_version;
     CREATE TABLE <table> (
@@ -23,14 +25,13 @@ statement, and a lost race changes no row and returns none.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
 from typing import Any, Final
 
-import asyncpg
-
+from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
 from orleanspy._tasks import raise_if_cancelled
-from orleanspy.errors import ConfigurationError, StorageError, StorageUnavailableError
+from orleanspy.errors import ConfigurationError
 from orleanspy.identity import GrainId
 from orleanspy.storage._batch import Batcher
 from orleanspy.storage.contract import StoredState
@@ -38,29 +39,6 @@ from orleanspy.storage.contract import StoredState
 __all__ = ["PostgresGrainStorage"]
 
 _IDENT: Final = re.compile(r"[a-z_][a-z0-9_]{0,50}")
-# Any constant shared by every orleanspy process: the advisory lock key that
-# serialises schema creation.
-_SCHEMA_LOCK: Final = 0x6F726C_5354
-
-
-@contextmanager
-def _translate(what: str) -> Iterator[None]:
-    """asyncpg's errors as the project's storage errors, naming ``what``."""
-    try:
-        yield
-    except (
-        OSError,
-        TimeoutError,
-        asyncpg.PostgresConnectionError,
-        asyncpg.CannotConnectNowError,
-        asyncpg.TooManyConnectionsError,
-        asyncpg.InterfaceError,
-    ) as exc:
-        raise_if_cancelled()
-        raise StorageUnavailableError(f"postgresql unavailable during {what}: {exc}") from exc
-    except asyncpg.PostgresError as exc:
-        raise_if_cancelled()
-        raise StorageError(f"postgresql error during {what}: {exc}") from exc
 
 
 def _version(etag: str) -> int | None:
@@ -93,16 +71,20 @@ class PostgresGrainStorage:
         self.service_id = service_id
         self.table = table
         self._url = url_or_pool if isinstance(url_or_pool, str) else None
-        self._pool: Any = None if isinstance(url_or_pool, str) else url_or_pool
+        self._pool: Pool = None if isinstance(url_or_pool, str) else url_or_pool
         self._pool_size = pool_size
         seq = f"{table}_version"
         where = "service_id = $1 AND grain_id = $2 AND state_name = $3"
-        self._schema = (
-            f"CREATE SEQUENCE IF NOT EXISTS {seq}",
-            f"CREATE TABLE IF NOT EXISTS {table} ("
-            " service_id text NOT NULL, grain_id text NOT NULL, state_name text NOT NULL,"
-            " data bytea NOT NULL, version bigint NOT NULL,"
-            " PRIMARY KEY (service_id, grain_id, state_name))",
+        # Migration steps (``_postgres.migrate``). Step 1 is idempotent, so a table
+        # made before versions were recorded is adopted as version 1.
+        self._schema: tuple[tuple[str, ...], ...] = (
+            (
+                f"CREATE SEQUENCE IF NOT EXISTS {seq}",
+                f"CREATE TABLE IF NOT EXISTS {table} ("
+                " service_id text NOT NULL, grain_id text NOT NULL, state_name text NOT NULL,"
+                " data bytea NOT NULL, version bigint NOT NULL,"
+                " PRIMARY KEY (service_id, grain_id, state_name))",
+            ),
         )
         self._read = f"SELECT data, version FROM {table} WHERE {where}"
         self._select_many = (
@@ -123,19 +105,12 @@ class PostgresGrainStorage:
         self._absent = f"SELECT NOT EXISTS (SELECT 1 FROM {table} WHERE {where})"
 
     async def start(self, stack: AsyncExitStack) -> None:
-        """Open the pool (if given a URL) and create the table when it is missing."""
+        """Open the pool (if given a URL) and bring the table to this release's
+        schema version (``StorageError`` if a newer release migrated it)."""
         if self._pool is None:
             assert self._url is not None
-            with _translate("connect"):
-                self._pool = await asyncpg.create_pool(
-                    self._url, min_size=1, max_size=self._pool_size, timeout=10
-                )
-            stack.push_async_callback(self._pool.close)
-        with _translate("schema creation"):
-            async with self._pool.acquire() as conn, conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK)
-                for statement in self._schema:
-                    await conn.execute(statement)
+            self._pool = await open_pool(self._url, stack, max_size=self._pool_size)
+        await migrate(self._pool, f"grain_state:{self.table}", self._schema)
         self._reads = Batcher(self._read_many, concurrency=self._pool.get_max_size())
 
     @property
@@ -153,7 +128,7 @@ class PostgresGrainStorage:
         self, keys: Sequence[tuple[str, str]]
     ) -> Sequence[StoredState | Exception | None]:
         """The stored states of ``keys`` (one query; a lone key uses the primary key)."""
-        with _translate("grain state read"):
+        with translate_errors("grain state read"):
             if len(keys) == 1:
                 grain, name = keys[0]
                 row = await self._p.fetchrow(self._read, self.service_id, grain, name)
@@ -169,13 +144,13 @@ class PostgresGrainStorage:
     ) -> str | None:
         key = (self.service_id, grain_id.canonical, name)
         if etag is None:
-            with _translate("grain state write"):
+            with translate_errors("grain state write"):
                 version = await self._p.fetchval(self._insert, *key, data)
         else:
             expected = _version(etag)
             if expected is None:
                 return None
-            with _translate("grain state write"):
+            with translate_errors("grain state write"):
                 version = await self._p.fetchval(self._update, *key, data, expected)
         raise_if_cancelled()
         return None if version is None else str(version)
@@ -183,12 +158,12 @@ class PostgresGrainStorage:
     async def clear(self, grain_id: GrainId, name: str, etag: str | None) -> bool:
         key = (self.service_id, grain_id.canonical, name)
         if etag is None:
-            with _translate("grain state clear"):
+            with translate_errors("grain state clear"):
                 return bool(await self._p.fetchval(self._absent, *key))
         expected = _version(etag)
         if expected is None:
             return False
-        with _translate("grain state clear"):
+        with translate_errors("grain state clear"):
             status: str = await self._p.execute(self._delete, *key, expected)
         raise_if_cancelled()
         return status == "DELETE 1"

@@ -16,6 +16,8 @@ import uuid
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from orleanspy.errors import StorageError
+
 __all__ = ["DEFAULT_ADMIN_URL", "PostgresDatabase"]
 
 DEFAULT_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -27,11 +29,11 @@ def _with_database(url: str, database: str) -> str:
 
 
 async def _execute(url: str, *statements: str) -> None:
-    import asyncpg
+    from orleanspy._postgres import connect
 
     try:
-        conn: Any = await asyncpg.connect(url, timeout=10)
-    except (OSError, asyncpg.PostgresError) as exc:
+        conn: Any = await connect(url)
+    except StorageError as exc:
         raise RuntimeError(
             f"cannot reach PostgreSQL at {url} ({exc}); start a server or set "
             "ORLEANSPY_TEST_POSTGRES_URL to one that accepts the postgres user"

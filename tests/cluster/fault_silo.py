@@ -1,15 +1,19 @@
 """One cluster silo as an OS process, for the fault suite (``test_faults.py``).
 
 Run: ``python tests/cluster/fault_silo.py --redis-url URL --name NAME [--port P]
-[--gateway-port G] [--expect N] [--slow-detection]``. Prints ``READY <silo address> <gateway port>``
-once Active and seeing ``--expect`` Active silos, then serves until SIGTERM or
-until the silo stops itself (declared dead).
+[--gateway-port G] [--expect N] [--slow-detection | --default-options] [--secret S]``.
+Prints ``READY <silo address> <gateway port>`` once Active and seeing ``--expect``
+Active silos, then serves until SIGTERM or until the silo stops itself (declared
+dead).
 
 Grains record what the fault tests measure in the same Redis: every reminder
 tick is pushed to the list ``fault:ticks`` as ``"<key> <unix time> <pid>"``.
 Failure detection and the reminder service use short intervals so the suite
 stays fast; the response timeout keeps its 30 s default, so a call stalled on a
-dead silo shows up as such.
+dead silo shows up as such. ``--default-options`` runs membership and reminders
+with their defaults instead, as an operator would. The process exits with status
+3 when the silo stopped itself (declared dead, or its store lost its data), as
+``orleanspy silo`` does.
 """
 
 from __future__ import annotations
@@ -104,27 +108,32 @@ class FaultTickGrain(Grain, Remindable):
         return self.value
 
 
-async def main(args: argparse.Namespace) -> None:
+async def main(args: argparse.Namespace) -> int:
     global _redis
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     _redis = aioredis.Redis.from_url(args.redis_url)
+    messaging = MessagingOptions(cluster_secret=args.secret)
+    if args.max_in_flight is not None:
+        messaging = MessagingOptions(cluster_secret=args.secret, max_in_flight=args.max_in_flight)
+    if args.default_options:
+        membership, reminders = MembershipOptions(), ReminderOptions()
+    else:
+        membership = SLOW_DETECTION if args.slow_detection else FAST_MEMBERSHIP
+        reminders = REMINDERS
     options = SiloOptions(
         redis_url=args.redis_url,
         name=args.name,
         silo_port=args.port,
         gateway_port=args.gateway_port,
-        membership=SLOW_DETECTION if args.slow_detection else FAST_MEMBERSHIP,
-        reminders=REMINDERS,
-        messaging=(
-            MessagingOptions(max_in_flight=args.max_in_flight)
-            if args.max_in_flight is not None
-            else MessagingOptions()
-        ),
+        membership=membership,
+        reminders=reminders,
+        messaging=messaging,
     )
-    async with Silo(options) as silo:
+    silo = Silo(options)
+    async with silo:
         membership = silo.membership
         assert membership is not None
         while len(membership.active_silos()) < args.expect:
@@ -138,6 +147,7 @@ async def main(args: argparse.Namespace) -> None:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.2)
     await _redis.aclose()
+    return 3 if silo.declared_dead else 0
 
 
 if __name__ == "__main__":
@@ -154,4 +164,6 @@ if __name__ == "__main__":
     parser.add_argument("--expect", type=int, default=1, help="Active silos to wait for")
     parser.add_argument("--max-in-flight", type=int, default=None)
     parser.add_argument("--slow-detection", action="store_true")
-    run(main(parser.parse_args()))
+    parser.add_argument("--default-options", action="store_true")
+    parser.add_argument("--secret", default=None)
+    raise SystemExit(run(main(parser.parse_args())))

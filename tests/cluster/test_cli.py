@@ -11,9 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -418,3 +420,109 @@ def test_list_help_states_the_real_order(capsys: pytest.CaptureFixture[str]) -> 
     text = " ".join(capsys.readouterr().out.split())
     assert "priority first (higher first), then next due time" in text
     assert "due order," not in text.replace("in the due order:", "")
+
+
+async def _dead_row_written(redis_url: str, address: str) -> None:
+    """Write the silo at ``address`` Dead, as its peers' votes would."""
+    from orleanspy.identity import SiloAddress
+    from orleanspy.membership.model import SiloStatus
+    from orleanspy.membership.redis import RedisMembershipTable
+
+    async with AsyncExitStack() as stack:
+        table = RedisMembershipTable(redis_url, cluster_id="dev", service_id="default")
+        await table.start(stack)
+        snap = await table.read_all()
+        silo = SiloAddress.parse(address)
+        row, etag = snap.get(silo), snap.etag(silo)
+        assert row is not None and etag is not None
+        assert await table.update_row(row.with_status(SiloStatus.DEAD), etag, snap.version.next())
+
+
+@pytest.mark.slow
+async def test_a_silo_declared_dead_exits_3_within_5s_with_default_options(
+    redis_url: str,
+) -> None:
+    """Death is final and prompt: default options, no peer to gossip the
+    verdict; the silo's own table read finds it, it stops and the command
+    returns status 3 (a restart policy restarts it)."""
+    proc = _cli("--redis-url", redis_url, "--log-level", "WARNING", "silo", "--import",
+                "cli_grains")  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.startswith("READY "), line
+        await _dead_row_written(redis_url, line.split()[1])
+        written = time.monotonic()
+        status = await asyncio.to_thread(proc.wait, 30)
+        took = time.monotonic() - written
+        err = proc.stderr.read()
+        print(f"\ndeclared dead: the silo exited {took:.2f}s after the Dead write, status {status}")
+        assert status == 3, err
+        assert took < 5
+        assert "declared Dead" in err
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.slow
+async def test_a_silo_whose_redis_restarted_empty_says_so_and_exits_3(own_redis: Any) -> None:
+    """Redis without persistence restarted (here: FLUSHALL): the silo's row is
+    gone. It logs a WARNING that says so, stops and returns status 3; a
+    restart joins it again as a new incarnation."""
+    import redis.asyncio as aioredis
+
+    url = own_redis.url
+    proc = _cli("--redis-url", url, "--log-level", "WARNING", "silo", "--import",
+                "cli_grains")  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.startswith("READY "), line
+        client = aioredis.Redis.from_url(url)
+        await client.flushall()
+        await client.aclose()
+        flushed = time.monotonic()
+        status = await asyncio.to_thread(proc.wait, 30)
+        took = time.monotonic() - flushed
+        err = proc.stderr.read()
+        print(f"\nredis flushed: the silo exited {took:.2f}s later, status {status}")
+        assert status == 3, err
+        assert "store lost its data" in err
+        assert "version went back from 2 to 0" in err or "row is gone" in err
+        # Restarted, it joins again (a new incarnation) and serves.
+        again = _cli("--redis-url", url, "--log-level", "WARNING", "silo", "--import",
+                     "cli_grains")  # fmt: skip
+        try:
+            assert again.stdout is not None
+            ready = await asyncio.to_thread(again.stdout.readline)
+            assert ready.startswith("READY ") and ready.split()[1] != line.split()[1]
+        finally:
+            _stop(again)
+    finally:
+        _stop(proc)
+
+
+@pytest.mark.slow
+async def test_a_silo_with_the_wrong_secret_refuses_to_start_and_exits_1(redis_url: str) -> None:
+    """A mis-deployed silo: the cluster runs with a secret, this one has none. It
+    says why and exits before it writes a row, votes or takes ranges."""
+    from orleanspy.membership.redis import RedisMembershipTable
+
+    good = _cli("--redis-url", redis_url, "--secret", "s3cret", "--log-level", "WARNING",
+                "silo", "--import", "cli_grains")  # fmt: skip
+    try:
+        assert good.stdout is not None
+        line = await asyncio.to_thread(good.stdout.readline)
+        assert line.startswith("READY "), line
+        rogue = await acli("--redis-url", redis_url, "--log-level", "WARNING", "silo",
+                           "--import", "cli_grains")  # fmt: skip
+        assert rogue.returncode == 1, rogue.stderr
+        assert "refusing to join: this silo has no cluster secret" in rogue.stderr
+        async with AsyncExitStack() as stack:
+            table = RedisMembershipTable(redis_url, cluster_id="dev", service_id="default")
+            await table.start(stack)
+            snap = await table.read_all()
+        assert [str(s) for s in snap.entries] == [line.split()[1]]
+        assert snap.version.version == 2  # its Joining and Active writes, nothing more
+    finally:
+        _stop(good)

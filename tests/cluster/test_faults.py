@@ -772,3 +772,73 @@ async def test_same_port_restart_costs_at_most_one_failed_call(redis_url: str) -
             )
             assert not any(isinstance(f, SerializationError) for f in failures)
             assert len(failures) <= 1
+
+
+# ------------------------------------------------------- default options
+
+
+async def test_kill9_with_default_options_fails_over_and_resumes_within_3s(
+    redis_url: str,
+) -> None:
+    """Default membership and reminder options, as an operator runs them. After
+    kill -9 the port refuses connections at once: the survivors declare the
+    victim Dead on that evidence, calls to its grains go elsewhere and every
+    reminder ticks again within 3 s."""
+    keys = [f"d{i}" for i in range(30)]
+    with cluster(redis_url) as c:
+        silos = c.start(3, "--default-options")
+        victim = silos[0]
+        redis = aioredis.Redis.from_url(redis_url)
+        async with ClusterClient(redis_url) as client, membership(redis_url) as table:
+            await asyncio.gather(*(client.get_grain(GRAIN, k).start(1000) for k in keys))
+            where = await asyncio.gather(*(client.get_grain(GRAIN, k).where() for k in keys))
+            on_victim = [
+                k for k, (_, pid) in zip(keys, where, strict=True) if pid == victim.proc.pid
+            ]
+            assert on_victim
+
+            async def steady() -> bool:
+                return {k for k, _, _ in await _ticks(redis)} >= set(keys)
+
+            await wait_for(steady, 20, what="every reminder ticking")
+            victim.proc.send_signal(signal.SIGKILL)
+            killed = time.time()
+            victim.proc.wait(5)
+
+            async def dead() -> bool:
+                return await status(table, victim) is SiloStatus.DEAD
+
+            await wait_for(dead, 30, interval=0.02, what="the killed silo Dead")
+            detection = time.time() - killed
+
+            served: dict[str, float] = {}
+
+            async def all_served() -> bool:
+                for k in [k for k in on_victim if k not in served]:
+                    try:
+                        _, pid = await client.get_grain(GRAIN, k).where()
+                    except SiloUnavailableError:
+                        continue
+                    assert pid != victim.proc.pid
+                    served[k] = time.time() - killed
+                return len(served) == len(on_victim)
+
+            await wait_for(all_served, 30, interval=0.02, what="calls to the victim's grains")
+
+            async def all_ticked_again() -> bool:
+                return {k for k, at, _ in await _ticks(redis) if at > killed} >= set(keys)
+
+            await wait_for(all_ticked_again, 30, what="every reminder ticking after the kill")
+            resumed: dict[str, float] = {}
+            for k, at, _pid in await _ticks(redis):
+                if at > killed and k not in resumed:
+                    resumed[k] = at - killed
+            failover, worst = max(served.values()), max(resumed.values())
+            print(
+                f"\nkill -9, default options: declared dead after {detection:.2f}s, calls to "
+                f"{len(on_victim)} grains served elsewhere after {failover:.2f}s, every "
+                f"reminder ticked again after {worst:.2f}s"
+            )
+            assert failover < 3.0
+            assert worst < 3.0
+        await redis.aclose()

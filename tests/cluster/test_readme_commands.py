@@ -1,6 +1,8 @@
-"""Every command line of the README's Operations section runs, as written, against
-a real silo process and Redis (ports made free ones; ``curl`` fetched over HTTP
-the same way), and the outputs the README shows have the shape the command prints."""
+"""Every command line of the Operations page (docs/operations.md) runs, as written
+from the repository root, against a real silo process serving the grains of
+``samples/operations.py`` and Redis (ports made free ones; ``curl`` fetched over
+HTTP the same way), and the outputs the page shows have the shape the command
+prints."""
 
 from __future__ import annotations
 
@@ -19,31 +21,15 @@ import pytest
 from orleanspy.testing.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+PAGE = (ROOT / "docs" / "operations.md").read_text()
 
 pytestmark = pytest.mark.slow
 
-GRAINS = """
-from orleanspy import Grain, Remindable, ReminderPriority, TickStatus, register_reminder
-
-
-class CounterGrain(Grain):
-    async def add(self, k: int) -> int:
-        return k
-
-
-@register_reminder("monthly", cron="0 0 0 1 * *", priority=ReminderPriority.CRITICAL)
-@register_reminder("ping", due=30, period=30)
-class ReportGrain(Grain, Remindable, reminder_keys=("daily",)):
-    async def receive_reminder(self, name: str, status: TickStatus) -> None:
-        pass
-"""
-
 
 def _section(title: str) -> str:
-    start = README.index(f"## {title}\n")
-    end = README.find("\n## ", start + 1)
-    return README[start:end]
+    start = PAGE.index(f"# {title}\n")
+    end = PAGE.find("\n## ", start + 1)
+    return PAGE[start:end]
 
 
 def _blocks(text: str, lang: str) -> list[str]:
@@ -62,14 +48,11 @@ def _text_blocks(text: str) -> list[list[str]]:
 def test_the_operations_section_has_the_commands_this_test_runs() -> None:
     lines = _sh_lines(_section("Operations"))
     assert lines[0].startswith("export ORLEANSPY_REDIS_URL=")
-    assert any(line.startswith("orleanspy silo ") for line in lines)
+    assert any(line.startswith("orleanspy silo --import samples.operations ") for line in lines)
     assert all(line.split()[0] in ("export", "orleanspy", "curl") for line in lines), lines
 
 
-async def test_every_operations_command_line_runs(redis_url: str, tmp_path: Path) -> None:
-    (tmp_path / "myapp").mkdir()
-    (tmp_path / "myapp" / "__init__.py").write_text("")
-    (tmp_path / "myapp" / "grains.py").write_text(GRAINS)
+async def test_every_operations_command_line_runs(redis_url: str) -> None:
     ports = {"30000": str(free_port()), "9100": str(free_port())}
     env = {k: v for k, v in os.environ.items() if not k.startswith("ORLEANSPY_")}
     env["PYTHONPATH"] = str(ROOT)
@@ -100,7 +83,7 @@ async def test_every_operations_command_line_runs(redis_url: str, tmp_path: Path
             if words[1] == "silo":
                 silo = subprocess.Popen(
                     cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                    cwd=tmp_path, env=env,
+                    cwd=ROOT, env=env,
                 )  # fmt: skip
                 assert silo.stdout is not None
                 ready = await asyncio.to_thread(silo.stdout.readline)
@@ -108,7 +91,7 @@ async def test_every_operations_command_line_runs(redis_url: str, tmp_path: Path
                 continue
             proc = await asyncio.to_thread(
                 subprocess.run, cmd, capture_output=True, text=True, timeout=120,
-                cwd=tmp_path, env=env, check=False,
+                cwd=ROOT, env=env, check=False,
             )  # fmt: skip
             assert proc.returncode == 0, (line, proc.stderr)
             outputs[" ".join(words[1:3])] = proc.stdout

@@ -18,7 +18,7 @@ import pytest
 
 from orleanspy.errors import SiloDeclaredDeadError, StorageUnavailableError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.health import probe_targets, votes_needed
+from orleanspy.membership.health import ProbeOutcome, probe_targets, votes_needed
 from orleanspy.membership.memory import InMemoryMembershipTable
 from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus, TableVersion
 from orleanspy.membership.redis import RedisMembershipTable
@@ -45,14 +45,21 @@ OPTS = MembershipOptions(
 
 @dataclass
 class Net:
-    """Who can reach whom: crashed silos answer nobody; cut links fail one way."""
+    """Who can reach whom: crashed silos answer nobody (``refused``: their port
+    refuses the connection); cut links fail one way."""
 
     down: set[SiloAddress] = field(default_factory=set)
     cut: set[tuple[SiloAddress, SiloAddress]] = field(default_factory=set)
+    refused: set[SiloAddress] = field(default_factory=set)
+    timeout: float = OPTS.probe_timeout.total_seconds()
 
-    def ping_from(self, src: SiloAddress) -> Callable[[SiloAddress, float], asyncio.Future[bool]]:
-        async def ping(dst: SiloAddress, timeout: float) -> bool:
-            assert timeout == OPTS.probe_timeout.total_seconds()
+    def ping_from(
+        self, src: SiloAddress
+    ) -> Callable[[SiloAddress, float], asyncio.Future[bool | ProbeOutcome]]:
+        async def ping(dst: SiloAddress, timeout: float) -> bool | ProbeOutcome:
+            assert timeout == self.timeout
+            if dst in self.refused and (src, dst) not in self.cut:
+                return ProbeOutcome.REFUSED
             return dst not in self.down and (src, dst) not in self.cut
 
         return ping  # type: ignore[return-value]
@@ -96,7 +103,7 @@ class Cluster:
         gossip: bool = False,
     ):
         self.table, self.clock, self.options = table, clock, options
-        self.net = Net()
+        self.net = Net(timeout=options.probe_timeout.total_seconds())
         self.nodes: list[Node] = []
         self.gossip = gossip
 

@@ -690,3 +690,101 @@ async def test_responses_are_never_dialled_to_addresses_outside_the_table(
     # b knows no member to answer: it opened no link, so a hears nothing.
     assert b.stats.frames_sent == 0
     assert a_sink.received == []
+
+
+# -- probes and peer-link logging ----------------------------------------------------
+
+
+async def test_probe_tells_a_refused_port_from_an_answer_and_another_incarnation(
+    stack: AsyncExitStack,
+) -> None:
+    from orleanspy.messaging.transport import ProbeOutcome
+
+    a, _ = await start(stack)
+    b, _ = await start(stack)
+    assert await a.probe(b.address, 2.0) is ProbeOutcome.ANSWERED
+    # Another incarnation answering on b's address: the one probed is gone.
+    earlier = SiloAddress(b.address.host, b.address.port, b.address.generation - 1)
+    assert await a.probe(earlier, 2.0) is ProbeOutcome.GONE
+    # Nothing listens: the host refuses the connection (a killed process).
+    closed = SiloAddress("127.0.0.1", free_port(), 1)
+    started = time.monotonic()
+    assert await a.probe(closed, 2.0) is ProbeOutcome.REFUSED
+    assert time.monotonic() - started < 1.5  # evidence at once, not after the timeout
+    assert not await a.ping(closed, 2.0)
+    # A peer that refuses this silo's secret.
+    guarded, _ = await start(stack, MessagingOptions(cluster_secret="s3cret"))
+    assert await a.probe(guarded.address, 2.0) is ProbeOutcome.UNAUTHORIZED
+
+
+async def test_a_peer_link_logs_once_when_down_and_once_when_up_with_the_failed_count(
+    stack: AsyncExitStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Twenty sends to a peer that is not there: one WARNING, not twenty lines;
+    once it listens again, one INFO line that says how many messages failed."""
+    import logging
+
+    a, a_sink = await start(stack)
+    port = free_port()
+    target = SiloAddress("127.0.0.1", port, 7)
+    with caplog.at_level(logging.DEBUG, logger="orleanspy.messaging.grpc"):
+        for _ in range(20):
+            a.send(target, request(a, target))
+            await a_sink.wait_for(lambda n=len(a_sink.failed): len(a_sink.failed) > n)
+        _b, b_sink = await start(stack, port=port, generation=7)
+        a.send(target, request(a, target))
+        await b_sink.wait_for(lambda: len(b_sink.received) == 1)
+    lines = [
+        (r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.levelno >= logging.INFO and "peer link" in r.getMessage()
+    ]
+    assert len(a_sink.failed) == 20
+    assert [level for level, _ in lines] == ["WARNING", "INFO"], lines
+    assert "peer link down" in lines[0][1]
+    assert "peer link up again" in lines[1][1] and "failed_messages=20" in lines[1][1]
+
+
+def test_grpc_core_logging_is_quiet_unless_asked_for() -> None:
+    """A bind failure makes gRPC's C core print an ``add_port`` error on stderr;
+    importing orleanspy's transport silences it, and GRPC_VERBOSITY still wins."""
+    code = (
+        "import asyncio, socket\n"
+        "from orleanspy.messaging.grpc import GrpcTransport\n"
+        "from orleanspy.options import MessagingOptions\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "port = s.getsockname()[1]\n"
+        "async def main():\n"
+        "    from contextlib import AsyncExitStack\n"
+        "    async with AsyncExitStack() as stack:\n"
+        "        t = GrpcTransport(host='127.0.0.1', port=port, gateway_port=None,\n"
+        "                          options=MessagingOptions())\n"
+        "        try:\n"
+        "            await t.start(stack, None)\n"
+        "        except Exception as exc:\n"
+        "            print('refused', type(exc).__name__)\n"
+        "asyncio.run(main())\n"
+    )
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+    quiet = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert "refused" in quiet.stdout, quiet.stderr
+    assert "add_port" not in quiet.stderr, quiet.stderr
+    loud = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(env, GRPC_VERBOSITY="ERROR"),
+        timeout=60,
+        check=False,
+    )
+    assert "add_port" in loud.stderr, loud.stderr

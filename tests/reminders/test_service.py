@@ -658,6 +658,23 @@ class _Delegate:
         return getattr(self.inner, name)
 
 
+def _forward(name: str) -> Any:
+    def method(self: _Delegate, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.inner, name)(*args, **kwargs)
+
+    method.__name__ = name
+    return method
+
+
+# The table's methods as real class attributes, not only through ``__getattr__``:
+# from Python 3.12 on, ``isinstance`` against a runtime-checkable protocol (the
+# service asks ``isinstance(table, SkippingReminderTable)``) looks attributes up
+# statically and does not see what ``__getattr__`` would return.
+for _name in dir(InMemoryReminderTable):
+    if not _name.startswith("_") and callable(getattr(InMemoryReminderTable, _name)):
+        setattr(_Delegate, _name, _forward(_name))
+
+
 class _Silent:
     def __aiter__(self) -> _Silent:
         return self

@@ -231,6 +231,68 @@ async def test_postgres_creates_its_table_and_keeps_the_version_as_etag(
         assert await providers[1].read(GID, "profile") is None
 
 
+async def test_postgres_records_its_schema_version_and_uses_the_shared_pool_settings(
+    postgres_url: str,
+) -> None:
+    """Grain state migrates like every PostgreSQL table (a version row in
+    orleanspy_schema) and its pool has jit off, as ``_postgres.open_pool`` sets."""
+    async with AsyncExitStack() as stack:
+        storage = PostgresGrainStorage(postgres_url, table="states_v")
+        await storage.start(stack)
+        await storage.start(stack)  # a second start finds the version and changes nothing
+        assert await storage._p.fetchval("SHOW jit") == "off"
+        versions = await storage._p.fetch(
+            "SELECT component, version FROM orleanspy_schema WHERE component LIKE 'grain_state:%'"
+        )
+        assert [tuple(r) for r in versions] == [("grain_state:states_v", 1)]
+
+
+class _FailingPool:
+    """A started pool whose next statement fails with ``error`` (what asyncpg
+    raises when the server restarts under a busy connection)."""
+
+    def __init__(self, pool: Any, error: BaseException) -> None:
+        self._pool, self._error = pool, error
+
+    def get_max_size(self) -> int:
+        return int(self._pool.get_max_size())
+
+    async def _fail(self, *args: Any) -> Any:
+        raise self._error
+
+    fetchval = fetchrow = fetch = execute = _fail
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        asyncpg.exceptions.InternalClientError(
+            "cannot switch to state 12; another operation is in progress"
+        ),
+        asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator"),
+        asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed"),
+        asyncpg.exceptions.ConnectionFailureError("connection failure"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+async def test_postgres_connection_class_errors_are_storage_unavailable(
+    postgres_url: str, error: BaseException
+) -> None:
+    async with AsyncExitStack() as stack:
+        storage = PostgresGrainStorage(postgres_url)
+        await storage.start(stack)
+        storage._pool = _FailingPool(storage._pool, error)
+        for attempt in (
+            storage.write(GID, "s", b"x", None),
+            storage.write(GID, "s", b"x", "7"),
+            storage.clear(GID, "s", "7"),
+            storage.read(GID, "s"),
+        ):
+            with pytest.raises(StorageUnavailableError) as info:
+                await attempt
+            assert info.value.__cause__ is error
+
+
 def test_postgres_table_name_must_be_an_identifier() -> None:
     with pytest.raises(ConfigurationError, match="SQL identifier"):
         PostgresGrainStorage("postgresql://x", table="states; DROP TABLE x")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,9 +83,25 @@ def read_memory_load(path: str = _MEMINFO) -> float:
     return min(1.0, max(0.0, 1.0 - fields["MemAvailable"] / total))
 
 
+# The host's memory load, read at most once per MEMORY_MAX_AGE_S of real time:
+# refills can come many times a second (and, under a test's ManualClock, many
+# times per wall-clock millisecond), while the load moves slowly.
+MEMORY_MAX_AGE_S = 1.0
+_memory: tuple[float, float] = (-MEMORY_MAX_AGE_S, 0.0)
+_CPUS = os.cpu_count() or 1
+
+
+def _recent_memory_load() -> float:
+    global _memory
+    read_at, load = _memory
+    now = time.monotonic()
+    if now - read_at >= MEMORY_MAX_AGE_S:
+        load = read_memory_load()
+        _memory = (now, load)
+    return load
+
+
 def default_load() -> LoadSignals:
-    """Signals a service uses when the silo gives none: the host's cores and memory,
-    and no activation count (the grain factor is then 1)."""
-    return LoadSignals(
-        cpu_count=os.cpu_count() or 1, memory_load=read_memory_load(), active_grains=0
-    )
+    """Signals a service uses when the silo gives none: the host's cores and memory
+    (at most a second old), and no activation count (the grain factor is then 1)."""
+    return LoadSignals(cpu_count=_CPUS, memory_load=_recent_memory_load(), active_grains=0)
