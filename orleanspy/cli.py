@@ -184,8 +184,9 @@ def _parser() -> argparse.ArgumentParser:
     rem = sub(commands, "reminders", "inspect and change reminder rows")
     ops = rem.add_subparsers(dest="what", metavar="WHAT", required=True)
     p = sub(ops, "list", "rows in the due order: priority first (higher first), then next "
-            "due time; paused rows are left out. With --grain, --type or --all: every row "
-            "(paused too) in the table's order, orphaned rows flagged")  # fmt: skip
+            "due time; paused rows are left out. With --type or --all: every row (paused "
+            "too) in the table's order, orphaned rows flagged; with --grain: that grain's "
+            "rows")  # fmt: skip
     p.add_argument(
         "--grain",
         metavar="GRAIN",
