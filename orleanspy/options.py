@@ -302,7 +302,7 @@ class ReminderOptions:
     ``poll_interval`` so a poll always sees rows before they fall due.
     ``history_size``: fire records kept per row in the table (``0``: none).
     ``catch_up_rate``, ``catch_up_ceiling``, ``catch_up_lateness``: herd control
-    after an outage (``reminders/_herd.py``). Grain calls of ticks whose slot
+    after an outage (``reminders/_service/herd.py``). Grain calls of ticks whose slot
     is more than ``catch_up_lateness`` old start at ``catch_up_rate`` per
     second per silo, doubling every second up to ``catch_up_ceiling``
     (``0``: no ceiling), critical rows first. ``catch_up_rate = 0`` (the
@@ -349,6 +349,9 @@ class ReminderOptions:
             retry_max: timedelta | float = ...,
             adaptive: bool = ...,
             history_size: int = ...,
+            catch_up_rate: float = ...,
+            catch_up_ceiling: float = ...,
+            catch_up_lateness: timedelta | float = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:

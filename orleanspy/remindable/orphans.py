@@ -1,6 +1,9 @@
 """The orphan check: how many reminder rows belong to grain types no silo hosts.
 
-Every silo runs it every ``ORPHAN_CHECK_INTERVAL`` seconds (and once at start):
+Every silo runs it every ``ORPHAN_CHECK_INTERVAL`` seconds, the first time
+``FIRST_CHECK_AFTER`` seconds after it starts (by then the silos of the cluster
+have published the types they host, so a type is not called orphaned because a
+silo that hosts it started a moment later):
 ``ReminderOperations.orphans`` (per-type counts from the table's index, less
 the types the cluster hosts). The result goes to the metric
 ``orleanspy_reminder_orphaned_rows`` (by grain type) and to the silo's status
@@ -17,12 +20,14 @@ from orleanspy.errors import StorageError
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.remindable.operations import ReminderOperations
 
-__all__ = ["ORPHAN_CHECK_INTERVAL", "OrphanWatch"]
+__all__ = ["FIRST_CHECK_AFTER", "ORPHAN_CHECK_INTERVAL", "OrphanWatch"]
 
 log = logging.getLogger(__name__)
 
 #: Seconds between two orphan checks of a silo.
 ORPHAN_CHECK_INTERVAL = 60.0
+#: Seconds from a silo's start to its first orphan check.
+FIRST_CHECK_AFTER = 10.0
 
 
 class OrphanWatch:
@@ -34,10 +39,12 @@ class OrphanWatch:
         metrics: ReminderMetrics,
         *,
         interval: float = ORPHAN_CHECK_INTERVAL,
+        first_after: float = FIRST_CHECK_AFTER,
     ) -> None:
         self._ops = operations
         self._metrics = metrics
         self._interval = interval
+        self._first_after = first_after
         self.last: dict[str, int] = {}
 
     @property
@@ -56,7 +63,8 @@ class OrphanWatch:
         return self.last
 
     async def run(self) -> None:
-        """Check, then every ``interval`` seconds, until cancelled."""
+        """Check after ``first_after`` seconds, then every ``interval``, until cancelled."""
+        await asyncio.sleep(self._first_after)
         while True:
             try:
                 await self.check()
