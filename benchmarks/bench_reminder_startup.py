@@ -230,7 +230,7 @@ async def adaptive(url: str) -> dict[str, Any]:
     first_tick: list[float] = []
     started = time.perf_counter()
 
-    async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+    async def deliver(entry: ReminderEntry, status: TickStatus, deadline: float = 0.0) -> None:
         if not first_tick:
             first_tick.append(time.perf_counter())
 

@@ -78,6 +78,7 @@ def entry_json(entry: ReminderEntry, *, orphaned: bool | None = None) -> dict[st
         "priority": int(entry.priority),
         "action": entry.action.name,
         "paused": entry.paused,
+        "grace_seconds": None if entry.grace is None else entry.grace.total_seconds(),
         "declared": entry.declared,
     }
     if orphaned is not None:
@@ -94,6 +95,7 @@ def fire_json(rec: FireRecord) -> dict[str, Any]:
         "outcome": rec.outcome.value,
         "silo": rec.silo,
         "triggered": rec.triggered,
+        "error": rec.error,
     }
 
 
@@ -160,6 +162,9 @@ class ReminderAccess(Protocol):
     async def set_priority(self, grain: GrainId, name: str, priority: int) -> ReminderEntry: ...
     async def set_action(
         self, grain: GrainId, name: str, action: MissedReminderAction
+    ) -> ReminderEntry: ...
+    async def set_grace(
+        self, grain: GrainId, name: str, grace: timedelta | None
     ) -> ReminderEntry: ...
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry: ...
     async def delete(self, grain: GrainId, name: str) -> bool: ...

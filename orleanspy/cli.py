@@ -226,6 +226,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub(ops, "set-action", "change what a row does with missed ticks")
     _row_args(p)
     p.add_argument("action", type=_action, help="fire_immediately, skip or notify")
+    p = sub(ops, "set-grace", "change how late a row's ticks may be and still be on time")
+    _row_args(p)
+    p.add_argument(
+        "grace",
+        type=_grace,
+        help="seconds (e.g. 2.5), or default for ReminderOptions.missed_tick_grace (10 s)",
+    )
     p = sub(ops, "repair", "move a row's next due time to its first slot after now")
     _row_args(p)
     p = sub(ops, "delete", "remove a row")
@@ -272,6 +279,20 @@ def _priority(text: str) -> int:
     if not -128 <= value <= 127:
         raise argparse.ArgumentTypeError(f"priority {value} is outside -128..127")
     return value
+
+
+def _grace(text: str) -> timedelta | None:
+    if text.lower() == "default":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a grace: {text!r} (seconds, e.g. 2.5, or default)"
+        ) from None
+    if not 0 <= seconds <= 366 * 86400:
+        raise argparse.ArgumentTypeError(f"grace {text} s is outside 0 .. 366 days")
+    return timedelta(seconds=seconds)
 
 
 def _action(text: str) -> MissedReminderAction:
@@ -506,7 +527,7 @@ def _row_detail(row: ReminderEntry) -> str:
 
 def _history_table(history: Sequence[FireRecord]) -> str:
     return _table(
-        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO"),
+        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO", "ERROR"),
         [
             (
                 f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
@@ -514,6 +535,7 @@ def _history_table(history: Sequence[FireRecord]) -> str:
                 f"{r.lateness.total_seconds() * 1000:.0f} ms",
                 r.outcome.value + (" (triggered)" if r.triggered else ""),
                 r.silo,
+                "" if r.error is None else r.error[:80],
             )
             for r in history
         ],
@@ -697,6 +719,7 @@ async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -
         "get": lambda: access.get(grain, args.name),
         "set-priority": lambda: access.set_priority(grain, args.name, args.priority),
         "set-action": lambda: access.set_action(grain, args.name, args.action),
+        "set-grace": lambda: access.set_grace(grain, args.name, args.grace),
         "repair": lambda: access.repair(grain, args.name),
         "pause": lambda: access.pause(grain, args.name),
         "resume": lambda: access.resume(grain, args.name),

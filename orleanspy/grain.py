@@ -85,6 +85,7 @@ class GrainReminders(Protocol):
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        grace: timedelta | float | None = None,
     ) -> ReminderEntry:
         """Validate and upsert the row (``ReminderError`` on bad input)."""
         ...
@@ -161,6 +162,8 @@ class DeclaredReminder:
     action: MissedReminderAction
     #: The grain keys to create the row for; ``None``: the class's ``reminder_keys``.
     keys: tuple[GrainKey, ...] | None = None
+    #: The row's missed-tick grace; ``None``: ``ReminderOptions.missed_tick_grace``.
+    grace: timedelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,13 +422,16 @@ class Grain:
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        grace: timedelta | float | None = None,
     ) -> ReminderEntry:
         """Register (or replace) a durable reminder for this grain.
 
         Interval form: ``period`` (and optional ``due``, default ``period``); cron
         form: ``cron`` with optional IANA ``tz``. Registering again re-anchors the
-        schedule at now. Invalid input raises ``ReminderError``. The grain class
-        must derive from ``Remindable``.
+        schedule at now. ``grace``: how late a tick may be delivered and still be
+        on time (default ``ReminderOptions.missed_tick_grace``, 10 s); later,
+        or once a further slot has passed, ``action`` decides. Invalid input
+        raises ``ReminderError``. The grain class must derive from ``Remindable``.
         """
         return await self._orleanspy_reminders.register(
             self.grain_id,
@@ -436,6 +442,7 @@ class Grain:
             tz=tz,
             priority=priority,
             action=action,
+            grace=grace,
         )
 
     async def unregister_reminder(self, name: str) -> bool:
@@ -460,7 +467,11 @@ class Remindable:
     """Mixin for grains that receive reminders: implement ``receive_reminder``."""
 
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
-        """Called for every tick of every reminder of this grain (a normal grain call)."""
+        """Called for every tick of every reminder of this grain (a normal grain call).
+
+        Only a silo's reminder service calls it: a client's or another grain's
+        call is refused (``MessageRejectedError``). Tests deliver a tick with
+        ``orleanspy.testing.simulate_tick``."""
         raise NotImplementedError(f"{type(self).__name__} must implement receive_reminder")
 
 
@@ -524,6 +535,7 @@ def register_reminder(
     priority: int = 0,
     action: MissedReminderAction | None = None,
     keys: Iterable[GrainKey] | None = None,
+    grace: timedelta | float | None = None,
 ) -> Callable[[C], C]:
     """Declare a reminder on a ``Remindable`` grain class.
 
@@ -531,7 +543,7 @@ def register_reminder(
     each key in ``keys`` (default: the class's ``reminder_keys``, itself
     defaulting to the key ``""``), straight in the table and without activating
     the grain: a missing row is created, a row whose period, cron, zone,
-    priority or action differs from the declaration is updated, an unchanged
+    priority, action or grace differs from the declaration is updated, an unchanged
     row keeps its ``next_due`` and ``last_fire``. A row a declaration created
     is removed once the class no longer declares it for that key. The
     schedule is validated when the silo registers it (``ReminderError`` naming
@@ -553,6 +565,7 @@ def register_reminder(
             priority=priority,
             action=_declared_action(cls, name, action),
             keys=None if keys is None else tuple(keys),
+            grace=_seconds(grace, "grace"),
         )
         others = tuple(r for r in defn.reminders if r.name != name)
         _replace_definition(cls, reminders=(declared, *others))

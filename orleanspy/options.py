@@ -287,6 +287,11 @@ class MembershipOptions:
         _positive(self, "num_votes_for_death_declaration")
 
 
+#: The missed-tick grace of rows without one of their own, unless
+#: ``ReminderOptions.missed_tick_grace`` says otherwise.
+DEFAULT_MISSED_TICK_GRACE = timedelta(seconds=10)
+
+
 def _default_permits() -> int:
     return (os.cpu_count() or 1) * 4
 
@@ -297,8 +302,17 @@ class ReminderOptions:
 
     ``look_ahead``: rows due within this window are loaded into the heap.
     ``poll_interval``: the safety-net refill when no change notification came.
-    ``missed_tick_grace``: a tick reached later than this after its slot is missed
-    (``None`` means ``poll_interval``). ``look_ahead`` must be at least twice
+    ``missed_tick_grace``: a tick reached later than this after its slot is missed,
+    for rows without a ``grace`` of their own (``None`` means
+    ``DEFAULT_MISSED_TICK_GRACE``, 10 s: longer than a fail-over or a GC pause,
+    short enough that a tick an hour late is not taken for an on-time one; it
+    no longer follows ``poll_interval``). Whatever the grace, several passed
+    slots of one row get at most one delivery (the missed-tick rule).
+    ``tick_timeout``: the longest a tick's grain call may take before its
+    delivery permit is given back and the tick retried later (a row's own
+    deadline is its period, within ``minimum_tick_timeout`` ..
+    ``tick_timeout``, and never more than half the messaging response timeout).
+    ``look_ahead`` must be at least twice
     ``poll_interval`` so a poll always sees rows before they fall due.
     ``history_size``: fire records kept per row in the table (``0``: none).
     ``catch_up_rate``, ``catch_up_ceiling``, ``catch_up_lateness``: herd control
@@ -327,6 +341,8 @@ class ReminderOptions:
     catch_up_rate: float = 0.0
     catch_up_ceiling: float = 0.0
     catch_up_lateness: timedelta = timedelta(seconds=1)
+    tick_timeout: timedelta = timedelta(seconds=10)
+    minimum_tick_timeout: timedelta = timedelta(seconds=2)
 
     if TYPE_CHECKING:
         # What a type checker sees of the generated __init__: durations also take
@@ -352,6 +368,8 @@ class ReminderOptions:
             catch_up_rate: float = ...,
             catch_up_ceiling: float = ...,
             catch_up_lateness: timedelta | float = ...,
+            tick_timeout: timedelta | float = ...,
+            minimum_tick_timeout: timedelta | float = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -364,7 +382,14 @@ class ReminderOptions:
             "retry_initial",
             "retry_max",
             "catch_up_lateness",
+            "tick_timeout",
+            "minimum_tick_timeout",
         )
+        if self.minimum_tick_timeout > self.tick_timeout:
+            raise ConfigurationError(
+                "ReminderOptions.minimum_tick_timeout must not exceed tick_timeout "
+                f"(got {self.minimum_tick_timeout} > {self.tick_timeout})"
+            )
         if self.missed_tick_grace is not None:
             _durations(self, "missed_tick_grace")
         _check_types(self)
@@ -397,8 +422,10 @@ class ReminderOptions:
 
     @property
     def grace(self) -> timedelta:
-        """``missed_tick_grace``, defaulting to ``poll_interval``."""
-        return self.missed_tick_grace if self.missed_tick_grace is not None else self.poll_interval
+        """``missed_tick_grace``, defaulting to ``DEFAULT_MISSED_TICK_GRACE``."""
+        if self.missed_tick_grace is not None:
+            return self.missed_tick_grace
+        return DEFAULT_MISSED_TICK_GRACE
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -61,12 +61,20 @@ def test_defaults_follow_orleans() -> None:
     assert m.i_am_alive_interval == timedelta(seconds=30)
     r = o.reminders
     assert r.look_ahead == timedelta(minutes=5) and r.poll_interval == timedelta(seconds=30)
-    assert r.grace == r.poll_interval
+    assert r.grace == timedelta(seconds=10)  # DEFAULT_MISSED_TICK_GRACE, not poll_interval
+    assert r.tick_timeout <= o.messaging.response_timeout / 2
 
 
 def test_options_are_frozen() -> None:
     with pytest.raises(AttributeError):
         SiloOptions().cluster_id = "x"  # type: ignore[misc]
+
+
+def test_a_minimum_tick_timeout_above_the_tick_timeout_is_refused() -> None:
+    from orleanspy.options import ReminderOptions
+
+    with pytest.raises(ConfigurationError, match="minimum_tick_timeout must not exceed"):
+        ReminderOptions(minimum_tick_timeout=timedelta(seconds=11))
 
 
 def test_durations_take_numbers_of_seconds_as_the_reminder_api_does() -> None:

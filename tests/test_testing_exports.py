@@ -11,7 +11,8 @@ import orleanspy.testing as testing
 
 EXPECTED = {
     "InProcessCluster", "ManualClock", "PostgresDatabase", "ProviderFactory",
-    "RecordingSink", "RedisServer", "duplicate_activations", "started", "wait_for",
+    "RecordingSink", "RedisServer", "duplicate_activations", "simulate_tick", "started",
+    "wait_for",
     # one kit per provider kind, each with its checks
     "check_grain_directory", "GRAIN_DIRECTORY_CHECKS",
     "check_grain_storage", "GRAIN_STORAGE_CHECKS",

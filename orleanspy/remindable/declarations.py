@@ -4,14 +4,15 @@ For each grain class the silo hosts, each declared reminder and each of its
 keys (``keys=[...]`` on the declaration, else the class's ``reminder_keys``):
 
 - a missing row is created, marked ``declared`` and stamped with the
-  declaration's ``fingerprint`` (a hash of its schedule, and the priority and
-  action it asks for);
+  declaration's ``fingerprint`` (a hash of its schedule, and the priority,
+  action and grace it asks for);
 - a row whose stored fingerprint is the code's is left alone, whatever it holds
-  now: an operator's ``set-priority``, ``set-action``, ``pause`` or ``repair``
+  now: an operator's ``set-priority``, ``set-action``, ``set-grace``, ``pause`` or
+  ``repair``
   survives restarts until the code changes;
 - a row whose fingerprint differs gets what the code changed, and only that: a
   changed schedule re-anchors the row at now (keeping ``last_fire`` and a
-  pause); a changed priority or action replaces the row's. When the row's value
+  pause); a changed priority, action or grace replaces the row's. When the row's value
   was an operator's (it differs from what the old fingerprint asked for), a
   WARNING names what the code overrode. A row from before fingerprints gets the
   declaration as it did then, and the fingerprint.
@@ -87,6 +88,7 @@ def _desired(
             tz=declared.tz,
             priority=declared.priority,
             action=declared.action,
+            grace=declared.grace,
         )
     except (ReminderError, ValueError) as exc:
         raise ReminderError(
@@ -105,21 +107,28 @@ def _ms(d: timedelta | None) -> int | None:
 
 
 def fingerprint(declared: DeclaredReminder) -> str:
-    """``"<schedule hash>:<priority>:<action>"``: a hash of the declaration's
-    schedule (due, period, cron, zone: 12 hex digits of SHA-256) and the
-    priority and action it asks for, in the clear so that a silo can tell which
-    of them an operator changed since (module docstring)."""
+    """``"<schedule hash>:<priority>:<action>:<grace ms>"``: a hash of the
+    declaration's schedule (due, period, cron, zone: 12 hex digits of SHA-256)
+    and the priority, action and grace it asks for (grace empty for the
+    default), in the clear so that a silo can tell which of them an operator
+    changed since (module docstring)."""
     schedule = repr((_ms(declared.due), _ms(declared.period), declared.cron, declared.tz))
     digest = hashlib.sha256(schedule.encode()).hexdigest()[:12]
-    return f"{digest}:{int(declared.priority)}:{int(declared.action)}"
+    grace = _ms(declared.grace)
+    return (
+        f"{digest}:{int(declared.priority)}:{int(declared.action)}:{'' if grace is None else grace}"
+    )
 
 
-def _parse(fp: str | None) -> tuple[str, int, MissedReminderAction] | None:
+def _parse(fp: str | None) -> tuple[str, int, MissedReminderAction, timedelta | None] | None:
+    """The parts of a fingerprint (one without a grace, from before grace was
+    declared, reads as the default grace); ``None`` for none or a malformed one."""
     if fp is None:
         return None
     try:
-        digest, priority, action = fp.split(":")
-        return digest, int(priority), MissedReminderAction(int(action))
+        digest, priority, action, *rest = fp.split(":")
+        grace = timedelta(milliseconds=int(rest[0])) if rest and rest[0] else None
+        return digest, int(priority), MissedReminderAction(int(action)), grace
     except ValueError:
         return None
 
@@ -142,7 +151,9 @@ def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEnt
         if not _same_schedule(stored, desired):
             base = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
         else:
-            base = replace(stored, priority=desired.priority, action=desired.action)
+            base = replace(
+                stored, priority=desired.priority, action=desired.action, grace=desired.grace
+            )
         return replace(base, declared=True, fingerprint=fp), []
     overridden: list[str] = []
     if old[0] != new[0]:
@@ -150,7 +161,7 @@ def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEnt
         base = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
     else:
         base = stored
-    priority, action = stored.priority, stored.action
+    priority, action, grace = stored.priority, stored.action, stored.grace
     if new[1] != old[1]:
         if stored.priority != old[1]:
             overridden.append(f"priority {stored.priority} -> {new[1]}")
@@ -159,9 +170,14 @@ def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEnt
         if stored.action != old[2]:
             overridden.append(f"action {stored.action.name} -> {new[2].name}")
         action = new[2]
-    return replace(
-        base, priority=priority, action=action, declared=True, fingerprint=fp
-    ), overridden
+    if new[3] != old[3]:
+        if stored.grace != old[3]:
+            overridden.append(f"grace {stored.grace} -> {new[3]}")
+        grace = new[3]
+    write = replace(
+        base, priority=priority, action=action, grace=grace, declared=True, fingerprint=fp
+    )
+    return write, overridden
 
 
 def _warn(desired: ReminderEntry, overridden: list[str]) -> None:

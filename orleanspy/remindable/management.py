@@ -19,6 +19,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any, cast
 
+from orleanspy.errors import ReminderError
 from orleanspy.grain import Grain, reentrant
 from orleanspy.remindable.operations import (
     ImportResult,
@@ -33,6 +34,7 @@ from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderEntry,
     TickStatus,
+    error_text,
 )
 from orleanspy.reminders.table import PausableReminderTable
 
@@ -119,6 +121,14 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
         """Change what happens to the row's missed ticks."""
         return await self._ops.set_action(grain_target(grain), name, action)
 
+    async def set_grace(
+        self, grain: Any, name: str, grace: timedelta | float | None
+    ) -> ReminderEntry:
+        """Change how late the row's ticks may be and still count as on time
+        (``None``: back to ``ReminderOptions.missed_tick_grace``). Takes effect
+        on the held row at once; the schedule does not move."""
+        return await self._ops.set_grace(grain_target(grain), name, grace)
+
     async def repair(self, grain: Any, name: str) -> ReminderEntry:
         """Move a row's ``next_due`` to its first slot after now (skipping missed ones)."""
         return await self._ops.repair(grain_target(grain), name)
@@ -149,17 +159,24 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             priority=int(row.priority),
             triggered=True,
         )
-        target = self._activation.get_grain(grain_id.type_name, grain_id.key)
-        outcome = FireOutcome.GRAIN_ERROR
+        deliver = self._registry.deliver_tick
+        if deliver is None:
+            raise ReminderError("this silo delivers no reminder ticks")
+        outcome, error = FireOutcome.GRAIN_ERROR, None
         try:
-            await target.receive_reminder(name, status)
+            await deliver(grain_id, name, status)
             outcome = FireOutcome.OK
+        except Exception as exc:
+            error = error_text(exc)
+            raise
         finally:
             keep = self._registry.options.history_size
             table = self._registry.table
             if keep and isinstance(table, PausableReminderTable):
                 silo = str(self._activation.silo_address)
-                record = FireRecord(grain_id, name, now, now, outcome, silo, triggered=True)
+                record = FireRecord(
+                    grain_id, name, now, now, outcome, silo, triggered=True, error=error
+                )
                 await table.append_history([record], keep)
         return status
 
@@ -189,6 +206,7 @@ class ReminderManagement:
             "get",
             "set_priority",
             "set_action",
+            "set_grace",
             "repair",
             "pause",
             "resume",

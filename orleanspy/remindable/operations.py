@@ -33,7 +33,7 @@ from orleanspy.identity import GrainId, GrainKey
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.spec import LATEST_TICK, new_entry
+from orleanspy.reminders.spec import LATEST_TICK, check_grace, new_entry
 from orleanspy.reminders.table import PausableReminderTable, ReminderTable, grain_prefix
 from orleanspy.serialization import register_type
 
@@ -289,6 +289,15 @@ class ReminderOperations:
                 + ", ".join(a.name.lower() for a in MissedReminderAction)
             ) from None
         return await self._modify(grain, name, lambda r: replace(r, action=action))
+
+    async def set_grace(
+        self, grain: GrainId, name: str, grace: timedelta | float | None
+    ) -> ReminderEntry:
+        """Change how late the row's ticks may be and still count as on time
+        (``None``: back to ``ReminderOptions.missed_tick_grace``). The schedule
+        does not move."""
+        checked = check_grace(grace)
+        return await self._modify(grain, name, lambda r: replace(r, grace=checked))
 
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
         """Move a row's ``next_due`` to its first slot after now (skipping missed ones)."""

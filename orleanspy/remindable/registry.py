@@ -24,6 +24,7 @@ from orleanspy.reminders.model import (
     ReminderChange,
     ReminderEntry,
     ReminderPriority,
+    TickStatus,
 )
 from orleanspy.reminders.spec import new_entry
 from orleanspy.reminders.table import BulkReminderTable, ReminderTable
@@ -51,6 +52,7 @@ class Registration:
     tz: str | None = None
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
+    grace: timedelta | float | None = None
 
 
 class _CoalescedUpserts:
@@ -126,6 +128,9 @@ class ReminderRegistry:
         self.options = options
         self._definitions = definitions
         self._listeners: list[Callable[[ReminderChange], None]] = []
+        #: Delivers one off-schedule tick as the reminder service does (set by
+        #: the silo; ``receive_reminder`` refuses calls that are not ticks).
+        self.deliver_tick: Callable[[GrainId, str, TickStatus], Awaitable[None]] | None = None
         self._upserts = (
             _CoalescedUpserts(table, BULK_BATCH) if isinstance(table, BulkReminderTable) else None
         )
@@ -158,6 +163,7 @@ class ReminderRegistry:
             name,
             entry.next_due if live and entry is not None else None,
             int(entry.priority) if live and entry is not None else None,
+            entry=entry,
         )
         for listener in self._listeners:
             listener(change)
@@ -181,6 +187,7 @@ class ReminderRegistry:
         tz: str | None = None,
         priority: int | None = None,
         action: MissedReminderAction | None = None,
+        grace: timedelta | float | None = None,
     ) -> ReminderEntry:
         """Validate and upsert (last writer wins; the schedule re-anchors at now).
         Concurrent registrations on one silo share round trips to the table
@@ -198,6 +205,7 @@ class ReminderRegistry:
             tz=tz,
             priority=ReminderPriority.NORMAL if priority is None else priority,
             action=MissedReminderAction.SKIP if action is None else action,
+            grace=grace,
         )
         upsert = self.table.upsert if self._upserts is None else self._upserts.upsert
         entry = entry.with_etag(await upsert(entry))
@@ -238,6 +246,7 @@ class ReminderRegistry:
                         tz=r.tz,
                         priority=r.priority,
                         action=r.action,
+                        grace=r.grace,
                     )
                 )
             except ReminderError as exc:

@@ -143,8 +143,14 @@ class RedisChanges:
                     return decode_change(data)
                 except (SerializationError, ValueError, TypeError) as exc:
                     _log.warning("reminder change ignored: malformed payload error=%s", exc)
-        finally:
+        except BaseException:
+            # Cancelled while reading (the reader's task is stopped, e.g. by a silo
+            # that stops itself): ``aclose`` found the reader busy and left the
+            # connection to it, so it is released here or never.
             self._busy = False
+            await self._drop()
+            raise
+        self._busy = False
         await self._drop()
         raise StopAsyncIteration
 

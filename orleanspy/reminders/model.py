@@ -12,6 +12,7 @@ from orleanspy.identity import GrainId
 from orleanspy.serialization import register_type
 
 __all__ = [
+    "MAX_ERROR_TEXT",
     "FireOutcome",
     "FireRecord",
     "MissedReminder",
@@ -21,6 +22,7 @@ __all__ = [
     "ReminderPriority",
     "ScheduleUpdate",
     "TickStatus",
+    "error_text",
     "row_key",
 ]
 
@@ -40,9 +42,12 @@ class ReminderPriority(enum.IntEnum):
 
 
 class MissedReminderAction(enum.IntEnum):
-    """What to do with a tick reached later than ``missed_tick_grace`` after its slot.
+    """What to do with missed ticks: a tick reached later than its grace after its
+    slot (the row's ``grace``, else ``ReminderOptions.missed_tick_grace``), or once
+    a further slot of the row has passed too (catch-up is never a burst).
 
-    ``FIRE_IMMEDIATELY``: deliver one coalesced catch-up tick now, then resume the grid.
+    ``FIRE_IMMEDIATELY``: deliver one tick now for the latest passed slot
+    (``TickStatus.missed_ticks`` counts the earlier ones), then resume the grid.
     ``SKIP``: move on to the next future slot (Orleans' only behaviour; the default).
     ``NOTIFY``: skip, and publish a ``MissedReminder`` on ``orleanspy.reminders.missed``.
     """
@@ -67,6 +72,8 @@ class ReminderEntry:
     ``fingerprint`` (declared rows): the declaration that last wrote the row
     (``remindable.declarations.fingerprint``), so a silo re-applies a
     declaration only when the code changed it; ``None`` on other rows.
+    ``grace``: how late a tick may be reached and still count as on time (see
+    ``MissedReminderAction``); ``None`` means ``ReminderOptions.missed_tick_grace``.
     """
 
     service_id: str
@@ -84,6 +91,7 @@ class ReminderEntry:
     declared: bool = False
     paused: bool = False
     fingerprint: str | None = None
+    grace: timedelta | None = None
 
     def __post_init__(self) -> None:
         # Ints arrive where enums left (msgpack carries IntEnums as ints).
@@ -127,11 +135,14 @@ class ReminderEntry:
             declared=self.declared,
             paused=self.paused,
             fingerprint=self.fingerprint,
+            grace=self.grace,
         )
 
     def to_record(self) -> dict[str, Any]:
         """Storage form: plain msgpack types, times as integer ms since the epoch.
-        ``"u"`` (paused) and ``"f"`` (fingerprint) are present only when set."""
+        ``"u"`` (paused) is present only on paused rows, ``"gr"`` (grace, ms) only
+        on rows with a grace of their own, ``"f"`` (fingerprint) only on declared
+        rows that have one."""
         rec: dict[str, Any] = {
             "s": self.service_id,
             "g": self.grain_id.canonical,
@@ -151,6 +162,8 @@ class ReminderEntry:
             rec["u"] = True
         if self.fingerprint is not None:
             rec["f"] = self.fingerprint
+        if self.grace is not None:
+            rec["gr"] = self.grace // timedelta(milliseconds=1)
         return rec
 
     @classmethod
@@ -173,7 +186,21 @@ class ReminderEntry:
             declared=bool(rec.get("o")),
             paused=bool(rec.get("u", False)),
             fingerprint=rec.get("f"),
+            grace=None if rec.get("gr") is None else timedelta(milliseconds=rec["gr"]),
         )
+
+
+#: The longest exception text a fire record keeps.
+MAX_ERROR_TEXT = 500
+
+
+def error_text(exc: BaseException) -> str:
+    """``Type: message`` of ``exc`` for a fire record (the remote type for a
+    ``RemoteGrainError``), cut to ``MAX_ERROR_TEXT`` characters."""
+    kind = getattr(exc, "remote_type", None) or type(exc).__name__
+    message = getattr(exc, "remote_message", None)
+    text = f"{kind}: {exc if message is None else message}"
+    return text if len(text) <= MAX_ERROR_TEXT else text[: MAX_ERROR_TEXT - 1] + "…"
 
 
 class FireOutcome(enum.StrEnum):
@@ -191,7 +218,9 @@ class FireRecord:
 
     ``slot``: the scheduled slot (for a triggered tick, when it was asked for);
     ``at``: when the silo delivered or skipped it; ``silo``: that silo's name (its
-    address for a triggered tick, which the management grain delivers).
+    address for a triggered tick, which the management grain delivers); ``error``:
+    for ``GRAIN_ERROR``, the exception ``receive_reminder`` raised, as
+    ``Type: message`` (at most ``MAX_ERROR_TEXT`` characters), else ``None``.
     """
 
     grain_id: GrainId
@@ -201,6 +230,7 @@ class FireRecord:
     outcome: FireOutcome
     silo: str
     triggered: bool = False
+    error: str | None = None
 
     def __post_init__(self) -> None:
         # Strings arrive where the enum left (msgpack carries StrEnums as str).
@@ -221,6 +251,8 @@ class FireRecord:
         }
         if self.triggered:
             rec["x"] = True
+        if self.error is not None:
+            rec["m"] = self.error
         return rec
 
     @classmethod
@@ -233,6 +265,7 @@ class FireRecord:
             outcome=FireOutcome(rec["o"]),
             silo=str(rec["s"]),
             triggered=bool(rec.get("x", False)),
+            error=None if rec.get("m") is None else str(rec["m"]),
         )
 
 
@@ -242,14 +275,18 @@ class ReminderChange:
 
     ``priority`` is set by writes that replace the whole row (``upsert``: a
     registration or a management call) to the row's priority, and ``None`` for
-    schedule CASes and removals (see ``ReminderTable``). It does not take part
-    in equality.
+    schedule CASes and removals (see ``ReminderTable``). ``entry``: the row as
+    written, with its new etag, when the writer is in this process (a local
+    registration or management call; tables' change feeds never carry it), so
+    the reminder service applies it at once, without reading it back. Neither
+    takes part in equality.
     """
 
     grain_id: GrainId
     name: str
     next_due: datetime | None
     priority: int | None = field(default=None, compare=False)
+    entry: ReminderEntry | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,7 @@ One table holds every service's rows (``service_id`` leads every key)::
         next_due    bigint             ms since the epoch (as start_at, last_fire)
         declared    boolean            made by a @register_reminder declaration
         paused      boolean            out of the due index (see below)
+        grace_ms    bigint             the row's missed-tick grace, NULL: the default
         version     bigint             the etag; every write takes a fresh value
                                        from the sequence orleanspy_reminder_version
     index (service_id, priority, bucket, next_due) WHERE NOT paused   read_due
@@ -26,7 +27,7 @@ The schema is versioned (``_SCHEMA``, one step per version, applied by
 ``start``): version 2 added ``declared``, the upcoming index (in place of
 v1's ``(service_id, next_due)``) and the notification with a priority;
 version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
-the history table.
+the history table; version 4 added ``grace_ms`` and the history's ``error``.
 
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
@@ -191,7 +192,14 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
                 REFERENCES orleanspy_reminders (service_id, grain_id, name) ON DELETE CASCADE
         )""",
     ),
-    # v4: declared rows keep the fingerprint of their declaration; paging and
+    # v4: a row's own missed-tick grace; a failed tick's exception in its fire
+    # record. Both nullable: v3 silos still running during an upgrade neither
+    # write nor read them (their upserts leave grace_ms as it was).
+    (
+        "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS grace_ms bigint",
+        "ALTER TABLE orleanspy_reminder_history ADD COLUMN IF NOT EXISTS error text",
+    ),
+    # v5: declared rows keep the fingerprint of their declaration; paging and
     # per-type counts walk an index of the grain id in byte order ("C"), so a
     # type or key prefix is a range whatever the database's collation.
     (
@@ -203,24 +211,25 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, declared, paused, fingerprint, version"
+    "last_fire, priority, action, declared, paused, grace_ms, fingerprint, version"
 )
 
-# The columns a whole-row write sets, in the order of its parameters $2..$16.
+# The columns a whole-row write sets, in the order of its parameters $2..$17.
 _ROW_COLUMNS: Final = (
     "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
-    "period_ms, cron, tz, last_fire, action, declared, paused, fingerprint"
+    "period_ms, cron, tz, last_fire, action, declared, paused, grace_ms, fingerprint"
 )
-_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16"
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17"
 #: The channel parameter of a whole-row write, after the row's.
-_CH: Final = "$17"
+_CH: Final = "$18"
 _SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
         action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
-        fingerprint = EXCLUDED.fingerprint, version = EXCLUDED.version"""
+        grace_ms = EXCLUDED.grace_ms, fingerprint = EXCLUDED.fingerprint,
+        version = EXCLUDED.version"""
 # A paused row left the schedule: its changes are told as removals (no next_due,
 # no priority), whatever the write.
 _DUE_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.next_due END"
@@ -236,7 +245,7 @@ _RETURNING_ROW: Final = (
     "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority, t.paused"
 )
 
-# $1 service, $2..$16 the row (_ROW_COLUMNS), $17 channel.
+# $1 service, $2..$17 the row (_ROW_COLUMNS), $18 channel.
 _UPSERT: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -259,20 +268,20 @@ WITH w AS (
 {_NOTIFY_ROWS}
 """
 
-# upsert_if with an etag: replace the row only while its version is $18.
+# upsert_if with an etag: replace the row only while its version is $19.
 _REPLACE_IF: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders AS t
     SET ({_ROW_COLUMNS}, version) =
         ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
-    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $18
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $19
     {_RETURNING_ROW}
 )
 {_NOTIFY_ROWS}
 """
 
-# upsert_many: $2..$16 parallel arrays of the rows' columns (no key twice), in
-# key order so two batches lock shared rows in one order; $17 channel.
+# upsert_many: $2..$17 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $18 channel.
 _UPSERT_MANY: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -280,13 +289,13 @@ WITH w AS (
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                 $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
                 $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
-                $16::text[]) AS u
+                $16::bigint[], $17::text[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $18, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -294,23 +303,23 @@ FROM w
 # a conflict (a row written first by another writer stays; this one is refused).
 _INSERT_MANY_IF_ABSENT: Final = _UPSERT_MANY.replace(f"DO UPDATE SET {_SET_ROW}", "DO NOTHING")
 
-# upsert_if_many, rows that must have an etag: $2..$16 the rows' columns as in
-# _UPSERT_MANY, $17 channel, $18 the versions they must have; only rows still
+# upsert_if_many, rows that must have an etag: $2..$17 the rows' columns as in
+# _UPSERT_MANY, $18 channel, $19 the versions they must have; only rows still
 # at their version are replaced.
 _REPLACE_MANY_IF: Final = f"""
 WITH u AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                          $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
                          $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
-                         $16::text[], $18::bigint[])
+                         $16::bigint[], $17::text[], $19::bigint[])
         AS u(grain_id, name, grain_hash, bucket, priority, start_at, next_due, period_ms,
-             cron, tz, last_fire, action, declared, paused, fingerprint, expected)
+             cron, tz, last_fire, action, declared, paused, grace_ms, fingerprint, expected)
 ), w AS (
     UPDATE orleanspy_reminders AS t
     SET grain_hash = u.grain_hash, bucket = u.bucket, priority = u.priority,
         start_at = u.start_at, next_due = u.next_due, period_ms = u.period_ms, cron = u.cron,
         tz = u.tz, last_fire = u.last_fire, action = u.action, declared = u.declared,
-        paused = u.paused, fingerprint = u.fingerprint,
+        paused = u.paused, grace_ms = u.grace_ms, fingerprint = u.fingerprint,
         version = nextval('orleanspy_reminder_version')
     FROM u
     WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
@@ -318,7 +327,7 @@ WITH u AS (
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $17, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    $18, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -412,7 +421,7 @@ ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $3
 """
 
-# append_history: $2..$8 parallel arrays of the records (oldest first), $9 keep.
+# append_history: $2..$9 parallel arrays of the records (oldest first), $10 keep.
 # Only rows that exist take records (locked FOR KEY SHARE, so a racing remove
 # waits or wins, and its cascade never meets a record it did not see); each
 # row keeps the newest ``keep``: its newest new records, and of the old ones
@@ -425,8 +434,8 @@ _APPEND_HISTORY: Final = """
 WITH u AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.grain_id, u.name ORDER BY u.i DESC) AS rn
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[],
-                $8::boolean[]) WITH ORDINALITY AS u(grain_id, name, slot, at, outcome, silo,
-                                                   triggered, i)
+                $8::boolean[], $9::text[]) WITH ORDINALITY AS u(grain_id, name, slot, at,
+                                                   outcome, silo, triggered, error, i)
 ), k AS (
     SELECT grain_id, name, count(*) AS cnt FROM u GROUP BY grain_id, name
 ), r AS (
@@ -439,17 +448,18 @@ WITH u AS (
     SELECT nextval('orleanspy_reminder_history_batch') AS batch
 ), ins AS (
     INSERT INTO orleanspy_reminder_history
-        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered)
-    SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered
+        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered, error)
+    SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered,
+        u.error
     FROM u JOIN r ON u.grain_id = r.grain_id AND u.name = r.name CROSS JOIN b
-    WHERE u.rn <= $9
+    WHERE u.rn <= $10
 ), cut AS (
     SELECT r.grain_id, r.name, c.batch, c.i FROM r
     CROSS JOIN LATERAL (
         SELECT h.batch, h.i FROM orleanspy_reminder_history h
         WHERE h.service_id = $1 AND h.grain_id = r.grain_id AND h.name = r.name
         ORDER BY h.batch DESC, h.i DESC
-        OFFSET greatest($9 - r.cnt, 0) LIMIT 1
+        OFFSET greatest($10 - r.cnt, 0) LIMIT 1
     ) c
 )
 DELETE FROM orleanspy_reminder_history h USING cut
@@ -458,7 +468,7 @@ WHERE h.service_id = $1 AND h.grain_id = cut.grain_id AND h.name = cut.name
 """
 
 _READ_HISTORY: Final = """
-SELECT slot, at, outcome, silo, triggered FROM orleanspy_reminder_history
+SELECT slot, at, outcome, silo, triggered, error FROM orleanspy_reminder_history
 WHERE service_id = $1 AND grain_id = $2 AND name = $3
 ORDER BY batch DESC, i DESC
 """
@@ -554,6 +564,7 @@ def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
         int(entry.action),
         entry.declared,
         entry.paused,
+        None if entry.grace is None else entry.grace // timedelta(milliseconds=1),
         entry.fingerprint,
     )
 
@@ -577,6 +588,7 @@ def _row(rec: Any) -> ReminderEntry:
             etag=str(rec["version"]),
             declared=bool(rec["declared"]),
             paused=bool(rec["paused"]),
+            grace=None if rec["grace_ms"] is None else timedelta(milliseconds=rec["grace_ms"]),
             fingerprint=rec["fingerprint"],
         )
     except (KeyError, TypeError, ValueError) as exc:
@@ -691,7 +703,7 @@ class PostgresReminderTable:
             ):
                 if not indices:
                     continue
-                columns: list[list[Any]] = [[] for _ in range(15)]
+                columns: list[list[Any]] = [[] for _ in range(16)]
                 for i in indices:
                     for column, value in zip(columns, _row_values(writes[i][0]), strict=True):
                         column.append(value)
@@ -752,7 +764,7 @@ class PostgresReminderTable:
     async def _upsert_round(
         self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
     ) -> None:
-        columns: list[list[Any]] = [[] for _ in range(15)]
+        columns: list[list[Any]] = [[] for _ in range(16)]
         for i in indices:
             for column, value in zip(columns, _row_values(entries[i]), strict=True):
                 column.append(value)
@@ -876,6 +888,7 @@ class PostgresReminderTable:
                 [r.outcome.value for r in records],
                 [r.silo for r in records],
                 [r.triggered for r in records],
+                [r.error for r in records],
                 keep,
             )
 
@@ -893,6 +906,7 @@ class PostgresReminderTable:
                     outcome=FireOutcome(rec["outcome"]),
                     silo=rec["silo"],
                     triggered=bool(rec["triggered"]),
+                    error=rec["error"],
                 )
                 for rec in records
             ]

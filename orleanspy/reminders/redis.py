@@ -263,8 +263,9 @@ return out
 
 # A whole batch of fire records in one call. ARGV[1]: keep. ARGV[2]: shard key
 # prefix. ARGV[3]: msgpack flat list, per row: its shard, its key, how many
-# records follow, then five items per record, oldest first: slot ms, delivery
-# ms, outcome, silo, triggered (true/false). The record map is built here
+# records follow, then six items per record, oldest first: slot ms, delivery
+# ms, outcome, silo, triggered (true/false), error text (false: none). The
+# record map is built here
 # (``FireRecord.to_record``'s form), so the client packs one string per batch,
 # not one per record. Records of a missing row are dropped.
 _APPEND_HISTORY: Final = """
@@ -277,14 +278,15 @@ while i <= #u do
   local n = u[i + 2]
   if redis.call('HEXISTS', shard .. 'rows', u[i + 1]) == 1 then
     local hist = shard .. 'hist:' .. u[i + 1]
-    for j = i + 3, i + 3 + (n - 1) * 5, 5 do
+    for j = i + 3, i + 3 + (n - 1) * 6, 6 do
       local rec = {t = u[j], a = u[j + 1], o = u[j + 2], s = u[j + 3]}
       if u[j + 4] then rec['x'] = true end
+      if u[j + 5] then rec['m'] = u[j + 5] end
       redis.call('LPUSH', hist, cmsgpack.pack(rec))
     end
     redis.call('LTRIM', hist, 0, keep - 1)
   end
-  i = i + 3 + n * 5
+  i = i + 3 + n * 6
 end
 return 1
 """
@@ -729,7 +731,8 @@ class RedisReminderTable:
         for key, recs in by_row.items():
             flat += (recs[0].grain_id.uniform_hash() >> shift, key, len(recs))
             for r in recs:
-                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered)
+                error = False if r.error is None else r.error
+                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered, error)
         with translate_errors("reminder append_history"):
             await self._script("history")(args=[keep, self._shard_prefix, pack_lua(flat)])
 

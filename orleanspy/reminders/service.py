@@ -178,6 +178,7 @@ class ReminderService:
             history=history,
         )
         self._running = False
+        self._tick_timeout = options.tick_timeout.total_seconds()
 
     # -- public surface ---------------------------------------------------------------
 
@@ -246,6 +247,38 @@ class ReminderService:
     async def wait_persisted(self) -> None:
         """Return once no schedule update is waiting to be written."""
         await self._persister.wait_idle()
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Hand over cleanly: deliver nothing more, let the ticks in flight finish
+        and write every schedule update; ``True`` if all of that happened within
+        ``timeout`` seconds of real time (default: ``tick_timeout`` plus
+        ``FINAL_FLUSH_SECONDS``), else ``False`` (the rest is left: those ticks
+        may repeat on the next owner, at least once). Never raises.
+
+        A stopping silo calls it before it tells the cluster it is leaving, so
+        the next owners of its ranges read the table after its last write and
+        no slot is delivered twice. The rows stay held until the ranges change;
+        the service's tasks keep running until the start stack closes.
+        """
+        if timeout is None:
+            timeout = self._tick_timeout + FINAL_FLUSH_SECONDS
+        self._drainer.stop_taking()
+        in_flight = self._drainer.in_flight
+        try:
+            async with asyncio.timeout(timeout):
+                await self._drainer.wait_idle()
+                await self._persister.wait_idle()
+        except TimeoutError:
+            log.warning(
+                "reminder hand-over incomplete name=%s in_flight=%d unwritten=%d "
+                "(their ticks may repeat on the next owner)",
+                self._name,
+                self._drainer.in_flight,
+                len(self._persister),
+            )
+            return False
+        log.info("reminder service drained name=%s finished_in_flight=%d", self._name, in_flight)
+        return True
 
     @property
     def ranges(self) -> tuple[RingRange, ...]:

@@ -16,7 +16,9 @@ goes through it, so the rules below hold for every stored row:
   at most ``MAX_ZONE_LENGTH`` (``schedule``), so no row is costly to parse for
   every silo that comes to own it;
 * the priority is an ``int`` in -128..127 (``bool`` is refused);
-* the action is a ``MissedReminderAction``.
+* the action is a ``MissedReminderAction``;
+* the grace (``grace``, optional) is a duration (seconds or ``timedelta``) in
+  ``0 .. MAX_GRACE``; ``None`` leaves the row on ``ReminderOptions.missed_tick_grace``.
 
 Anything else raises ``ReminderError`` saying what is wrong and how to fix it.
 Times are stored with millisecond precision, so ``start_at``, ``next_due`` and
@@ -35,7 +37,14 @@ from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, ReminderPriority
 from orleanspy.reminders.schedule import cron_schedule, parse_zone
 
-__all__ = ["MAX_GRAIN_ID_LENGTH", "PRIORITY_MAX", "PRIORITY_MIN", "new_entry"]
+__all__ = [
+    "MAX_GRACE",
+    "MAX_GRAIN_ID_LENGTH",
+    "PRIORITY_MAX",
+    "PRIORITY_MIN",
+    "check_grace",
+    "new_entry",
+]
 
 PRIORITY_MIN = -128
 PRIORITY_MAX = 127
@@ -43,6 +52,8 @@ PRIORITY_MAX = 127
 LATEST_TICK = datetime(2500, 1, 1, tzinfo=UTC)
 #: Longest canonical grain id (``type/tagged key``) a reminder row may have.
 MAX_GRAIN_ID_LENGTH = 1024
+#: The longest missed-tick grace a row may have.
+MAX_GRACE = timedelta(days=366)
 
 _MS = timedelta(milliseconds=1)
 _FORBIDDEN_IN_NAME = ("|", "\n", "\r")
@@ -113,6 +124,20 @@ def _check_priority(priority: int) -> None:
         )
 
 
+def check_grace(grace: timedelta | float | None) -> timedelta | None:
+    """A row's missed-tick grace as stored (whole ms), or ``None`` for the default;
+    ``ReminderError`` unless it is a duration in ``0 .. MAX_GRACE``."""
+    if grace is None:
+        return None
+    value = _whole_ms(_duration(grace, "grace"))
+    if not timedelta(0) <= value <= MAX_GRACE:
+        raise ReminderError(
+            f"grace must be between 0 and {MAX_GRACE.days} days, got {grace!r}: "
+            "or None for ReminderOptions.missed_tick_grace"
+        )
+    return value
+
+
 def _start(now: datetime, due: timedelta) -> datetime:
     try:
         start = _truncate_ms(now + due)
@@ -137,6 +162,7 @@ def new_entry(
     tz: str | None = None,
     priority: int = ReminderPriority.NORMAL,
     action: MissedReminderAction = MissedReminderAction.SKIP,
+    grace: timedelta | float | None = None,
 ) -> ReminderEntry:
     """Validate a registration and build its row (``etag`` ``None``, never fired).
 
@@ -166,6 +192,7 @@ def new_entry(
         )
     if tz is not None and cron is None:
         raise ReminderError("tz applies to cron reminders only: drop tz or give a cron expression")
+    grace_td = check_grace(grace)
     due_td = None if due is None else _duration(due, "due")
     if due_td is not None and due_td < timedelta(0):
         raise ReminderError(f"due must be >= 0, got {due!r}: use 0 to fire at once")
@@ -186,6 +213,7 @@ def new_entry(
             period=period_td,
             priority=int(priority),
             action=action,
+            grace=grace_td,
         )
 
     if not isinstance(cron, str):
@@ -215,4 +243,5 @@ def new_entry(
         tz=tz,
         priority=int(priority),
         action=action,
+        grace=grace_td,
     )

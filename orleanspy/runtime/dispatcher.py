@@ -67,6 +67,13 @@ _SentKey = tuple[str | None, int]
 _RESTARTED = f"{SiloRestartedError.__module__}.{SiloRestartedError.__qualname__}"
 # Reminder ticks are at-least-once: after their silo died they are sent again.
 _TICK_METHOD = "receive_reminder"
+#: Set on the ticks of a silo's reminder service, and only on them (``invoke``).
+TICK_HEADER = "tick"
+_FORGED_TICK = (
+    "{gid}.receive_reminder refused: reminder ticks come only from the reminder "
+    "service (use orleanspy.testing.simulate_tick in tests, or the management "
+    "grain's trigger)"
+)
 _VERDICT_POLL = 0.1
 # Requests from silos not (yet) in the table that may wait for a table read;
 # beyond it they are dropped, so made-up senders cannot pile up work.
@@ -169,6 +176,7 @@ class Dispatcher:
         *,
         one_way: bool = False,
         reminder_tick: bool = False,
+        deadline: float | None = None,
     ) -> Any:
         """Send a call from this silo and wait for its result (see ``CallInvoker``).
 
@@ -176,7 +184,12 @@ class Dispatcher:
         arguments, name and ``TickStatus``, are immutable); it is routed by
         ``route_reminder_tick`` (reminder-affine placement), or, when the grain
         is active here and idle, run at once as a turn in the calling task (its
-        result is not returned: a tick's is discarded anyway).
+        result is not returned: a tick's is discarded anyway). Only such calls
+        carry the tick header that ``receive_reminder`` requires (``route``).
+        ``deadline``: seconds to wait for the answer of a call that became a
+        message (instead of the response timeout): then ``GrainCallTimeoutError``,
+        and the message expires with it. A tick run inline is the grain's own
+        work here and is not cut short.
 
         Any other call to an activation that is here, valid and idle runs as a
         turn in the calling task too (``Activation.try_enter_inline``): no message,
@@ -187,6 +200,10 @@ class Dispatcher:
         activation gets them as they are, and ``_send_to`` encodes them only if
         the call leaves the process. Anything mutable is copied through the codec.
         """
+        if method == _TICK_METHOD and not reminder_tick:
+            # Refused here too, not only in ``route``: a local call may run inline
+            # and never become a message.
+            raise MessageRejectedError(_FORGED_TICK.format(gid=grain_id))
         act = self._activations.get(grain_id)
         # The grain is here and idle: the call runs as a turn in this task (no
         # message, response or turn task).
@@ -244,16 +261,19 @@ class Dispatcher:
         # A tick's arguments are the reminder's name and a TickStatus, both
         # immutable by construction: no need to walk them.
         local = reminder_tick or all_immutable(args, kwargs)
+        timeout_ms = self._response_timeout_ms if deadline is None else int(deadline * 1000)
         msg = Message.request(
             grain_id,
             method,
             b"" if local else self.codec.encode((args, kwargs)),
             one_way=one_way,
-            expires_at_ms=self.clock.now_ms() + self._response_timeout_ms,
+            expires_at_ms=self.clock.now_ms() + timeout_ms,
             sender_silo=self.address,
         )
         if local:
             msg.local_args = (args, kwargs)
+        if reminder_tick:
+            msg.headers[TICK_HEADER] = "1"
         chain = current_chain.get()
         if chain:
             msg.headers[CHAIN_HEADER] = encode_chain(chain)
@@ -264,7 +284,18 @@ class Dispatcher:
         fut = self._pending.add(msg.id, grain_id, method)
         try:
             route(msg)
-            response = await fut
+            if deadline is None:
+                response = await fut
+            else:
+                try:
+                    async with asyncio.timeout(deadline):
+                        response = await fut
+                except TimeoutError:
+                    if fut.cancelled():
+                        raise GrainCallTimeoutError(
+                            f"{grain_id}.{method}: no answer within {deadline:g} s"
+                        ) from None
+                    raise
         finally:
             self._pending.discard(msg.id)
         return result_of(response, self.codec)
@@ -276,6 +307,9 @@ class Dispatcher:
         gid = msg.target_grain
         if gid is None:
             self._reject(msg, MessageRejectedError("message without a target grain"))
+            return
+        if msg.method == _TICK_METHOD and not _is_tick(msg):
+            self._reject(msg, MessageRejectedError(_FORGED_TICK.format(gid=gid)))
             return
         defn = self._types.get(gid.type_name)
         if defn is None:
@@ -678,8 +712,14 @@ def _is_management_change(msg: Message) -> bool:
 
 
 def _is_tick(msg: Message) -> bool:
-    """A reminder tick sent by this silo's reminder service (not by a client)."""
-    return msg.method == _TICK_METHOD and msg.sender_client is None
+    """A reminder tick sent by a silo's reminder service: the tick header, which
+    only ``invoke(reminder_tick=True)`` sets, and no client sender (the gateway
+    stamps a client's calls with its id, whatever their headers say)."""
+    return (
+        msg.method == _TICK_METHOD
+        and msg.sender_client is None
+        and msg.headers.get(TICK_HEADER) == "1"
+    )
 
 
 def _is_here(silo: SiloAddress | None, here: SiloAddress) -> bool:

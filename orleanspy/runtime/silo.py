@@ -25,7 +25,7 @@ from orleanspy.directory.cached import CachedDirectory
 from orleanspy.directory.table import GrainDirectory
 from orleanspy.errors import ClosedError, ConfigurationError
 from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_definitions
-from orleanspy.identity import GrainKey, SiloAddress
+from orleanspy.identity import GrainId, GrainKey, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
@@ -513,9 +513,13 @@ class Silo:
             await membership.shutdown()
 
     async def _leave_cluster(self, membership: MembershipService) -> None:
-        """First step of a graceful stop: tell the cluster we are going."""
+        """First step of a graceful stop: hand the reminders over (ticks in flight
+        finished and persisted, nothing more delivered), then tell the cluster
+        we are going, so the next owners read what we last wrote."""
         if self.declared_dead or self._aborted:
             return
+        if self.reminder_service is not None:
+            await self.reminder_service.drain()
         try:
             await membership.update_status(SiloStatus.SHUTTING_DOWN)
         except Exception as exc:
@@ -552,10 +556,27 @@ class Silo:
         self._type_names = frozenset(types)
         registry.hosted_types = self._cluster_types
 
-        async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+        # A tick gives up well before a plain call would (ReminderOptions.tick_timeout).
+        tick_cap = self.options.messaging.response_timeout.total_seconds() / 2
+
+        async def deliver(entry: ReminderEntry, status: TickStatus, deadline: float) -> None:
             await dispatcher.invoke(
-                entry.grain_id, "receive_reminder", (entry.name, status), {}, reminder_tick=True
+                entry.grain_id,
+                "receive_reminder",
+                (entry.name, status),
+                {},
+                reminder_tick=True,
+                deadline=min(deadline, tick_cap),
             )
+
+        async def deliver_tick(grain_id: GrainId, name: str, status: TickStatus) -> None:
+            # An off-schedule tick (the management grain's trigger, tests): a
+            # tick like the service's own, waited for as long as any call.
+            await dispatcher.invoke(
+                grain_id, "receive_reminder", (name, status), {}, reminder_tick=True
+            )
+
+        registry.deliver_tick = deliver_tick
 
         async def publish_missed(event: MissedReminder) -> None:
             await streams.publish(MISSED_REMINDERS_STREAM, event)
@@ -667,6 +688,11 @@ class Silo:
 
         if not self._clustered:
             return Check(True, "in memory")
+        if self.state is not SiloState.RUNNING or self.declared_dead:
+            # A silo that is stopping (itself, or by the cluster's verdict) may be
+            # closing the client: a ping now could take a connection from a pool
+            # that no longer releases it.
+            return Check(False, "stopping")
         client = self._storage_client
         if client is None:
             ok = self._membership_table is not None and self.membership is not None

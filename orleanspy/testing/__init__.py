@@ -4,7 +4,8 @@
 one process, ``wait_for`` polls a condition with a deadline, ``RedisServer``
 starts a private ``redis-server`` and ``PostgresDatabase`` makes a throw-away
 database on a running PostgreSQL server. ``duplicate_activations`` builds the
-split-brain case for grain state tests.
+split-brain case for grain state tests, and ``simulate_tick`` delivers a
+reminder tick by hand (``receive_reminder`` refuses calls that are not ticks).
 
 The conformance kits, one per provider kind, each with the tuple of its checks:
 
@@ -37,6 +38,7 @@ from orleanspy.testing.postgres import PostgresDatabase
 from orleanspy.testing.redis_server import RedisServer
 from orleanspy.testing.reminder_table import REMINDER_TABLE_CHECKS, check_reminder_table
 from orleanspy.testing.stream_provider import STREAM_PROVIDER_CHECKS, check_stream_provider
+from orleanspy.testing.ticks import simulate_tick
 from orleanspy.testing.transport import TRANSPORT_CHECKS, RecordingSink, check_transport
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "check_stream_provider",
     "check_transport",
     "duplicate_activations",
+    "simulate_tick",
     "started",
     "wait_for",
 ]

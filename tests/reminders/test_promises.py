@@ -59,9 +59,11 @@ class SlowRecorder(Recorder):
         self._clock = clock
         self._cost = cost
 
-    async def __call__(self, entry: ReminderEntry, status: TickStatus) -> None:
+    async def __call__(
+        self, entry: ReminderEntry, status: TickStatus, deadline: float = 0.0
+    ) -> None:
         await self._clock.sleep(self._cost)
-        await super().__call__(entry, status)
+        await super().__call__(entry, status, deadline)
 
 
 async def run_until(clock: ManualClock, done: object, step: float, limit: float) -> None:

@@ -190,7 +190,7 @@ async def test_service_stops_even_if_the_store_client_swallows_the_cancellation(
     await table.upsert(entry)
     delivered = asyncio.Event()
 
-    async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+    async def deliver(entry: ReminderEntry, status: TickStatus, deadline: float = 0.0) -> None:
         delivered.set()
 
     stack = AsyncExitStack()
@@ -214,7 +214,7 @@ async def test_service_stops_even_if_a_row_read_swallows_the_cancellation() -> N
     clock = ManualClock()
     table = _SwallowingTable()
 
-    async def deliver(entry: ReminderEntry, status: TickStatus) -> None:
+    async def deliver(entry: ReminderEntry, status: TickStatus, deadline: float = 0.0) -> None:
         pass
 
     stack = AsyncExitStack()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import replace
@@ -12,12 +13,13 @@ from typing import Any
 import pytest
 
 from orleanspy.clock import to_ms
-from orleanspy.errors import SiloUnavailableError, StorageUnavailableError
+from orleanspy.errors import GrainCallTimeoutError, SiloUnavailableError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._service.loader import FULL_REFILL_EVERY
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import (
+    FireOutcome,
     MissedReminder,
     MissedReminderAction,
     ReminderChange,
@@ -41,6 +43,8 @@ OPTIONS = ReminderOptions(
     retry_initial=timedelta(milliseconds=100),
     retry_max=timedelta(seconds=1),
     adaptive=False,
+    # Stated rather than defaulted: the tests below count on it.
+    missed_tick_grace=timedelta(seconds=30),
 )
 
 
@@ -54,9 +58,13 @@ class Recorder:
         self.gate: asyncio.Event | None = None
         self.blocked = 0
         self.on_call: Callable[[], None] | None = None
+        self.deadlines: list[float] = []
 
-    async def __call__(self, entry: ReminderEntry, status: TickStatus) -> None:
+    async def __call__(
+        self, entry: ReminderEntry, status: TickStatus, deadline: float = 0.0
+    ) -> None:
         self.attempts += 1
+        self.deadlines.append(deadline)
         if self.on_call is not None:
             self.on_call()
         queue = self.failures.get(entry.name)
@@ -326,8 +334,8 @@ async def test_missed_fire_immediately_coalesces_then_resumes_the_grid(table, cl
     async with running(table, clock, rec) as svc:
         await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         status = rec.calls[0][1]
-        assert status.current_tick_time == START + 10 * S  # the first missed slot
-        assert status.missed_ticks == 8  # +20 .. +90 folded into it
+        assert status.current_tick_time == START + 90 * S  # the latest missed slot
+        assert status.missed_ticks == 8  # +10 .. +80 folded into it
         assert status.delivered_at == START + 95 * S
         await svc.wait_persisted()
         assert (await table.read(e.grain_id, e.name)).next_due == START + 100 * S
@@ -402,24 +410,32 @@ async def test_row_loaded_several_slots_behind_after_an_outage_gets_its_action(c
         table.down = False
         await svc.refill_now()
         await wait_for(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1, 5.0, interval=0)
-        # FIRE_IMMEDIATELY: one catch-up for +400 with +410, +420 folded in; SKIP: nothing.
+        # FIRE_IMMEDIATELY: one catch-up for +420 with +400, +410 folded in; SKIP: nothing.
         ((caught_up, status),) = rec.calls
         assert caught_up.grain_id.key == 2
-        assert (status.current_tick_time, status.missed_ticks) == (START + 400 * S, 2)
+        assert (status.current_tick_time, status.missed_ticks) == (START + 420 * S, 2)
         await advance(clock, 5)
         await wait_for(lambda: len(rec.calls) == 3, 5.0, interval=0)
         assert sorted(rec.slots()[1:]) == [START + 430 * S, START + 430 * S]
 
 
-async def test_row_behind_its_grid_without_storage_trouble_is_just_late(table, clock) -> None:
-    # An overload, not an outage: both passed slots are delivered on their slots.
-    await table.upsert(entry(clock, due=10, period=10, action=MissedReminderAction.SKIP))
+async def test_row_behind_its_grid_by_more_than_a_period_is_never_a_burst(table, clock) -> None:
+    # Slots +10 and +20 have passed, both inside the 30 s grace: still no burst.
+    # SKIP delivers neither; FIRE_IMMEDIATELY one tick for +20 standing for both.
+    await table.upsert(entry(clock, 1, due=10, period=10, action=MissedReminderAction.SKIP))
+    fire = MissedReminderAction.FIRE_IMMEDIATELY
+    await table.upsert(entry(clock, 2, due=10, period=10, action=fire))
     await advance(clock, 25)
     rec = Recorder()
     async with running(table, clock, rec) as svc:
-        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
-        assert rec.slots() == [START + 10 * S, START + 20 * S]
-        assert svc.stats.missed == 0
+        await wait_for(lambda: len(rec.calls) == 1 and svc.stats.skipped == 1, 5.0, interval=0)
+        ((caught_up, status),) = rec.calls
+        assert caught_up.grain_id.key == 2
+        assert (status.current_tick_time, status.missed_ticks) == (START + 20 * S, 1)
+        await advance(clock, 5)
+        await wait_for(lambda: len(rec.calls) == 3, 5.0, interval=0)
+        assert rec.slots()[1:] == [START + 30 * S] * 2
+        assert svc.stats.missed == 2
 
 
 async def test_repair_skips_long_overdue_rows_the_window_has_no_room_for(table, clock) -> None:
@@ -506,7 +522,8 @@ async def test_transient_failure_is_retried_and_persisted_only_after_ack(table, 
         await wait_for(lambda: rec.attempts == 1, 5.0, interval=0)
         before = await table.read(e.grain_id, e.name)
         assert before.next_due == START + 10 * S and before.last_fire is None
-        assert svc.stats.in_flight == 1
+        # The retry waits in the window, holding no permit.
+        await wait_for(lambda: svc.stats.in_flight == 0 and svc.stats.loaded == 1, 5.0, interval=0)
         while not rec.calls:
             await advance(clock, 0.5)  # through the retry backoff
         assert rec.attempts == 3 and svc.stats.retries == 2
@@ -534,6 +551,36 @@ async def test_grain_error_advances_the_schedule_and_is_counted(table, clock) ->
         await advance(clock, 10)
         await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
         assert rec.slots() == [START + 20 * S]
+
+
+async def test_a_failing_tick_logs_its_traceback_rate_limited_and_keeps_its_error(
+    table, clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    rec.failures["r"] = [ValueError("grain bug"), KeyError("gone")]
+    with caplog.at_level(logging.WARNING, logger="orleanspy.reminders._delivery"):
+        async with running(table, clock, rec) as svc:
+            await advance(clock, 10)
+            await wait_for(lambda: svc.stats.grain_errors == 1, 5.0, interval=0)
+            await advance(clock, 10)
+            await wait_for(lambda: svc.stats.grain_errors == 2, 5.0, interval=0)
+
+            async def recorded() -> bool:
+                return len(await table.read_history(e.grain_id, e.name)) == 2
+
+            await wait_for(recorded, 5.0)
+    history = await table.read_history(e.grain_id, e.name)
+    assert [(r.outcome, r.error) for r in history] == [
+        (FireOutcome.GRAIN_ERROR, "KeyError: 'gone'"),
+        (FireOutcome.GRAIN_ERROR, "ValueError: grain bug"),
+    ]
+    failed = [r for r in caplog.records if "tick failed in grain" in r.getMessage()]
+    assert len(failed) == 2
+    # The first failure carries its traceback; the second, within the minute, does not.
+    assert failed[0].exc_info is not None and "grain bug" in caplog.text
+    assert failed[1].exc_info is None and "KeyError: 'gone'" in failed[1].getMessage()
 
 
 async def test_cas_conflict_drops_the_local_copy(clock) -> None:
@@ -781,3 +828,72 @@ async def test_rotation_keeps_priority_first(table, clock) -> None:
     normal = [per_row[e.key] for e in rows if int(e.priority) == 0]
     assert min(critical) >= 18, critical  # every slot of 20 s, less start-up
     assert min(normal) >= 2, sorted(normal)[:10]
+
+
+# -- hand-over and permits ---------------------------------------------------------------
+
+
+async def test_drain_finishes_ticks_in_flight_persists_them_and_delivers_nothing_more(
+    table, clock
+) -> None:
+    await table.upsert(entry(clock, 1, due=10, period=10))
+    await table.upsert(entry(clock, 2, due=11, period=10))
+    rec = Recorder()
+    rec.gate = asyncio.Event()
+    async with running(table, clock, rec) as svc:
+        await advance(clock, 10)
+        await wait_for(lambda: rec.blocked == 1, 5.0, interval=0)  # row 1 in flight
+        drained = asyncio.create_task(svc.drain())
+        await advance(clock, 1)  # row 2 falls due: not delivered any more
+        await asyncio.sleep(0)
+        assert not drained.done()
+        rec.gate.set()
+        assert await drained is True
+        # Row 1's tick finished and its next slot is in the table before drain returned.
+        assert (await table.read(GrainId("G", 1), "r")).next_due == START + 20 * S
+        await advance(clock, 30)
+        await clock.settle()
+        assert rec.keys() == ["G/i:1|r"]
+        assert (await table.read(GrainId("G", 2), "r")).next_due == START + 11 * S
+
+
+async def test_a_tick_stuck_on_the_call_path_gives_its_permit_back(table, clock) -> None:
+    # One permit. Row 1's call times out (as a call to an unreachable peer does
+    # once its deadline passes) and waits 5 s for its retry: row 2, due at +11,
+    # gets the permit at once instead of waiting behind it.
+    await table.upsert(entry(clock, 1, due=10, period=10))
+    await table.upsert(entry(clock, 2, due=11, period=10))
+    rec = Recorder()
+    rec.failures["r"] = [GrainCallTimeoutError("no answer within 10 s")]
+    slow_retry = replace(OPTIONS, permits=1, retry_initial=5 * S, retry_max=5 * S)
+    async with running(table, clock, rec, options=slow_retry) as svc:
+        await advance(clock, 10)
+        await wait_for(lambda: svc.stats.retries == 1, 5.0, interval=0)
+        await advance(clock, 1)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
+        assert rec.keys() == ["G/i:2|r"]
+        # Row 1 is retried after its backoff, on its slot (inside the grace).
+        await advance(clock, 5)
+        await wait_for(lambda: len(rec.calls) == 2, 5.0, interval=0)
+        assert rec.keys()[1] == "G/i:1|r"
+        assert rec.calls[1][1].current_tick_time == START + 10 * S
+    # Each call was given the row's period as its deadline (10 s: within 2 .. 10 s).
+    assert set(rec.deadlines) == {10.0}
+
+
+async def test_a_row_whose_calls_keep_failing_is_tried_ever_more_rarely(table, clock) -> None:
+    # The backoff carries over slots: a row whose grain stays unreachable does not
+    # take a permit once per slot, and the healthy row beside it ticks every slot.
+    await table.upsert(entry(clock, 1, "stuck", due=10, period=10))
+    await table.upsert(entry(clock, 2, "ok", due=10, period=10))
+    rec = Recorder()
+    rec.failures["stuck"] = [GrainCallTimeoutError("unreachable")] * 1000
+    options = replace(OPTIONS, permits=1, retry_initial=S / 10, retry_max=60 * S)
+    async with running(table, clock, rec, options=options) as svc:
+        for _ in range(60):  # 300 s: 30 slots
+            await advance(clock, 5)
+        await wait_for(lambda: len(rec.slots("ok")) == 30, 5.0, interval=0)
+        stuck_attempts = rec.attempts - len(rec.calls)
+        # 0.1, 0.2, 0.4 ... 51.2 s, then 60 s apart: about 13, not 30+.
+        assert 8 <= stuck_attempts <= 16, stuck_attempts
+        assert svc.stats.in_flight == 0

@@ -160,37 +160,92 @@ def test_released_rows_leave_the_heap() -> None:
 # -- ticks and lanes ---------------------------------------------------------------------
 
 
-def _plan(row: Row, now: datetime, grace: timedelta, *, reloaded: bool = False) -> TickPlan:
-    return plan_tick(row.schedule, row.entry.action, row.next_due, now, grace, reloaded=reloaded)
+def _plan(row: Row, now: datetime, grace: timedelta) -> TickPlan:
+    return plan_tick(row.schedule, row.entry.action, row.next_due, now, grace)
 
 
 def test_plan_tick_within_grace_delivers_the_slot() -> None:
-    plan = _plan(_row(1, 10), T0 + 35 * S, 30 * S)
+    # 5 s late on a 10 s grid: the only passed slot, inside the grace.
+    plan = _plan(_row(1, 10), T0 + 15 * S, 30 * S)
     assert plan.deliver and not plan.missed and plan.slot == T0 + 10 * S
 
 
 def test_plan_tick_past_grace_applies_the_action() -> None:
     now = T0 + 95 * S
     fire = _plan(_row(1, 10, action=MissedReminderAction.FIRE_IMMEDIATELY), now, 30 * S)
-    assert (fire.deliver, fire.missed_ticks, fire.resume) == (True, 8, T0 + 100 * S)
-    skip = _plan(_row(1, 10, action=MissedReminderAction.SKIP), now, 30 * S)
-    assert (skip.deliver, skip.missed_ticks, skip.resume) == (False, 9, T0 + 100 * S)
-
-
-def test_plan_tick_of_a_reloaded_row_behind_by_several_slots_applies_the_action() -> None:
-    # A row read back from the table 25 s behind its 10 s grid, inside a 30 s grace:
-    # the slots at 10, 20 and 30 s have passed, so they count as missed.
-    now = T0 + 35 * S
-    row = _row(1, 10, action=MissedReminderAction.SKIP)
-    assert _plan(row, now, 30 * S).deliver  # a held row: late but on time
-    skip = _plan(row, now, 30 * S, reloaded=True)
-    assert (skip.deliver, skip.missed_ticks, skip.resume) == (False, 3, T0 + 40 * S)
-    fire = _plan(
-        _row(1, 10, action=MissedReminderAction.FIRE_IMMEDIATELY), now, 30 * S, reloaded=True
+    # One catch-up for the latest passed slot (+90), the eight before it folded in.
+    assert (fire.deliver, fire.slot, fire.missed_ticks, fire.resume) == (
+        True,
+        T0 + 90 * S,
+        8,
+        T0 + 100 * S,
     )
-    assert (fire.deliver, fire.missed_ticks, fire.slot) == (True, 2, T0 + 10 * S)
-    # Behind by less than one period: an ordinary late tick.
-    assert _plan(row, T0 + 15 * S, 30 * S, reloaded=True).deliver
+    skip = _plan(_row(1, 10, action=MissedReminderAction.SKIP), now, 30 * S)
+    assert (skip.deliver, skip.slot, skip.missed_ticks, skip.resume) == (
+        False,
+        T0 + 10 * S,
+        9,
+        T0 + 100 * S,
+    )
+
+
+def test_plan_tick_one_slot_past_its_grace_is_missed() -> None:
+    row = _row(1, 10, action=MissedReminderAction.SKIP)
+    # +10 is 1.5 s late with a 1 s grace; +20 is not due yet.
+    late = _plan(row, T0 + 11.5 * S, 1 * S)
+    assert (late.deliver, late.missed, late.missed_ticks, late.resume) == (
+        False,
+        True,
+        1,
+        T0 + 20 * S,
+    )
+    assert _plan(row, T0 + 10.5 * S, 1 * S).deliver
+
+
+@pytest.mark.parametrize("grace_s", [0, 1, 30, 3600, 10**6])
+@pytest.mark.parametrize("action", list(MissedReminderAction))
+def test_plan_tick_several_passed_slots_never_burst_whatever_the_grace(
+    grace_s: int, action: MissedReminderAction
+) -> None:
+    # A 2 s row whose owner was killed: 11 s later six slots have passed. Each
+    # plan is followed as the service follows it (deliver or skip, then resume).
+    entry = dataclasses.replace(_row(1, 2, action=action).entry, period=2 * S)
+    row = Row(entry, schedule_for(entry), entry.next_due, None)
+    now = T0 + 13 * S
+    deliveries, slot = 0, row.next_due
+    while slot <= now:
+        plan = plan_tick(row.schedule, action, slot, now, grace_s * S)
+        deliveries += plan.deliver
+        slot = plan.resume or row.schedule.next_after(plan.slot)
+    assert deliveries == (1 if action is MissedReminderAction.FIRE_IMMEDIATELY else 0)
+    assert slot == T0 + 14 * S
+    plan = plan_tick(row.schedule, action, row.next_due, now, grace_s * S)
+    assert plan.missed and plan.resume == T0 + 14 * S
+    if plan.deliver:
+        assert (plan.slot, plan.missed_ticks) == (T0 + 12 * S, 5)
+    else:
+        assert (plan.slot, plan.missed_ticks) == (T0 + 2 * S, 6)
+
+
+def test_plan_tick_catches_up_a_cron_row_on_its_latest_slot() -> None:
+    # Every 10 s by cron, reached 25 s after +10: +10, +20, +30 have passed.
+    entry = ReminderEntry(
+        service_id="s",
+        grain_id=GrainId("G", 1),
+        name="r",
+        start_at=T0,
+        next_due=T0 + 10 * S,
+        period=None,
+        cron="*/10 * * * * *",
+        action=MissedReminderAction.FIRE_IMMEDIATELY,
+    )
+    plan = plan_tick(schedule_for(entry), entry.action, entry.next_due, T0 + 35 * S, 60 * S)
+    assert (plan.deliver, plan.slot, plan.missed_ticks, plan.resume) == (
+        True,
+        T0 + 30 * S,
+        2,
+        T0 + 40 * S,
+    )
 
 
 def test_lanes_take_critical_first() -> None:
@@ -283,6 +338,7 @@ def test_rescheduled_keeps_every_other_field() -> None:
         declared=True,
         paused=True,
         fingerprint="abc:60:2",
+        grace=timedelta(seconds=3),
     )
     later = t + timedelta(seconds=5)
     assert entry.rescheduled(later, t, "e2") == dataclasses.replace(

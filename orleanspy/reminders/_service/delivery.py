@@ -1,19 +1,22 @@
 """Delivery: what happens to a row once it is due.
 
-A tick is one grain call, ``receive_reminder``. Failures of the call path are
-retried until the grain acknowledges; only then is the row's next slot handed
-to the persister. A silo lost between the two leaves the old slot in the table
-and the next owner delivers the tick again: at least once. A row reached later
-than the grace gets its ``MissedReminderAction`` instead (``missed``), and
-its grid resumes after now, so a long outage costs at most one catch-up tick
-per row.
+A tick is one grain call, ``receive_reminder``, with a deadline of its own
+(``tick_deadline``). Failures of the call path give the delivery permit back
+and the row waits in the window for its retry; only after the grain
+acknowledged is the row's next slot handed to the persister. A silo lost
+between the two leaves the old slot in the table and the next owner delivers
+the tick again: at least once. A row reached later than its grace, or with a
+further slot passed, gets its ``MissedReminderAction`` instead (``missed``),
+and its grid resumes after now, so a long outage costs at most one catch-up
+tick per row.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from orleanspy._retry import Backoff
 from orleanspy.clock import Clock
@@ -37,9 +40,11 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     ScheduleUpdate,
     TickStatus,
+    error_text,
 )
+from orleanspy.reminders.schedule import Schedule
 
-__all__ = ["TRANSIENT_ERRORS", "Deliver", "Delivery", "PublishMissed"]
+__all__ = ["TRANSIENT_ERRORS", "Deliver", "Delivery", "PublishMissed", "tick_deadline"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +57,29 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     StorageUnavailableError,
 )
 
-#: ``deliver(entry, status)`` makes the grain call and returns on acknowledgement.
-Deliver = Callable[[ReminderEntry, TickStatus], Awaitable[None]]
+#: ``deliver(entry, status, deadline)`` makes the grain call and returns on
+#: acknowledgement. ``deadline`` (seconds, ``tick_deadline``) bounds how long it
+#: may wait on another process: past it, it raises ``GrainCallTimeoutError``
+#: (a tick running in this process may take longer; it is the grain's own work).
+Deliver = Callable[[ReminderEntry, TickStatus, float], Awaitable[None]]
+
+#: A failing tick's traceback is logged at most once per this many seconds per
+#: reminder; the failures in between are counted in the next such line.
+TRACEBACK_EVERY_S = 60.0
+# Reminders whose last traceback time is remembered, at most (then the oldest go).
+_TRACEBACKS_KEPT = 10_000
+
+
+def tick_deadline(schedule: Schedule, slot: datetime, options: ReminderOptions) -> float:
+    """How long, in seconds, a tick's call may wait for its grain: the row's
+    period (the gap to its next slot, for cron), within
+    ``minimum_tick_timeout .. tick_timeout``. Shorter than the response timeout,
+    so a tick stuck on an unreachable peer gives its permit back in time for
+    the row's next slot."""
+    gap = (schedule.next_after(slot) - slot).total_seconds()
+    low = options.minimum_tick_timeout.total_seconds()
+    high = options.tick_timeout.total_seconds()
+    return min(high, max(low, gap))
 
 
 class Delivery:
@@ -67,15 +93,20 @@ class Delivery:
 
     Guarantees:
 
-    - at least once: a tick failing with one of ``TRANSIENT_ERRORS`` is retried
-      with backoff until acknowledged, unless the row is dropped meanwhile (its
-      next owner delivers it). Any other exception is the grain's own failure:
-      logged, counted in ``grain_errors``, not retried; the schedule moves on;
+    - at least once: a tick failing with one of ``TRANSIENT_ERRORS`` (also a
+      call that outlived its ``tick_deadline``) gives its permit back and waits
+      in the window for a retry with backoff; it is then planned again, so it
+      is retried, or handed to its missed-tick action once late past its grace,
+      unless the row is dropped meanwhile (its next owner delivers it). Any
+      other exception is the grain's own failure: logged (with its traceback,
+      rate-limited per reminder), recorded in the history with its type and
+      message, counted in ``grain_errors``, not retried; the schedule moves on;
     - the next slot is submitted for persistence only after ``deliver`` has
       returned (or raised a grain error), never before;
-    - the missed-tick rule (``missed``) applies: FIRE_IMMEDIATELY delivers
-      one catch-up tick, SKIP and NOTIFY deliver none, and the grid resumes at
-      the first slot after now;
+    - the missed-tick rule (``missed``) applies, with the row's own grace or the
+      default: several passed slots, or one past the grace, are missed;
+      FIRE_IMMEDIATELY delivers one catch-up tick (the latest slot), SKIP and
+      NOTIFY deliver none; the grid resumes at the first slot after now;
     - catch-up grain calls (slots older than ``catch_up_lateness``) wait
       their turn on the ramp of ``herd`` first, in the order they came;
     - a dropped row is not ticked or re-queued again (a delivery already running
@@ -117,25 +148,18 @@ class Delivery:
             ceiling=options.catch_up_ceiling,
             lateness=options.catch_up_lateness,
         )
+        # Row key -> (loop time of its last logged traceback, failures since).
+        self._tracebacks: dict[str, tuple[float, int]] = {}
 
     async def tick(self, row: Row) -> None:
         """Deliver (or skip) one due row, then move it to its next slot."""
         if row.dropped:
             return
         now = self._clock.now()
-        plan = plan_tick(
-            row.schedule,
-            row.entry.action,
-            row.next_due,
-            now,
-            self._options.grace,
-            reloaded=row.reloaded,
-        )
-        row.reloaded = False
+        entry = row.entry
+        grace = self._options.grace if entry.grace is None else entry.grace
+        plan = plan_tick(row.schedule, entry.action, row.next_due, now, grace)
         last_fire = row.last_fire
-        if plan.missed:
-            self.missed += 1
-            self.metrics.missed(row.entry.action.name)
         if plan.deliver:
             if self._herd.enabled:
                 # A catch-up call waits for its turn on the ramp (``_herd``).
@@ -148,70 +172,123 @@ class Delivery:
                 return
             last_fire = now = delivered_at
             next_due = plan.resume or row.schedule.next_after(plan.slot)
+            if plan.missed:
+                self._count_missed(entry)
         else:
             assert plan.resume is not None
+            self._count_missed(entry)
             next_due = plan.resume
             self.skipped += 1
-            if row.entry.action is MissedReminderAction.NOTIFY:
-                await self._notifier.notify(row.entry, plan.slot, now, plan.missed_ticks, next_due)
-            self.history.fired(row.entry, plan.slot, now, skip_outcome(row.entry))
+            if entry.action is MissedReminderAction.NOTIFY:
+                await self._notifier.notify(entry, plan.slot, now, plan.missed_ticks, next_due)
+            self.history.fired(entry, plan.slot, now, skip_outcome(entry))
+            self._advance(row, next_due, last_fire, now, delivered=False)
+            return
         self._advance(row, next_due, last_fire, now)
+
+    def _count_missed(self, entry: ReminderEntry) -> None:
+        self.missed += 1
+        self.metrics.missed(entry.action.name)
 
     # -- one tick ---------------------------------------------------------------------
 
     async def _call(self, row: Row, plan: TickPlan, now: datetime) -> datetime | None:
-        """Deliver the tick until acknowledged; the delivery time, or ``None`` if the
-        row was dropped while retrying (the new owner delivers it). ``now``: the
-        clock as the tick was planned, the first attempt's delivery time."""
+        """Deliver the tick; the delivery time once acknowledged (or failed in the
+        grain), or ``None`` if it did not happen: the call path failed, and the
+        row waits in the window for its retry (``DueWindow.retry``, giving its
+        permit back), or it was dropped meanwhile (its new owner delivers it).
+        ``now``: the clock as the tick was planned, its delivery time."""
         entry = row.entry
-        backoff: Backoff | None = None  # made on the first retry: most ticks need none
-        delivered_at = now
-        while True:
-            status = TickStatus(
-                first_tick_time=entry.start_at,
-                period=entry.period,
-                cron=entry.cron,
-                current_tick_time=plan.slot,
-                delivered_at=delivered_at,
-                missed_ticks=plan.missed_ticks,
-                priority=int(entry.priority),
+        status = TickStatus(
+            first_tick_time=entry.start_at,
+            period=entry.period,
+            cron=entry.cron,
+            current_tick_time=plan.slot,
+            delivered_at=now,
+            missed_ticks=plan.missed_ticks,
+            priority=int(entry.priority),
+        )
+        deadline = row.deadline
+        if deadline is None:
+            deadline = row.deadline = tick_deadline(row.schedule, plan.slot, self._options)
+        try:
+            await self._deliver(entry, status, deadline)
+        except TRANSIENT_ERRORS as exc:
+            self.retries += 1
+            log.info(
+                "reminder tick retry name=%s key=%s attempt=%d error=%r",
+                self._name,
+                row.key,
+                row.attempts + 1,
+                exc,
             )
-            try:
-                await self._deliver(entry, status)
-            except TRANSIENT_ERRORS as exc:
-                self.retries += 1
-                log.info("reminder tick retry name=%s key=%s error=%r", self._name, row.key, exc)
-                if backoff is None:
-                    backoff = Backoff(self._options.retry_initial, self._options.retry_max)
-                await self._clock.sleep(backoff.next())
-                if row.dropped:
-                    return None
-                delivered_at = self._clock.now()
-                continue
-            except Exception as exc:
-                # The grain's own receive_reminder failed: not retried
-                # (docs/architecture.md, section 2, step 6).
-                self.grain_errors += 1
-                self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), True)
-                self.history.fired(entry, plan.slot, delivered_at, FireOutcome.GRAIN_ERROR)
-                log.warning(
-                    "reminder tick failed in grain name=%s key=%s slot=%s error=%r",
-                    self._name,
-                    row.key,
-                    plan.slot.isoformat(),
-                    exc,
-                )
-                return delivered_at
-            self.delivered += 1
-            self.metrics.tick(entry.priority, (delivered_at - plan.slot).total_seconds(), False)
-            self.history.fired(entry, plan.slot, delivered_at, FireOutcome.OK)
-            return delivered_at
+            if not row.dropped:
+                self._window.retry(row, self._clock.now() + self._retry_delay(row.attempts))
+            return None
+        except Exception as exc:
+            # The grain's own receive_reminder failed: not retried
+            # (docs/architecture.md, section 2, step 6).
+            self.grain_errors += 1
+            self.metrics.tick(entry.priority, (now - plan.slot).total_seconds(), True)
+            self.history.fired(entry, plan.slot, now, FireOutcome.GRAIN_ERROR, error_text(exc))
+            self._log_grain_error(row, plan, exc)
+            return now
+        self.delivered += 1
+        self.metrics.tick(entry.priority, (now - plan.slot).total_seconds(), False)
+        self.history.fired(entry, plan.slot, now, FireOutcome.OK)
+        return now
+
+    def _log_grain_error(self, row: Row, plan: TickPlan, exc: Exception) -> None:
+        """One WARNING per failure; its traceback (the grain's, for a remote
+        grain) at most every ``TRACEBACK_EVERY_S`` per reminder, with how many
+        failures went without one since."""
+        now = asyncio.get_running_loop().time()
+        seen = self._tracebacks.get(row.key)
+        if seen is not None and now - seen[0] < TRACEBACK_EVERY_S:
+            self._tracebacks[row.key] = (seen[0], seen[1] + 1)
+            log.warning(
+                "reminder tick failed in grain name=%s key=%s slot=%s error=%s",
+                self._name,
+                row.key,
+                plan.slot.isoformat(),
+                error_text(exc),
+            )
+            return
+        if len(self._tracebacks) >= _TRACEBACKS_KEPT:
+            self._tracebacks.pop(next(iter(self._tracebacks)))
+        self._tracebacks[row.key] = (now, 0)
+        remote = getattr(exc, "remote_traceback", "")
+        log.warning(
+            "reminder tick failed in grain name=%s key=%s slot=%s error=%s "
+            "failures_without_traceback=%d%s",
+            self._name,
+            row.key,
+            plan.slot.isoformat(),
+            error_text(exc),
+            0 if seen is None else seen[1],
+            f"\nremote traceback:\n{remote.rstrip()}" if remote else "",
+            exc_info=None if remote else exc,
+        )
+
+    def _retry_delay(self, attempts: int) -> timedelta:
+        """The backoff after ``attempts`` earlier call-path failures of a row."""
+        backoff = Backoff(self._options.retry_initial, self._options.retry_max)
+        for _ in range(attempts):
+            backoff.next()
+        return timedelta(seconds=backoff.next())
 
     def _advance(
-        self, row: Row, next_due: datetime, last_fire: datetime | None, now: datetime
+        self,
+        row: Row,
+        next_due: datetime,
+        last_fire: datetime | None,
+        now: datetime,
+        *,
+        delivered: bool = True,
     ) -> None:
         """Record the row's next slot: persist it, and re-queue or release the row
-        (``now``: the clock when the tick was delivered or skipped)."""
+        (``now``: the clock when the tick was delivered or skipped; ``delivered``:
+        whether a tick reached the grain, which ends a run of call failures)."""
         row.last_fire = last_fire
         etag = row.etag
         # Submitted for a dropped row too: its tick happened. The CAS against the
@@ -222,4 +299,7 @@ class Delivery:
                 row.key,
             )
         keep = next_due <= now + self._options.look_ahead
-        self._window.ticked(row, next_due, keep=keep)
+        failing_until = None
+        if not delivered and row.attempts:
+            failing_until = now + self._retry_delay(row.attempts)
+        self._window.ticked(row, next_due, keep=keep, failing_until=failing_until)

@@ -46,9 +46,15 @@ class NoHistory:
     """Records nothing."""
 
     def fired(
-        self, entry: ReminderEntry, slot: datetime, at: datetime, outcome: FireOutcome
+        self,
+        entry: ReminderEntry,
+        slot: datetime,
+        at: datetime,
+        outcome: FireOutcome,
+        error: str | None = None,
     ) -> None:
-        """The slot ``slot`` of ``entry`` met ``outcome`` at ``at``."""
+        """The slot ``slot`` of ``entry`` met ``outcome`` at ``at`` (``error``: the
+        grain's exception as ``Type: message``, for ``GRAIN_ERROR``)."""
 
 
 class History(NoHistory):
@@ -65,9 +71,16 @@ class History(NoHistory):
         self.failures = 0
 
     def fired(
-        self, entry: ReminderEntry, slot: datetime, at: datetime, outcome: FireOutcome
+        self,
+        entry: ReminderEntry,
+        slot: datetime,
+        at: datetime,
+        outcome: FireOutcome,
+        error: str | None = None,
     ) -> None:
-        self._buffer.append(FireRecord(entry.grain_id, entry.name, slot, at, outcome, self._silo))
+        self._buffer.append(
+            FireRecord(entry.grain_id, entry.name, slot, at, outcome, self._silo, error=error)
+        )
         self._wake.set()
 
     async def run(self) -> None:

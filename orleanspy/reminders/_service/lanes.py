@@ -128,6 +128,16 @@ class LaneDrainer(Generic[R]):
     def in_flight(self) -> int:
         return len(self._tasks)
 
+    def stop_taking(self) -> None:
+        """Start no delivery from now on (rows stay in their lanes); deliveries
+        running finish, and take no next row."""
+        self._stopped = True
+
+    async def wait_idle(self) -> None:
+        """Return once no delivery is running."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
     def kick(self) -> None:
         """Start a delivery task for the first waiting row; the rest follow it in
         that task, or get tasks of their own at the next loop iteration."""

@@ -137,9 +137,6 @@ class Loader:
         self._horizon: datetime | None = None
         self._horizon_seen: tuple[int, ...] = ()
         self._polls = 0
-        # When the store last failed (reads here, writes in the persister).
-        self._failures_seen = 0
-        self._trouble_at: datetime | None = None
         # Keys whose stored state changed while a bulk read was running (None:
         # no read is running): that read may return their old state, so it
         # must not load them.
@@ -178,6 +175,12 @@ class Loader:
             if row is not None:
                 self._window.drop(row)
             self._hints.pop(key, None)
+            return
+        if change.entry is not None and change.entry.etag is not None:
+            # A local write carries the row: it takes effect now, also while a
+            # read runs (that read's answer for the key is stale: ``touched``).
+            self._hints.pop(key, None)
+            self._admit(key, change.entry)
             return
         if row is not None:
             whole_row = change.priority is not None
@@ -427,31 +430,32 @@ class Loader:
         except ReminderError as exc:
             log.warning("reminder row unusable name=%s key=%s error=%s", self._name, entry.key, exc)
             return None
-        row = Row(entry, schedule, next_due, last_fire)
-        row.reloaded = self._after_storage_trouble()
-        return row
-
-    def _after_storage_trouble(self) -> bool:
-        """Whether the store failed (a read here, or a write of the persister)
-        within the last ``grace``: rows read now may lag ticks already delivered,
-        or have slots the outage kept from being loaded, so the missed-tick rule
-        treats them as reloaded (``missed.plan_tick``). Otherwise a row behind
-        its grid is an ordinary late row (an overload), delivered within the grace."""
-        now = self._clock.now()
-        failures = self._persister.failures + self.load_errors
-        if failures != self._failures_seen:
-            self._failures_seen = failures
-            self._trouble_at = now
-        return self._trouble_at is not None and now <= self._trouble_at + self._options.grace
+        return Row(entry, schedule, next_due, last_fire)
 
     async def _read_hints(self) -> None:
+        """Read each hinted row and admit it as read, unless its stored state
+        changed while the read ran (a change arrived for it, or one of our writes
+        landed): the answer may predate that change, so it is read again. A read
+        never installs a row older than the newest change seen for its key, nor
+        one removed meanwhile."""
         while self._hints:
-            key, (grain_id, name) = next(iter(self._hints.items()))
+            key, (grain_id, name) = hint = next(iter(self._hints.items()))
+            del self._hints[key]
             self.metrics.table_reads(1)
-            entry = await self._table.read(grain_id, name)
-            # Drop the hint only after the read succeeded; a newer hint for the
-            # same key that arrived meanwhile is served by this read too.
-            self._hints.pop(key, None)
+            try:
+                with self._persister.watch() as touched:
+                    self._touched = touched
+                    try:
+                        entry = await self._table.read(grain_id, name)
+                    finally:
+                        self._touched = None
+            except BaseException:
+                self._hints.setdefault(key, hint[1])
+                raise
+            if key in touched:
+                if self._ownership.owns(grain_id):
+                    self._hints.setdefault(key, hint[1])
+                continue
             if self._ownership.owns(grain_id):
                 self._admit(key, entry)
 
@@ -543,9 +547,8 @@ class Loader:
                 schedule = schedule_for(entry)
             except ReminderError:
                 continue
-            plan = plan_tick(
-                schedule, entry.action, entry.next_due, now, self._options.grace, reloaded=True
-            )
+            grace = self._options.grace if entry.grace is None else entry.grace
+            plan = plan_tick(schedule, entry.action, entry.next_due, now, grace)
             if plan.deliver:
                 # A catch-up (FIRE_IMMEDIATELY) or an on-time tick needs a delivery:
                 # the window loads it once there is room.

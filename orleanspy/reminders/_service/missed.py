@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from orleanspy.reminders.model import MissedReminder, MissedReminderAction, ReminderEntry
-from orleanspy.reminders.schedule import Schedule
+from orleanspy.reminders.schedule import IntervalSchedule, Schedule
 
 __all__ = ["MISSED_COUNT_CAP", "MissedNotifier", "PublishMissed", "TickPlan", "plan_tick"]
 
@@ -32,12 +32,13 @@ class TickPlan:
     """What to do with a row that fell due.
 
     ``deliver``: whether a tick goes to the grain. ``slot`` is the scheduled time
-    the tick stands for (``TickStatus.current_tick_time``). ``missed`` says the
-    slot counts as missed; then ``missed_ticks`` counts slots: for a
-    FIRE_IMMEDIATELY catch-up, the *further* slots in ``(slot, now]`` folded
-    into it; for SKIP/NOTIFY, every slot in ``[slot, now]`` (none was
-    delivered). ``resume`` is the next slot after ``now`` for a missed row, and
-    ``None`` for an on-time tick (its next slot follows ``slot`` on the grid).
+    the tick stands for (``TickStatus.current_tick_time``): for a catch-up, the
+    latest slot that passed; for a skip, the first (what a ``MissedReminder``
+    names). ``missed`` says the slots count as missed; then ``missed_ticks``
+    counts slots: for a FIRE_IMMEDIATELY catch-up, the earlier passed slots
+    folded into it; for SKIP/NOTIFY, every passed slot (none was delivered).
+    ``resume`` is the next slot after ``now`` for a missed row, and ``None`` for
+    an on-time tick (its next slot follows ``slot`` on the grid).
     """
 
     deliver: bool
@@ -53,36 +54,52 @@ def plan_tick(
     slot: datetime,
     now: datetime,
     grace: timedelta,
-    *,
-    reloaded: bool = False,
 ) -> TickPlan:
-    """Apply the missed-tick rule to a tick due at ``slot`` (docs/architecture.md,
+    """Apply the missed-tick rule to a row due at ``slot`` (docs/architecture.md,
     section 2, step 6).
 
-    A tick is on time while ``now <= slot + grace``: it is delivered as is, even
-    if late, and no slot is skipped. Past the grace the row's ``action``
-    decides; the grid resumes at the first slot after ``now``, so a row that was
-    away for a long time produces at most one catch-up tick, never a burst.
+    A tick is on time while it is the only passed slot (the next one is not due
+    yet) and ``now <= slot + grace``: it is delivered as is, even if late.
 
-    ``reloaded`` marks the first tick of a row read from the table within the
-    grace after storage trouble (a failed read or write). Such a row's stored
-    ``next_due`` may lag behind ticks already delivered, or the outage kept it
-    from being loaded in time; so if more than one of its slots has passed (the
-    one after ``slot`` too), the slots count as missed even inside the grace
-    and ``action`` decides: with SKIP none is replayed, with FIRE_IMMEDIATELY
-    one catch-up is delivered. Without storage trouble a row behind its grid is
-    just late (an overload) and is delivered within the grace as usual.
+    Otherwise its slots are missed and the row's ``action`` decides, whatever
+    the grace: catch-up is never a burst. FIRE_IMMEDIATELY delivers one tick
+    for the latest passed slot, with the earlier ones counted in
+    ``missed_ticks``; SKIP and NOTIFY deliver none. The grid resumes at the
+    first slot after ``now``. So a row away for a long time (an outage, a
+    silo killed, a pause, an overload longer than its period) gets at most one
+    delivery for the slots it missed, and a row whose stored schedule lags
+    ticks already delivered (a write lost with its silo) replays none of them
+    as a burst either.
     """
-    if now <= slot + grace and not (reloaded and schedule.next_after(slot) <= now):
-        return TickPlan(deliver=True, slot=slot)
-    # Counting cron slots steps the iterator (~40 µs a slot): cap it so one dense
-    # row found after a long outage cannot stall the loop; past the cap the count
-    # reads "at least MISSED_COUNT_CAP".
-    later = schedule.slots_between(slot, now, cap=MISSED_COUNT_CAP)
+    if schedule.next_after(slot) > now:
+        if now <= slot + grace:
+            return TickPlan(deliver=True, slot=slot)
+        latest, earlier = slot, 0
+    else:
+        latest, earlier = _latest_passed(schedule, slot, now)
     resume = schedule.next_after(now)
     if action is MissedReminderAction.FIRE_IMMEDIATELY:
-        return TickPlan(deliver=True, slot=slot, missed=True, missed_ticks=later, resume=resume)
-    return TickPlan(deliver=False, slot=slot, missed=True, missed_ticks=later + 1, resume=resume)
+        return TickPlan(deliver=True, slot=latest, missed=True, missed_ticks=earlier, resume=resume)
+    return TickPlan(deliver=False, slot=slot, missed=True, missed_ticks=earlier + 1, resume=resume)
+
+
+def _latest_passed(schedule: Schedule, slot: datetime, now: datetime) -> tuple[datetime, int]:
+    """The latest slot ``<= now`` from ``slot`` on, and how many passed slots come
+    before it. Interval schedules answer in closed form; cron steps (~40 µs a
+    slot), capped at ``MISSED_COUNT_CAP``: past the cap the slot reached is taken
+    as the latest (it is then far past any sensible grace, and the count reads
+    "at least")."""
+    if isinstance(schedule, IntervalSchedule):
+        earlier = schedule.slots_between(slot, now, cap=MISSED_COUNT_CAP)
+        latest = schedule.next_after(now) - schedule.period
+        return max(latest, slot), earlier
+    latest, earlier = slot, 0
+    while earlier < MISSED_COUNT_CAP:
+        nxt = schedule.next_after(latest)
+        if nxt > now:
+            break
+        latest, earlier = nxt, earlier + 1
+    return latest, earlier
 
 
 class MissedNotifier:

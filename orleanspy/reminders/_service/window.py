@@ -78,17 +78,22 @@ class Row:
     local schedule, which runs ahead of the table while persistence is pending.
     ``schedule`` is built once per loaded row (a cron iterator is costly to
     construct). ``last_fire`` is the local delivery time of the last
-    acknowledged tick.
+    acknowledged tick. ``retry_at``: set while a tick whose call failed on the
+    call path waits for its retry, back in the heap (it holds no permit
+    meanwhile); ``attempts`` counts those failures. Both are cleared when the
+    row moves to its next slot.
     """
 
     __slots__ = (
+        "attempts",
+        "deadline",
         "dropped",
         "entry",
         "etag",
         "key",
         "last_fire",
         "next_due",
-        "reloaded",
+        "retry_at",
         "schedule",
         "seq",
         "state",
@@ -115,10 +120,11 @@ class Row:
         # Set when the row must not be ticked or re-queued any more (ownership
         # moved, the row was removed or moved by another writer).
         self.dropped = False
-        # True until its first tick for a row read from the table just after
-        # storage trouble: its stored schedule may lag behind ticks already
-        # delivered (_missed). The loader sets it.
-        self.reloaded = False
+        self.retry_at: datetime | None = None
+        self.attempts = 0
+        # The tick call's deadline in seconds, worked out at the first tick (a
+        # cron row's next slot costs tens of µs), again after a new schedule.
+        self.deadline: float | None = None
 
     @property
     def priority(self) -> int:
@@ -238,13 +244,14 @@ class DueWindow:
         self._rows[row.key] = row
         row.state = RowState.QUEUED
         row.seq = next(self._seq)
-        heapq.heappush(self._heap, (row.next_due, -row.priority, row.seq))
+        at = row.next_due if row.retry_at is None else row.retry_at
+        heapq.heappush(self._heap, (at, -row.priority, row.seq))
         self._queued_rows[row.seq] = row
         if self._worst_kept:
             heapq.heappush(self._worst, self._worst_item(row))
         self.high_water = max(self.high_water, len(self._rows))
         self._maybe_compact()
-        new_head = head is None or row.next_due < head
+        new_head = head is None or at < head
         if new_head:
             self.head_changed.set()
         return new_head
@@ -276,10 +283,31 @@ class DueWindow:
         """The next due row to deliver: the oldest of the highest non-empty lane."""
         return self.lanes.pop()
 
-    def ticked(self, row: Row, next_due: datetime, *, keep: bool) -> None:
+    def retry(self, row: Row, at: datetime) -> None:
+        """``row``'s tick failed on the call path: it waits in the heap until ``at``
+        (holding no delivery permit), then its slot is planned again (retried,
+        or handed to its missed-tick action if it is late by then). A dropped
+        row stays out."""
+        row.attempts += 1
+        row.retry_at = at
+        if not row.dropped:
+            self.push(row)
+
+    def ticked(
+        self, row: Row, next_due: datetime, *, keep: bool, failing_until: datetime | None = None
+    ) -> None:
         """``row``'s tick is done and its next slot is ``next_due``: re-queue it if
-        ``keep`` (inside the look-ahead), else release it. A dropped row stays out."""
+        ``keep`` (inside the look-ahead), else release it. A dropped row stays out.
+
+        ``failing_until``: the slot went undelivered after call-path failures; the
+        row keeps its failure count and is not tried again before then (its
+        backoff carries over slots, so a row whose grain stays unreachable
+        takes a permit ever more rarely instead of once per slot)."""
         row.next_due = next_due
+        if failing_until is not None:
+            row.retry_at = failing_until if failing_until > next_due else None
+        elif row.retry_at is not None or row.attempts:
+            row.retry_at, row.attempts = None, 0
         self.turnover += 1
         if keep and self._waiting and self._outside is not None:
             priority = -row.priority if self._priority_first else 0
@@ -386,7 +414,8 @@ class DueWindow:
         row.entry, row.schedule = entry, schedule
         row.etag, row.stored_due = entry.etag, entry.next_due
         row.next_due, row.last_fire = entry.next_due, entry.last_fire
-        row.reloaded = False  # the writer chose this next_due: nothing was missed
+        row.retry_at, row.attempts = None, 0
+        row.deadline = None
         if keep:
             self.push(row)
         else:
