@@ -221,6 +221,7 @@ async def test_operator_changes_to_declared_rows_survive_restarts_until_the_code
         assert first.declared and first.fingerprint is not None
         assert entry_json(first)["declared"] is True
         await mgmt.set_priority(gid, "beat", ReminderPriority.CRITICAL)
+        await mgmt.set_grace(gid, "beat", 30)
         await mgmt.pause(gid, "beat")
     await clock.advance(10 * S)
     async with Silo.local(options(_declared_class()), clock=clock, reminder_table=table):
@@ -228,6 +229,7 @@ async def test_operator_changes_to_declared_rows_survive_restarts_until_the_code
     kept = await table.read(gid, "beat")
     assert kept is not None
     assert kept.priority == ReminderPriority.CRITICAL and kept.paused, "a restart undid it"
+    assert kept.grace == 30 * S, "a restart undid set-grace"
 
     # The code changes the period only: re-anchored, the operator's priority stays.
     await clock.advance(10 * S)
