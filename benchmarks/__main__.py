@@ -20,8 +20,11 @@ BENCHMARKS = [
     "bench_reminder_memory",
     "bench_reminder_cluster",
     "bench_reminder_overload",
+    "bench_reminder_jitter",
     "bench_grain_state",
     "bench_metrics_overhead",
+    "bench_dashboard_cost",
+    "bench_dashboard_search",
 ]
 
 

@@ -55,6 +55,7 @@ from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderEntry,
     ReminderPriority,
+    RetryPolicy,
     TickStatus,
 )
 from orleanspy.runtime.silo import Silo
@@ -93,6 +94,7 @@ __all__ = [
     "ReminderOptions",
     "ReminderPriority",
     "RemoteGrainError",
+    "RetryPolicy",
     "SerializationError",
     "Silo",
     "SiloAddress",

@@ -21,6 +21,7 @@ to the table that made them.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -47,6 +48,7 @@ __all__ = [
     "entry_json",
     "export_line",
     "fire_json",
+    "json_value",
     "open_reminders",
     "parse_export",
     "parse_grain_id",
@@ -80,10 +82,46 @@ def entry_json(entry: ReminderEntry, *, orphaned: bool | None = None) -> dict[st
         "paused": entry.paused,
         "grace_seconds": None if entry.grace is None else entry.grace.total_seconds(),
         "declared": entry.declared,
+        "one_shot": entry.one_shot,
+        "jitter_seconds": None if entry.jitter is None else entry.jitter.total_seconds(),
+        "starts_at": iso(entry.starts_at),
+        "ends_at": iso(entry.ends_at),
+        "max_ticks": entry.max_ticks,
+        "final_due": iso(entry.final_due),
+        "payload": json_value(entry.payload),
+        "retry": None
+        if entry.retry is None
+        else {
+            "max_attempts": entry.retry.max_attempts,
+            "backoff_seconds": entry.retry.backoff.total_seconds(),
+        },
     }
     if orphaned is not None:
         doc["orphaned"] = orphaned
     return doc
+
+
+def json_value(value: Any) -> Any:
+    """A payload as JSON: codec types that JSON lacks as text (datetimes in ISO
+    8601, UUIDs and grain ids as strings, bytes as base64, durations in seconds,
+    registered dataclasses as objects)."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        return {str(k): json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [json_value(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    if isinstance(value, GrainId):
+        return value.canonical
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_value(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return str(value)
 
 
 def fire_json(rec: FireRecord) -> dict[str, Any]:
@@ -96,6 +134,8 @@ def fire_json(rec: FireRecord) -> dict[str, Any]:
         "silo": rec.silo,
         "triggered": rec.triggered,
         "error": rec.error,
+        "attempt": rec.attempt,
+        "final": rec.final,
     }
 
 

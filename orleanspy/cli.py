@@ -1,14 +1,19 @@
 """The ``orleanspy`` command: run a silo, inspect and operate a cluster.
 
 This is the only module that reads the environment, command-line flags and
-signals; everything else takes options as values.
+signals (``_cli_config`` turns what it read, and a ``--config`` file, into the
+silo's options); everything else takes options as values.
 
 ::
 
     orleanspy silo --redis-url redis://127.0.0.1:6379/0 --import myapp.grains \\
                    --silo-port 11111 --gateway-port 30000 --metrics-port 9100 \\
                    --storage postgresql://app@db/app    # grain state (default: Redis)
+    orleanspy silo --config silo.toml --host 0.0.0.0 --advertise-host 10.0.0.5 \\
+                   --set membership.probe_interval=2s
     orleanspy cluster status --redis-url redis://127.0.0.1:6379/0
+    orleanspy cluster status --storage-url postgresql://app@db/app --watch
+    orleanspy dashboard --storage-url redis://127.0.0.1:6379/0 --port 8787
     orleanspy reminders upcoming --minutes 10 --redis-url redis://127.0.0.1:6379/0
     orleanspy reminders get Type/key name --json
     orleanspy demo
@@ -21,12 +26,16 @@ subcommand. ``--storage-url`` takes a Redis or a PostgreSQL URL
 ``--redis-url``; ``--membership-url`` and ``--reminder-table-url`` put one
 table elsewhere; ``silo --storage`` picks where grain state lives. Every flag
 with an environment variable names it in ``--help``; a flag given wins over its
-variable. ``silo`` prints ``READY <address>
+variable. ``silo`` takes each option from its flag or ``--set KEY=VALUE``, else
+its ``ORLEANSPY_...`` variable, else the ``--config FILE`` (TOML), else the
+default (``silo --help`` lists every key). ``silo`` prints ``READY <address>
 <gateway port>`` (and ``<metrics port>`` with ``--metrics-port``) once the silo
 is Active and stops gracefully on SIGTERM or SIGINT. Read commands print
 tables, or JSON with ``--json``; the reminder commands say on stderr whether
 they went through a gateway or straight to the reminder table (Redis or
-PostgreSQL; ``cluster status`` reads Redis only). Exit status: 0
+PostgreSQL; ``cluster status`` reads membership from either, ``--watch`` repeats
+it). ``dashboard`` serves the dashboard on its own (``--port``, ``--host``,
+``--token``). Exit status: 0
 done, 1 failed (the message says why), 2 usage error, 3 the silo stopped
 itself (declared Dead by the cluster, or its membership store lost its data:
 restart it).
@@ -42,12 +51,14 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from orleanspy import __version__
+from orleanspy._cli_config import SETTINGS, SiloConfig, describe, load
 from orleanspy._loop import run
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
@@ -129,6 +140,44 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+# The silo's own flags: flag, the key it sets (see _cli_config), help.
+_SILO_FLAGS = (
+    ("--name", "name", "the silo's name in logs and cluster status"),
+    ("--host", "host", "address the silo, gateway and metrics ports listen on"),
+    ("--advertise-host", "advertised_host",
+     "address or DNS name peers and clients dial; with a wildcard --host, the address "
+     "this host reaches the membership store from"),
+    ("--silo-port", "silo_port", "silo-to-silo port, 0 for any free port"),
+    ("--gateway-port", "gateway_port", "port clients connect to, 0 for any free port, none for no "
+     "gateway"),
+    ("--metrics-port", "metrics_port",
+     "HTTP port of /metrics, /healthz and /readyz, 0 for any free port"),
+    ("--dashboard-port", "dashboard_port",
+     "HTTP port of the dashboard (off unless set), 0 for any free port"),
+    ("--dashboard-host", "dashboard_host",
+     "address the dashboard listens on; other than loopback it needs a token or TLS"),
+    ("--dashboard-token", "dashboard_token",
+     "bearer token the dashboard requires (16+ characters)"),
+    ("--storage-timeout", "storage_start_timeout",
+     "how long start-up retries an unreachable Redis, in seconds or with a unit"),
+    ("--storage", "storage.default",
+     'grain state storage "default": a redis:// or postgresql:// URL'),
+)  # fmt: skip
+_SHOWN: dict[str, object] = {"name": "silo-<id>", "storage_start_timeout": 30.0,
+                             "storage.default": "the cluster's store"}  # fmt: skip
+_METAVARS = {"--silo-port": "PORT", "--gateway-port": "PORT", "--metrics-port": "PORT",
+             "--storage-timeout": "SECONDS", "--storage": "URL", "--host": "ADDRESS",
+             "--advertise-host": "ADDRESS", "--dashboard-port": "PORT",
+             "--dashboard-host": "ADDRESS", "--dashboard-token": "TOKEN"}  # fmt: skip
+# Global flags that are silo settings too.
+_GLOBAL_KEYS = {
+    "redis_url": "redis_url", "storage_url": "storage_url", "membership_url": "membership_url",
+    "reminder_table_url": "reminder_table_url", "cluster_id": "cluster_id",
+    "service_id": "service_id", "secret": "messaging.cluster_secret",
+    "log_level": "log_level", "log_format": "log_format",
+}  # fmt: skip
+
+
 def _env_help(text: str, default: Any, env: str) -> dict[str, Any]:
     return {"default": os.environ.get(env, default), "help": _help(text, default, env)}
 
@@ -147,39 +196,40 @@ def _parser() -> argparse.ArgumentParser:
         )
         return p
 
-    silo = sub(commands, "silo", "run one silo until SIGTERM/SIGINT")
+    silo = commands.add_parser(
+        "silo", help="run one silo until SIGTERM/SIGINT", parents=[common],
+        description="run one silo until SIGTERM/SIGINT. Each setting takes the first value "
+        "found in: its flag (or --set), its environment variable, the --config file, the "
+        "default.", epilog=describe(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    silo.add_argument("--config", metavar="FILE", default=os.environ.get("ORLEANSPY_CONFIG"),
+                      help="TOML file of settings, keys as listed below (default: none; "
+                      "env ORLEANSPY_CONFIG)")  # fmt: skip
+    silo.add_argument("--set", dest="assignments", action="append", default=[],
+                      metavar="KEY=VALUE", help="set any key listed below, e.g. "
+                      "membership.probe_interval=2s (repeatable)")  # fmt: skip
     silo.add_argument(
         "--import", dest="imports", action="append", metavar="MODULE",
         help="module defining grain classes, found from the current directory too "
         "(repeatable; default: none; env ORLEANSPY_IMPORT, comma-separated)",
     )  # fmt: skip
-    silo.add_argument("--name", **_env_help("the silo's name in logs and cluster status",
-                                            "silo-<id>", "ORLEANSPY_SILO_NAME"))  # fmt: skip
-    silo.add_argument("--host", **_env_help("address to listen on", "127.0.0.1", "ORLEANSPY_HOST"))
-    silo.add_argument("--silo-port", type=int, metavar="PORT", **_env_help(
-        "silo-to-silo port, 0 for any free port", 0, "ORLEANSPY_SILO_PORT"))  # fmt: skip
-    silo.add_argument("--gateway-port", type=int, metavar="PORT", **_env_help(
-        "port clients connect to, 0 for any free port", 0, "ORLEANSPY_GATEWAY_PORT"))  # fmt: skip
-    silo.add_argument("--metrics-port", type=int, metavar="PORT", **_env_help(
-        "HTTP port of /metrics, /healthz and /readyz, 0 for any free port",
-        None, "ORLEANSPY_METRICS_PORT"))  # fmt: skip
-    silo.add_argument("--storage-timeout", type=float, metavar="SECONDS", **_env_help(
-        "how long start-up retries an unreachable Redis", 30.0,
-        "ORLEANSPY_STORAGE_TIMEOUT"))  # fmt: skip
-    silo.add_argument(
-        "--storage",
-        metavar="URL",
-        default=os.environ.get("ORLEANSPY_GRAIN_STORAGE"),
-        help=_help(
-            'grain state storage "default": a redis:// or postgresql:// URL',
-            "the cluster's store",
-            "ORLEANSPY_GRAIN_STORAGE",
-        ),
-    )
+    for flag, key, text in _SILO_FLAGS:
+        setting = SETTINGS[key]
+        shown = _SHOWN.get(key, setting.default)
+        silo.add_argument(flag, dest="flag_" + key.replace(".", "__"), metavar=_METAVARS.get(flag),
+                          help=_help(text, shown, setting.env))  # fmt: skip
 
     cluster = sub(commands, "cluster", "look at the cluster")
     what = cluster.add_subparsers(dest="what", metavar="WHAT", required=True)
-    sub(what, "status", "silos: status, address, gateway, start, ring share, load (from Redis)")
+    status = sub(what, "status", "silos: status, address, version, uptime, ring share, load, "
+                 "membership events (from the store: Redis or PostgreSQL)")  # fmt: skip
+    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=None,
+                        metavar="SECONDS", help="print again every SECONDS (default 2) until "
+                        "interrupted (default: once; no env)")  # fmt: skip
+
+    dash = sub(commands, "dashboard", "serve the dashboard on its own, reading the store "
+               "(actions go through a gateway)")  # fmt: skip
+    _dashboard_args(dash, "--port", "--host", "--token")
 
     rem = sub(commands, "reminders", "inspect and change reminder rows")
     ops = rem.add_subparsers(dest="what", metavar="WHAT", required=True)
@@ -255,6 +305,19 @@ def _filter_args(p: argparse.ArgumentParser, *, required: bool = False) -> None:
                    help="only rows of this grain type (no env)")  # fmt: skip
     p.add_argument("--prefix", dest="key_prefix", metavar="PREFIX",
                    help="only string keys starting with this (needs --type; no env)")  # fmt: skip
+
+
+def _dashboard_args(p: argparse.ArgumentParser, port: str, host: str, token: str) -> None:
+    standalone = port == "--port"
+    p.add_argument(port, dest="dashboard_port", type=int, metavar="PORT", **_env_help(
+        "HTTP port of the dashboard, 0 for any free port", 8787 if standalone else None,
+        "ORLEANSPY_DASHBOARD_PORT"))  # fmt: skip
+    p.add_argument(host, dest="dashboard_host", metavar="HOST", **_env_help(
+        "address the dashboard listens on; off loopback it needs a token or TLS",
+        "127.0.0.1", "ORLEANSPY_DASHBOARD_HOST"))  # fmt: skip
+    p.add_argument(token, dest="dashboard_token", metavar="TOKEN", **_env_help(
+        "token the dashboard asks for (16+ characters; Authorization: Bearer, or ?token= "
+        "once in the browser)", None, "ORLEANSPY_DASHBOARD_TOKEN"))  # fmt: skip
 
 
 def _row_args(p: argparse.ArgumentParser) -> None:
@@ -362,29 +425,6 @@ def reminders_url(args: argparse.Namespace) -> str:
     return storage_url(args)
 
 
-def redis_url(args: argparse.Namespace) -> str:
-    """The Redis that holds membership (``cluster status`` reads only Redis)."""
-    url = membership_url(args)
-    if table_backend(url) != "redis":
-        raise UsageError(
-            "cluster status reads the membership table in Redis; this cluster's membership "
-            "is in PostgreSQL (use a client's gateway or the database instead)"
-        )
-    return url
-
-
-def _grain_storage(url: str | None) -> dict[str, str] | None:
-    if url is None:
-        return None
-    try:
-        table_backend(url)  # --storage takes the stores of the tables (not memory://)
-    except ConfigurationError:
-        raise ConfigurationError(
-            f"--storage {url!r}: give a redis:// or postgresql:// URL"
-        ) from None
-    return {"default": url}
-
-
 def _logging(args: argparse.Namespace) -> SiloNameFilter:
     handler = logging.StreamHandler(sys.stderr)
     names = SiloNameFilter(getattr(args, "name", None) or "-")
@@ -408,10 +448,29 @@ def _messaging(args: argparse.Namespace) -> MessagingOptions:
 # -- silo -----------------------------------------------------------------------------
 
 
-def _import_grains(args: argparse.Namespace) -> None:
-    modules = list(args.imports or [])
-    if not modules and os.environ.get("ORLEANSPY_IMPORT"):
-        modules = [m for m in os.environ["ORLEANSPY_IMPORT"].split(",") if m.strip()]
+def silo_config(args: argparse.Namespace, given: Mapping[str, object]) -> SiloConfig:
+    """The silo's settings: flags given (``given`` holds the global ones), then the
+    environment, then ``--config``, then the defaults (``_cli_config``)."""
+    flags: dict[str, tuple[object, str]] = {}
+    for dest, value in given.items():
+        if dest in _GLOBAL_KEYS:
+            flags[_GLOBAL_KEYS[dest]] = (value, "--" + dest.replace("_", "-"))
+    for flag, key, _ in _SILO_FLAGS:
+        value = getattr(args, "flag_" + key.replace(".", "__"))
+        if value is not None:
+            flags[key] = (value, flag)
+    if args.imports:
+        flags["import"] = (",".join(args.imports), "--import")
+    config = load(Path(args.config) if args.config else None, os.environ, flags, args.assignments)
+    if not config.options.clustered:
+        raise UsageError(
+            "--storage-url or --redis-url (or ORLEANSPY_STORAGE_URL, ORLEANSPY_REDIS_URL, "
+            "or storage_url in the --config file) is required"
+        )
+    return config
+
+
+def _import_grains(modules: Sequence[str]) -> None:
     # `python -m` puts the current directory on the path; a console script does not.
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
@@ -430,25 +489,9 @@ def _import_grains(args: argparse.Namespace) -> None:
 EXIT_STOPPED_BY_CLUSTER = 3
 
 
-async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> int:
+async def _run_silo(options: SiloOptions, names: SiloNameFilter) -> int:
     from orleanspy.runtime.silo import Silo
 
-    options = SiloOptions(
-        cluster_id=args.cluster_id,
-        service_id=args.service_id,
-        name=args.name,
-        host=args.host,
-        silo_port=int(args.silo_port),
-        gateway_port=int(args.gateway_port),
-        metrics_port=None if args.metrics_port is None else int(args.metrics_port),
-        storage_start_timeout=timedelta(seconds=float(args.storage_timeout)),
-        redis_url=None if args.storage_url else storage_url(args),
-        storage_url=args.storage_url or None,
-        membership_url=args.membership_url or None,
-        reminder_table_url=args.reminder_table_url or None,
-        messaging=_messaging(args),
-        storage=_grain_storage(args.storage),
-    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -457,6 +500,8 @@ async def _run_silo(args: argparse.Namespace, names: SiloNameFilter) -> int:
     names.silo_name = silo.name
     async with silo:
         extra = f" {silo.metrics_port}" if silo.metrics_port is not None else ""
+        if silo.dashboard_port is not None:
+            extra += f" dashboard={silo.dashboard_port}"
         print(f"READY {silo.address} {silo.gateway_port}{extra}", flush=True)
         stopped = asyncio.ensure_future(stop.wait())
         # A silo declared dead by the cluster stops on its own; so do we.
@@ -486,8 +531,22 @@ def _print_json(doc: object) -> None:
 
 def _schedule(row: ReminderEntry) -> str:
     if row.cron:
-        return f"cron {row.cron} {row.tz or 'UTC'}"
-    return f"every {row.period}"
+        text = f"cron {row.cron} {row.tz or 'UTC'}"
+    elif row.period is not None:
+        text = f"every {row.period}"
+    else:
+        text = f"once at {row.start_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.jitter is not None:
+        text += f", jitter {row.jitter}"
+    if row.starts_at is not None:
+        text += f", from {row.starts_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.ends_at is not None:
+        text += f", until {row.ends_at:%Y-%m-%d %H:%M:%S}Z"
+    if row.max_ticks is not None:
+        text += f", {row.max_ticks} ticks"
+    if row.retry is not None:
+        text += f", retry {row.retry.max_attempts}x/{row.retry.backoff}"
+    return text
 
 
 def _state(row: ReminderEntry, orphaned: bool = False) -> str:
@@ -517,10 +576,17 @@ def _rows_table(rows: Sequence[ReminderEntry], orphaned: Container[str] = ()) ->
     )
 
 
+_OPTIONAL = frozenset(
+    {"one_shot", "jitter_seconds", "starts_at", "ends_at", "max_ticks", "final_due", "payload",
+     "retry"}
+)  # fmt: skip
+
+
 def _row_detail(row: ReminderEntry) -> str:
     from orleanspy._cli_reminders import entry_json
 
-    doc = entry_json(row)
+    # The optional schedule fields only when set: most rows have none of them.
+    doc = {k: v for k, v in entry_json(row).items() if k not in _OPTIONAL or v not in (None, False)}
     width = max(len(k) for k in doc)
     return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in doc.items())
 
@@ -533,7 +599,10 @@ def _history_table(history: Sequence[FireRecord]) -> str:
                 f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
                 f"{r.at:%H:%M:%S.%f}"[:-3],
                 f"{r.lateness.total_seconds() * 1000:.0f} ms",
-                r.outcome.value + (" (triggered)" if r.triggered else ""),
+                r.outcome.value
+                + (f" (attempt {r.attempt})" if r.attempt > 1 else "")
+                + (" (final)" if r.final else "")
+                + (" (triggered)" if r.triggered else ""),
                 r.silo,
                 "" if r.error is None else r.error[:80],
             )
@@ -546,34 +615,116 @@ def _history_table(history: Sequence[FireRecord]) -> str:
 
 
 async def _cluster_status(args: argparse.Namespace) -> int:
-    from orleanspy._redis import connect
-    from orleanspy.cluster_status import explain_no_gateway, read_status
+    from contextlib import AsyncExitStack
 
-    url = redis_url(args)
-    client = connect(url)
-    try:
-        status = await read_status(client, cluster_id=args.cluster_id, service_id=args.service_id)
-    finally:
-        await client.aclose()
-    if args.json:
-        _print_json(status.to_json())
-    else:
-        print(f"cluster {status.cluster_id!r} service {status.service_id!r} "
-              f"(membership version {status.table_version})")  # fmt: skip
-        headers = ("NAME", "STATUS", "ADDRESS", "GATEWAY", "STARTED", "RING", "ACTIVATIONS",
-                   "REMINDERS")  # fmt: skip
-        rows = [
-            (s.name, s.status, s.address, s.gateway, f"{s.started:%Y-%m-%d %H:%M:%S}Z",
-             f"{s.ring_share:.1f}%", s.activations, s.reminders)
-            for s in status.silos
-        ]  # fmt: skip
-        print(_table(headers, rows))
-        if status.orphaned_rows:
-            print(f"orphaned reminder rows: {status.orphaned_rows} (their grain types are hosted "
-                  "by no silo: orleanspy reminders orphans)")  # fmt: skip
+    from orleanspy.cluster_status import open_status_reader
+
+    url = membership_url(args)
+    async with AsyncExitStack() as stack:
+        reader = await open_status_reader(
+            stack, url, cluster_id=args.cluster_id, service_id=args.service_id
+        )
+        while True:
+            status = await reader.read()
+            if args.json:
+                print(json.dumps(status.to_json(), sort_keys=True), flush=True)
+            else:
+                if args.watch is not None:
+                    print("\x1b[2J\x1b[H", end="")  # clear the terminal between rounds
+                print(_status_text(status), flush=True)
+            if args.watch is None:
+                break
+            await asyncio.sleep(max(0.2, args.watch))
     if not any(s.status == "active" for s in status.silos):
-        why = await explain_no_gateway(url, cluster_id=args.cluster_id, service_id=args.service_id)
+        if table_backend(url) == "redis":
+            from orleanspy.cluster_status import explain_no_gateway
+
+            why = await explain_no_gateway(
+                url, cluster_id=args.cluster_id, service_id=args.service_id
+            )
+        else:
+            why = (f"the membership table holds {len(status.silos)} silos for cluster id "
+                   f"{args.cluster_id!r}, service id {args.service_id!r}, none Active")  # fmt: skip
         print(f"orleanspy: no Active silo: {why}", file=sys.stderr)
+    return 0
+
+
+def _status_text(status: Any) -> str:
+    head = (f"cluster {status.cluster_id!r} service {status.service_id!r} "
+            f"(membership version {status.table_version})")  # fmt: skip
+    headers = ("NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "UPTIME", "RING",
+               "ACTIVATIONS", "REMINDERS", "CPU", "HEARTBEAT")  # fmt: skip
+    rows = [
+        (s.name, s.status, s.address, s.gateway, s.version,
+         _duration(s.uptime_seconds) if s.status == "active" else None,
+         f"{s.ring_share:.1f}%", s.activations, s.reminders,
+         None if s.cpu_percent is None else f"{s.cpu_percent:.0f}%",
+         None if s.last_heartbeat is None else f"{s.last_heartbeat:%H:%M:%S}Z")
+        for s in status.silos
+    ]  # fmt: skip
+    events = [
+        f"  {e.at:%Y-%m-%d %H:%M:%S}Z  {e.kind:<9}  {e.name or e.silo}"
+        + (f"  (vote by {e.by})" if e.by else "")
+        for e in status.events[-10:]
+    ]
+    tail = "\n\nrecent membership events:\n" + "\n".join(events) if events else ""
+    if status.orphaned_rows:
+        tail += (f"\n\norphaned reminder rows: {status.orphaned_rows} (their grain types are "
+                 "hosted by no silo: orleanspy reminders orphans)")  # fmt: skip
+    return f"{head}\n{_table(headers, rows)}{tail}"
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+# -- dashboard ------------------------------------------------------------------------
+
+
+async def _run_dashboard(args: argparse.Namespace) -> int:
+    from contextlib import AsyncExitStack
+
+    from orleanspy.options import dashboard_exposure_error
+    from orleanspy.runtime.ops_http import HTTP_HINT, HttpServer, http_available
+
+    why = dashboard_exposure_error(args.dashboard_host, args.dashboard_token, False)
+    if why is not None:
+        raise UsageError(f"--host: {why}")
+    if not http_available():
+        raise OrleansPyError(HTTP_HINT.replace("[metrics]", "[dashboard]"))
+    from orleanspy.client import ClusterClient
+    from orleanspy.dashboard import Dashboard, StoreSource
+
+    messaging = _messaging(args)
+    members = membership_url(args)
+
+    async def open_client(stack: AsyncExitStack) -> Any:
+        client = ClusterClient(membership_url=members, cluster_id=args.cluster_id,
+                               service_id=args.service_id, options=messaging)  # fmt: skip
+        await client.start()
+        stack.push_async_callback(client.aclose)
+        return client
+
+    source = StoreSource(
+        members, cluster_id=args.cluster_id, service_id=args.service_id,
+        reminders_url=reminders_url(args), client_factory=open_client,
+    )  # fmt: skip
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with AsyncExitStack() as stack:
+        stack.push_async_callback(source.aclose)
+        app = Dashboard(source, token=args.dashboard_token).asgi()
+        server = HttpServer(app, args.dashboard_host, int(args.dashboard_port))
+        await server.start(stack, what="--port")
+        print(f"READY http://{args.dashboard_host}:{server.port}/", flush=True)
+        await stop.wait()
     return 0
 
 
@@ -744,9 +895,11 @@ async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -
 
 async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
     if args.command == "silo":
-        return await _run_silo(args, names)
+        return await _run_silo(args.silo_options, names)
     if args.command == "cluster":
         return await _cluster_status(args)
+    if args.command == "dashboard":
+        return await _run_dashboard(args)
     if args.command == "demo":
         from orleanspy.demo import main as demo
 
@@ -764,9 +917,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help, --version (0) and usage errors (2)
         return int(exc.code or 0)
     try:
+        given = {g.dest: getattr(args, g.dest) for g in _GLOBALS if hasattr(args, g.dest)}
         _fill_globals(args)
         if args.command == "silo":
-            _import_grains(args)
+            config = silo_config(args, given)
+            args.silo_options = config.options
+            args.name, args.log_level, args.log_format = (
+                config.options.name,
+                config.log_level,
+                config.log_format,
+            )
+            _import_grains(config.imports)
         names = _logging(args)
         return run(_dispatch(args, names))
     except UsageError as exc:

@@ -255,6 +255,19 @@ class ClusterClient:
         return management(self.get_grain(ReminderManagementGrain, ""))
 
     @property
+    def membership_url(self) -> str | None:
+        """The URL of the membership table the gateways come from (``None``: given otherwise)."""
+        return self._redis_url
+
+    @property
+    def cluster_id(self) -> str:
+        return self._cluster_id
+
+    @property
+    def service_id(self) -> str:
+        return self._service_id
+
+    @property
     def gateways(self) -> list[str]:
         """Endpoints of the gateways this client is connected to."""
         return sorted(self._connections)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, TypeVar, overload
@@ -23,7 +23,12 @@ from typing import Any, ClassVar, Protocol, TypeVar, overload
 from orleanspy.clock import Clock
 from orleanspy.errors import ConfigurationError, ReminderError, UnknownGrainTypeError
 from orleanspy.identity import GrainId, GrainKey, SiloAddress
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, TickStatus
+from orleanspy.reminders.model import (
+    MissedReminderAction,
+    ReminderEntry,
+    RetryPolicy,
+    TickStatus,
+)
 from orleanspy.state import StateDeclaration
 
 __all__ = [
@@ -86,6 +91,13 @@ class GrainReminders(Protocol):
         priority: int | None = None,
         action: MissedReminderAction | None = None,
         grace: timedelta | float | None = None,
+        at: datetime | None = None,
+        jitter: timedelta | float | None = None,
+        starts_at: datetime | None = None,
+        ends_at: datetime | None = None,
+        max_ticks: int | None = None,
+        payload: Any = None,
+        retry: RetryPolicy | None = None,
     ) -> ReminderEntry:
         """Validate and upsert the row (``ReminderError`` on bad input)."""
         ...
@@ -164,6 +176,11 @@ class DeclaredReminder:
     keys: tuple[GrainKey, ...] | None = None
     #: The row's missed-tick grace; ``None``: ``ReminderOptions.missed_tick_grace``.
     grace: timedelta | None = None
+    jitter: timedelta | None = None
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    payload: Any = field(default=None, hash=False)
+    retry: RetryPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,15 +440,29 @@ class Grain:
         priority: int | None = None,
         action: MissedReminderAction | None = None,
         grace: timedelta | float | None = None,
+        at: datetime | None = None,
+        jitter: timedelta | float | None = None,
+        starts_at: datetime | None = None,
+        ends_at: datetime | None = None,
+        max_ticks: int | None = None,
+        payload: Any = None,
+        retry: RetryPolicy | None = None,
     ) -> ReminderEntry:
         """Register (or replace) a durable reminder for this grain.
 
         Interval form: ``period`` (and optional ``due``, default ``period``); cron
-        form: ``cron`` with optional IANA ``tz``. Registering again re-anchors the
-        schedule at now. ``grace``: how late a tick may be delivered and still be
-        on time (default ``ReminderOptions.missed_tick_grace``, 10 s); later,
-        or once a further slot has passed, ``action`` decides. Invalid input
-        raises ``ReminderError``. The grain class must derive from ``Remindable``.
+        form: ``cron`` with optional IANA ``tz``; one-shot form: ``at`` (an aware
+        datetime) or ``due`` alone: it fires once, then its row is removed.
+        Options: ``grace`` (how late a tick may be delivered and still be on
+        time, default ``ReminderOptions.missed_tick_grace``, 10 s; later, or
+        once a further slot has passed, ``action`` decides), ``jitter`` (a stable
+        offset in ``[0, jitter)`` per slot, never reaching the next slot),
+        ``starts_at``/``ends_at``/``max_ticks`` (bounds; the row is removed after
+        its last slot), ``payload`` (a small value of the codec's types, given
+        back in ``TickStatus.payload``) and ``retry`` (``RetryPolicy``:
+        re-deliver a tick whose ``receive_reminder`` raised, within the slot).
+        Registering again re-anchors the schedule at now. Invalid input raises
+        ``ReminderError``. The grain class must derive from ``Remindable``.
         """
         return await self._orleanspy_reminders.register(
             self.grain_id,
@@ -443,6 +474,13 @@ class Grain:
             priority=priority,
             action=action,
             grace=grace,
+            at=at,
+            jitter=jitter,
+            starts_at=starts_at,
+            ends_at=ends_at,
+            max_ticks=max_ticks,
+            payload=payload,
+            retry=retry,
         )
 
     async def unregister_reminder(self, name: str) -> bool:
@@ -536,6 +574,11 @@ def register_reminder(
     action: MissedReminderAction | None = None,
     keys: Iterable[GrainKey] | None = None,
     grace: timedelta | float | None = None,
+    jitter: timedelta | float | None = None,
+    starts_at: datetime | None = None,
+    ends_at: datetime | None = None,
+    payload: Any = None,
+    retry: RetryPolicy | None = None,
 ) -> Callable[[C], C]:
     """Declare a reminder on a ``Remindable`` grain class.
 
@@ -547,7 +590,13 @@ def register_reminder(
     row keeps its ``next_due`` and ``last_fire``. A row a declaration created
     is removed once the class no longer declares it for that key. The
     schedule is validated when the silo registers it (``ReminderError`` naming
-    the class and the reminder).
+    the class and the reminder). ``jitter``, ``starts_at``, ``ends_at``,
+    ``payload`` and ``retry`` mean what they mean for
+    ``register_or_update_reminder``; a declaration whose ``ends_at`` has passed
+    creates no row. A declaration is applied at every start, so it cannot be a
+    one-shot (it would fire again after each restart) nor take ``max_ticks``
+    (the count would start again): register those from code
+    (``ConfigurationError``).
     """
 
     def apply(cls: C) -> C:
@@ -555,6 +604,13 @@ def register_reminder(
         if not defn.remindable:
             raise ConfigurationError(
                 f"@register_reminder needs a Remindable grain; {cls.__qualname__} is not"
+            )
+        if period is None and cron is None:
+            raise ConfigurationError(
+                f"@register_reminder({name!r}) on {cls.__qualname__} needs a period or a "
+                "cron: a declaration is applied at every silo start, so a one-shot would "
+                "fire again after each restart; register one-shots from code "
+                "(register_or_update_reminder(name, at=...))"
             )
         declared = DeclaredReminder(
             name=name,
@@ -566,6 +622,11 @@ def register_reminder(
             action=_declared_action(cls, name, action),
             keys=None if keys is None else tuple(keys),
             grace=_seconds(grace, "grace"),
+            jitter=_seconds(jitter, "jitter"),
+            starts_at=starts_at,
+            ends_at=ends_at,
+            payload=payload,
+            retry=retry,
         )
         others = tuple(r for r in defn.reminders if r.name != name)
         _replace_definition(cls, reminders=(declared, *others))

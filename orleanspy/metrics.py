@@ -179,8 +179,8 @@ class GrainMetrics:
     #: Whether ``call`` keeps anything: callers skip timing a call when it does not.
     records = False
 
-    def call(self, grain_type: str, seconds: float, failed: bool) -> None:
-        """A call of a ``grain_type`` method took ``seconds``; ``failed`` if it raised."""
+    def call(self, grain_type: str, seconds: float, failed: bool, method: str = "") -> None:
+        """A call of ``grain_type``'s ``method`` took ``seconds``; ``failed`` if it raised."""
 
 
 class CallSeries(Histogram):
@@ -194,15 +194,23 @@ class CallSeries(Histogram):
 
 
 class RecordingGrainMetrics(GrainMetrics):
-    """Keeps a ``CallSeries`` per grain type."""
+    """Keeps a ``CallSeries`` per grain type, and ``[calls, errors]`` per
+    ``(grain type, method)`` (methods are a class's public ones: a bounded set)."""
 
-    __slots__ = ("by_type",)
+    __slots__ = ("by_method", "by_type")
     records = True
 
     def __init__(self) -> None:
         self.by_type: dict[str, CallSeries] = {}
+        self.by_method: dict[tuple[str, str], list[int]] = {}
 
-    def call(self, grain_type: str, seconds: float, failed: bool) -> None:
+    def call(self, grain_type: str, seconds: float, failed: bool, method: str = "") -> None:
+        counts = self.by_method.get((grain_type, method))
+        if counts is None:
+            counts = self.by_method[(grain_type, method)] = [0, 0]
+        counts[0] += 1
+        if failed:
+            counts[1] += 1
         # Histogram.observe inlined: this runs once per grain call.
         series = self.by_type.get(grain_type)
         if series is None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from contextvars import ContextVar, Token
 
 __all__ = [
     "JsonFormatter",
     "SiloNameFilter",
     "current_silo",
+    "message_fields",
     "reset_current_silo",
     "set_current_silo",
 ]
@@ -64,23 +66,78 @@ class SiloNameFilter(logging.Filter):
         return True
 
 
+_FIELD = re.compile(r"(?:^|\s)([a-z][a-z0-9_]*)=")
+_RESERVED = frozenset({"ts", "level", "logger", "msg", "traceback"})
+#: Attributes a caller may pass in ``extra`` that become keys as they are.
+_EXTRA_KEYS = ("grain", "reminder", "peer", "error")
+
+
+def _top_level(message: str) -> list[bool]:
+    """For each character: whether it lies outside quotes and brackets (a repr's inside)."""
+    out, depth, quote = [], 0, ""
+    for ch in message:
+        out.append(depth == 0 and not quote)
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{<":
+            depth += 1
+        elif ch in ")]}>" and depth:
+            depth -= 1
+    return out
+
+
+def message_fields(message: str) -> dict[str, str]:
+    """The ``key=value`` fields of a log message (structured as the project logs):
+    each value runs to the next `` key=`` outside quotes and brackets, or the
+    end, so a ``repr`` with spaces stays whole."""
+    top = _top_level(message)
+    found = [m for m in _FIELD.finditer(message) if top[m.start(1)]]
+    fields: dict[str, str] = {}
+    for i, match in enumerate(found):
+        end = found[i + 1].start() if i + 1 < len(found) else len(message)
+        fields[match.group(1)] = message[match.end() : end].strip()
+    return fields
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ``time`` (ISO 8601 UTC), ``level``, ``logger``,
-    ``silo`` (when a ``SiloNameFilter`` stamped it), ``message`` and, for an
-    exception, ``exc_info`` (the formatted traceback)."""
+    """One JSON object per line, with the record's fields as keys: ``ts`` (ISO
+    8601 UTC), ``level``, ``logger``, ``msg`` (the message as text logs show it),
+    ``silo`` (when a ``SiloNameFilter`` stamped it), then every ``key=value``
+    field of the message (``grain``, ``peer``, ``error``, ...) and the ``extra``
+    attributes ``grain``, ``reminder``, ``peer``, ``error``. A reminder's row
+    ``key=Type/s:k|name`` also gives ``grain`` and ``reminder``. An exception
+    gives ``error`` (``Type: message``) and ``traceback``. A field named like one
+    of the fixed keys is written as ``field_<name>``."""
 
     def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage()
         doc: dict[str, object] = {
-            "time": self.formatTime(record),
+            "ts": self.formatTime(record),
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "msg": message,
         }
         silo = getattr(record, "silo", None)
         if silo is not None:
             doc["silo"] = silo
-        if record.exc_info:
-            doc["exc_info"] = self.formatException(record.exc_info)
+        for key, value in message_fields(message).items():
+            doc.setdefault(f"field_{key}" if key in _RESERVED else key, value)
+        row = doc.get("key")
+        if isinstance(row, str) and "|" in row and record.name.startswith("orleanspy.reminders"):
+            grain, _, reminder = row.rpartition("|")
+            doc.setdefault("grain", grain)
+            doc.setdefault("reminder", reminder)
+        for name in _EXTRA_KEYS:
+            extra = getattr(record, name, None)
+            if extra is not None:
+                doc[name] = str(extra)
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            doc.setdefault("error", f"{type(exc).__name__}: {exc}")
+            doc["traceback"] = self.formatException(record.exc_info)
         return json.dumps(doc, default=str)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:

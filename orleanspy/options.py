@@ -11,6 +11,7 @@ where Orleans has one (REFERENCE.md).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import os
 import types
@@ -29,6 +30,8 @@ __all__ = [
     "ReminderOptions",
     "SiloOptions",
     "TlsOptions",
+    "dashboard_exposure_error",
+    "is_loopback",
 ]
 
 
@@ -444,6 +447,15 @@ class SiloOptions:
     authenticate, i.e. a cluster secret or TLS is set; calls made inside the
     cluster (grains, ``silo.client``) are never restricted.
 
+    ``host`` is the address the silo, gateway and metrics ports listen on;
+    ``advertised_host`` the address (or DNS name) peers and clients dial, written
+    to the membership table. Left ``None`` it is ``host``, except when ``host``
+    is a wildcard (``0.0.0.0``, ``::``): the silo then advertises the local
+    address it reaches the membership store from (``orleanspy.runtime.addresses``),
+    and refuses to start when it cannot tell one. An advertised wildcard,
+    multicast or broadcast address is a ``ConfigurationError`` here: no peer
+    could dial it.
+
     ``storage`` names the grain storage providers that ``persistent_state``
     declarations refer to: each value is a provider object (a ``GrainStorage``)
     or a URL (``memory://``, ``redis://``, ``rediss://``, ``unix://``,
@@ -462,6 +474,13 @@ class SiloOptions:
     no metrics recorded). ``storage_start_timeout``: how long ``start`` keeps
     retrying an unreachable Redis before it fails (a compose start-up brings
     Redis up alongside the silos).
+    ``dashboard_port``: serve the dashboard (``orleanspy.dashboard``, the
+    ``orleanspy[dashboard]`` extra) on ``dashboard_host`` (loopback by default;
+    ``None``, the default: no dashboard). On an address other than loopback the
+    silo refuses to start unless ``dashboard_token`` is set or the cluster has
+    TLS (then the dashboard serves HTTPS and asks for a client certificate
+    signed by the cluster's CA). A dashboard records metrics as
+    ``metrics_port`` does.
     ``tune_gc``: once started, the silo calls ``gc.freeze()`` and raises the
     garbage collector's young-generation threshold to 10,000 (never lowers it),
     so full collections are rare and do not walk start-up objects
@@ -503,6 +522,9 @@ class SiloOptions:
         return self.messaging.cluster_secret is not None or self.messaging.tls is not None
 
     metrics_port: int | None = None
+    dashboard_port: int | None = None
+    dashboard_host: str = "127.0.0.1"
+    dashboard_token: str | None = None
     storage_start_timeout: timedelta = timedelta(seconds=30)
 
     if TYPE_CHECKING:
@@ -535,6 +557,9 @@ class SiloOptions:
             allow_client_management: bool | None = ...,
             storage: Mapping[str, Any] | None = ...,
             metrics_port: int | None = ...,
+            dashboard_port: int | None = ...,
+            dashboard_host: str = ...,
+            dashboard_token: str | None = ...,
             storage_start_timeout: timedelta | float = ...,
         ) -> None: ...
 
@@ -554,12 +579,21 @@ class SiloOptions:
                 raise ConfigurationError(
                     f"SiloOptions.{name} must be a non-empty string without '{{', '}}', ':', '|'"
                 )
-        for name in ("silo_port", "gateway_port", "metrics_port"):
+        for name in ("silo_port", "gateway_port", "metrics_port", "dashboard_port"):
             port = getattr(self, name)
             if port is not None and not 0 <= port <= 65535:
                 raise ConfigurationError(f"SiloOptions.{name} must be in 0..65535, got {port}")
         if self.storage is not None:
             _check_storage(self.storage)
+        _check_host(self.host)
+        if self.advertised_host is not None:
+            _check_advertised_host(self.advertised_host)
+        if self.dashboard_port is not None:
+            why = dashboard_exposure_error(
+                self.dashboard_host, self.dashboard_token, self.messaging.tls is not None
+            )
+            if why is not None:
+                raise ConfigurationError(f"SiloOptions.dashboard_host: {why}")
 
         # ``redis_url`` is the older name of ``storage_url`` and takes the same schemes.
         for name in ("redis_url", "storage_url", "membership_url", "reminder_table_url"):
@@ -611,6 +645,51 @@ class SiloOptions:
         return None
 
 
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` is an unspecified address (``0.0.0.0``, ``::``): listen on
+    every interface, dial none."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+# Host names and literals: no separator of a silo address ("host:port@gen"), no space.
+_BAD_HOST_CHARS = set("@/ \t\n[]")
+
+
+def _check_host(host: object) -> None:
+    if not isinstance(host, str) or not host or _BAD_HOST_CHARS & set(host):
+        raise ConfigurationError(
+            f"SiloOptions.host must be an IP address or a host name to listen on, got {host!r}"
+        )
+
+
+def _check_advertised_host(host: object) -> None:
+    """Refuse what no peer could dial: a wildcard, multicast or broadcast address,
+    or text that is neither an address nor a host name."""
+    if not isinstance(host, str) or not host or _BAD_HOST_CHARS & set(host):
+        raise ConfigurationError(
+            f"SiloOptions.advertised_host must be an IP address or a DNS name peers can dial, "
+            f"got {host!r}"
+        )
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if ":" in host:
+            raise ConfigurationError(
+                f"SiloOptions.advertised_host {host!r} is neither an IPv6 address nor a host name"
+            ) from None
+        return  # a DNS name: peers resolve it
+    if address.is_unspecified or address.is_multicast or host == "255.255.255.255":
+        raise ConfigurationError(
+            f"SiloOptions.advertised_host {host!r} is not an address peers can dial "
+            "(it is a wildcard, multicast or broadcast address); give this host's own "
+            "address or DNS name, e.g. the pod or VM IP (--advertise-host, "
+            "ORLEANSPY_ADVERTISE_HOST)"
+        )
+
+
 _STORAGE_METHODS = ("start", "read", "write", "clear")
 
 
@@ -636,3 +715,29 @@ def _check_storage(storage: Mapping[str, Any]) -> None:
                 f"SiloOptions.storage[{name!r}]: {value!r} is neither a URL nor a GrainStorage "
                 "(start, read, write, clear)"
             )
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback name or address (reachable from this host only)."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def dashboard_exposure_error(host: str, token: str | None, tls: bool) -> str | None:
+    """Why a dashboard must not listen on ``host`` as configured, or ``None``: off
+    loopback it needs a token (of at least 16 characters) or the cluster's TLS."""
+    if token is not None and len(token) < 16:
+        return "the dashboard token must have at least 16 characters"
+    if is_loopback(host) or token is not None or tls:
+        return None
+    return (
+        f"the dashboard would listen on {host}, reachable from other hosts, with no "
+        "authentication: set a token (dashboard_token, --dashboard-token, "
+        "ORLEANSPY_DASHBOARD_TOKEN) or TLS (MessagingOptions.tls), or bind to 127.0.0.1"
+    )

@@ -9,8 +9,9 @@ Layers, lowest first; a module may import its own layer and those below, never a
     grain      state grain reference
     services   reminders/_service/* and reminders.service (the service), remindable/*
                (registry, declarations, management), observability, cluster_status
-    runtime    runtime/* _prometheus
-    hosts      client cli __main__ _cli_reminders _loop demo testing/* and the ``orleanspy`` facade
+    runtime    runtime/* dashboard/* _prometheus
+    hosts      client cli __main__ _cli_config _cli_reminders _loop demo testing/* and
+               the ``orleanspy`` facade
 
 An edge is every ``import`` in a module: at the top (``top``), inside a function
 (``lazy``: it runs the first time the function does, so it binds the layers as
@@ -55,8 +56,11 @@ LAYERS: list[tuple[str, str]] = [
         r"orleanspy\.reminders\.(service|_service(\..+)?)|orleanspy\.remindable(\..+)?"
         r"|orleanspy\.(observability|cluster_status)",
     ),
-    ("runtime", r"orleanspy\.runtime(\..+)?|orleanspy\._prometheus"),
-    ("hosts", r"orleanspy(\.(client|cli|_cli_reminders|_loop|demo|__main__|testing(\..+)?))?"),
+    ("runtime", r"orleanspy\.(runtime|dashboard)(\..+)?|orleanspy\._prometheus"),
+    (
+        "hosts",
+        r"orleanspy(\.(client|cli|_cli_config|_cli_reminders|_loop|demo|__main__|testing(\..+)?))?",
+    ),
 ]
 
 # What providers must not import: the runtime, its hosts, and the grain-facing API.
@@ -70,6 +74,10 @@ ALLOWED: dict[tuple[str, str], str] = {
     # The exporter reads the silo it is given; the silo loads the exporter lazily,
     # only when a metrics port is set (prometheus_client stays optional).
     ("orleanspy._prometheus", "orleanspy.runtime.silo"): "typing only; circle",
+    # The same for the status record and the dashboard's silo source: the silo
+    # loads them lazily, only for a cluster silo or a dashboard port.
+    ("orleanspy.runtime.status", "orleanspy.runtime.silo"): "typing only; circle",
+    ("orleanspy.dashboard._source", "orleanspy.runtime.silo"): "typing only; circle",
 }
 
 

@@ -151,9 +151,9 @@ async def test_hostile_requests_get_an_error_and_the_silo_keeps_serving() -> Non
             b"HTTP/1.1 400"
         )
         assert (await asyncio.to_thread(raw, b"GET /" + b"a" * 20000)).startswith(b"HTTP/1.1 400")
-        assert (await asyncio.to_thread(raw, b"POST /metrics HTTP/1.1\r\n\r\n")).startswith(
-            b"HTTP/1.1 405"
-        )
+        assert (
+            await asyncio.to_thread(raw, b"POST /metrics HTTP/1.1\r\nHost: silo\r\n\r\n")
+        ).startswith(b"HTTP/1.1 405")
         assert (await get(port, "/healthz"))[0] == 200
 
 

@@ -70,6 +70,20 @@ def test_options_are_frozen() -> None:
         SiloOptions().cluster_id = "x"  # type: ignore[misc]
 
 
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "0:0::0", "224.0.0.1", "ff02::1",
+                                  "255.255.255.255", "", "a b", "h@x", "::zz"])  # fmt: skip
+def test_an_advertised_host_no_peer_could_dial_is_refused(host: str) -> None:
+    with pytest.raises(ConfigurationError, match="advertised_host"):
+        SiloOptions(advertised_host=host)
+
+
+def test_advertised_hosts_peers_can_dial_are_kept() -> None:
+    for host in ("10.0.0.5", "::1", "fd00::5", "silo-a.orleans.svc.cluster.local"):
+        assert SiloOptions(host="0.0.0.0", advertised_host=host).advertised_host == host
+    with pytest.raises(ConfigurationError, match=r"SiloOptions\.host"):
+        SiloOptions(host="10.0.0.1/24")
+
+
 def test_a_minimum_tick_timeout_above_the_tick_timeout_is_refused() -> None:
     from orleanspy.options import ReminderOptions
 

@@ -68,10 +68,11 @@ class ContactLease:
     """An ``OwnershipLease`` renewed by contact with the table or a peer.
 
     ``has_peers()`` says whether another Active silo is in the table (without
-    one, the lease holds). ``table_reached()`` renews the lease and ends a
-    lapse; ``peer_reached()`` renews it but does not end a lapse (only the
-    table can say the silo was not declared Dead meanwhile); ``revoke`` ends it
-    for good. Timing reads ``clock``.
+    one, the lease holds). ``table_reached()`` (a read that shows this silo is
+    not Dead) renews the lease and ends a lapse; ``peer_reached()`` and
+    ``table_written()`` (a heartbeat, or a read not yet checked) renew it but do
+    not end a lapse (only a read can say the silo was not declared Dead
+    meanwhile); ``revoke`` ends it for good. Timing reads ``clock``.
     """
 
     def __init__(
@@ -116,6 +117,11 @@ class ContactLease:
             )
 
     def peer_reached(self) -> None:
+        self._contact = self._clock.now()
+
+    def table_written(self) -> None:
+        """The table took a write (or answered a read not yet checked): renews the
+        lease like ``peer_reached`` and, like it, does not end a lapse."""
         self._contact = self._clock.now()
 
     def revoke(self, reason: str) -> None:

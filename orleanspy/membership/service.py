@@ -183,7 +183,10 @@ class MembershipService:
         known_version = self._snapshot.version.version
         had_row = self._joined and self.address in self._snapshot.entries
         snap = await self._table.read_all()
-        self.lease.table_reached()
+        # Contact, but not yet proof: a lapsed lease is regained only once this
+        # read is known not to say this silo is Dead (below). Regaining it first
+        # let held ticks out in the moment before the verdict was applied.
+        self.lease.table_written()
         if self._started and not self._leaving and not self._dead:
             if snap.version.version < known_version:
                 self._store_lost(
@@ -194,6 +197,8 @@ class MembershipService:
                 self._store_lost("this silo's row is gone")
                 return self._snapshot
         self._apply(snap, seq)
+        if not self._dead and snap.status(self.address) != SiloStatus.DEAD:
+            self.lease.table_reached()
         return self._snapshot
 
     def gossip_received(self, table_version: int) -> None:
@@ -383,7 +388,9 @@ class MembershipService:
 
     async def _heartbeat(self) -> None:
         await self._table.update_i_am_alive(self.address, self._clock.now())
-        self.lease.table_reached()
+        # A dirty write says nothing of this silo's status: it renews the lease
+        # but cannot end a lapse (only a read can say it was not declared Dead).
+        self.lease.table_written()
 
     def _has_peers(self) -> bool:
         """Whether another Active silo could declare this one Dead."""

@@ -4,18 +4,21 @@ For each grain class the silo hosts, each declared reminder and each of its
 keys (``keys=[...]`` on the declaration, else the class's ``reminder_keys``):
 
 - a missing row is created, marked ``declared`` and stamped with the
-  declaration's ``fingerprint`` (a hash of its schedule, and the priority,
-  action and grace it asks for);
+  declaration's ``fingerprint`` (a hash of its schedule: due, period, cron,
+  zone, jitter and bounds; the priority, action and grace it asks for; a hash
+  of its payload and retry policy);
 - a row whose stored fingerprint is the code's is left alone, whatever it holds
   now: an operator's ``set-priority``, ``set-action``, ``set-grace``, ``pause`` or
-  ``repair``
-  survives restarts until the code changes;
+  ``repair`` survives restarts until the code changes;
 - a row whose fingerprint differs gets what the code changed, and only that: a
   changed schedule re-anchors the row at now (keeping ``last_fire`` and a
-  pause); a changed priority, action or grace replaces the row's. When the row's value
-  was an operator's (it differs from what the old fingerprint asked for), a
-  WARNING names what the code overrode. A row from before fingerprints gets the
-  declaration as it did then, and the fingerprint.
+  pause); a changed priority, action, grace, payload or retry policy replaces
+  the row's and keeps its ``next_due``. When the row's value was an
+  operator's (it differs from what the old fingerprint asked for), a WARNING
+  names what the code overrode. A row from before fingerprints gets the
+  declaration as it did then, and the fingerprint;
+- a declaration whose ``ends_at`` has passed creates no row (and its row,
+  if any, ends on its own after its last slot).
 
 Then, for every key the class declares reminders for, a row marked
 ``declared`` whose name the class no longer declares for that key is removed
@@ -30,7 +33,7 @@ Rows are read and written in bulk, about 2,000 at a time
 (``BulkReminderTable.read_grains`` and ``upsert_if_many``: two round trips and
 one on Redis).
 Silos starting together all run this. Each write is conditional on the row
-as read (absent, or the etag read: ``ConditionalReminderTable.upsert_if``); a
+as read (absent, or the etag read: ``ReminderTable.upsert_if``); a
 silo that loses reads the row again and finds it as declared, so each row is
 created or updated exactly once. New rows are anchored at the current whole
 second, so silos that fall back to plain upserts write identical rows.
@@ -44,11 +47,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
+from orleanspy.clock import to_ms
 from orleanspy.errors import ReminderError
 from orleanspy.grain import DeclaredReminder, GrainDefinition
 from orleanspy.identity import GrainId, GrainKey
 from orleanspy.remindable.registry import ReminderRegistry
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.model import (
+    MissedReminderAction,
+    ReminderEntry,
+    encode_payload,
+)
 from orleanspy.reminders.spec import new_entry
 
 __all__ = ["DeclarationSync", "fingerprint", "register_declared_reminders"]
@@ -71,9 +79,12 @@ def _keys(defn: GrainDefinition, declared: DeclaredReminder) -> tuple[GrainKey, 
 
 def _desired(
     registry: ReminderRegistry, defn: GrainDefinition, declared: DeclaredReminder, key: GrainKey
-) -> ReminderEntry:
-    """The row the declaration asks for, anchored at now; ``ReminderError`` naming
-    the class and the reminder when the declaration is invalid."""
+) -> ReminderEntry | None:
+    """The row the declaration asks for, anchored at now (``None`` once its
+    ``ends_at`` has passed); ``ReminderError`` naming the class and the reminder
+    when the declaration is invalid."""
+    if declared.ends_at is not None and declared.ends_at <= registry.clock.now():
+        return None
     try:
         entry = new_entry(
             service_id=registry.service_id,
@@ -89,6 +100,11 @@ def _desired(
             priority=declared.priority,
             action=declared.action,
             grace=declared.grace,
+            jitter=declared.jitter,
+            starts_at=declared.starts_at,
+            ends_at=declared.ends_at,
+            payload=declared.payload,
+            retry=declared.retry,
         )
     except (ReminderError, ValueError) as exc:
         raise ReminderError(
@@ -99,36 +115,76 @@ def _desired(
 
 
 def _same_schedule(a: ReminderEntry, b: ReminderEntry) -> bool:
-    return (a.period, a.cron, a.tz) == (b.period, b.cron, b.tz)
+    return (a.period, a.cron, a.tz, a.jitter, a.starts_at, a.ends_at) == (
+        b.period,
+        b.cron,
+        b.tz,
+        b.jitter,
+        b.starts_at,
+        b.ends_at,
+    )
 
 
 def _ms(d: timedelta | None) -> int | None:
     return None if d is None else d // timedelta(milliseconds=1)
 
 
+def _extras_digest(declared: DeclaredReminder) -> str:
+    """A hash of the payload and retry policy (12 hex digits); empty when the
+    declaration sets neither, so fingerprints from before them still match."""
+    if declared.payload is None and declared.retry is None:
+        return ""
+    retry = declared.retry
+    extras = repr(
+        (
+            None if declared.payload is None else encode_payload(declared.payload),
+            None if retry is None else (retry.max_attempts, _ms(retry.backoff)),
+        )
+    )
+    return hashlib.sha256(extras.encode()).hexdigest()[:12]
+
+
 def fingerprint(declared: DeclaredReminder) -> str:
-    """``"<schedule hash>:<priority>:<action>:<grace ms>"``: a hash of the
-    declaration's schedule (due, period, cron, zone: 12 hex digits of SHA-256)
-    and the priority, action and grace it asks for (grace empty for the
-    default), in the clear so that a silo can tell which of them an operator
-    changed since (module docstring)."""
-    schedule = repr((_ms(declared.due), _ms(declared.period), declared.cron, declared.tz))
-    digest = hashlib.sha256(schedule.encode()).hexdigest()[:12]
+    """``"<schedule hash>:<priority>:<action>:<grace ms>:<extras hash>"``: a
+    hash of the declaration's schedule (due, period, cron, zone, and jitter and
+    bounds when set: 12 hex digits of SHA-256), the priority, action and grace
+    it asks for (grace empty for the default) in the clear, so that a silo can
+    tell which of them an operator changed since (module docstring), and a hash
+    of its payload and retry policy (``_extras_digest``; absent when neither is
+    set). The optional parts are left out when unused, so a declaration that
+    uses none of them keeps the fingerprint it had before they existed."""
+    parts: tuple[object, ...] = (
+        _ms(declared.due),
+        _ms(declared.period),
+        declared.cron,
+        declared.tz,
+    )
+    if (declared.jitter, declared.starts_at, declared.ends_at) != (None, None, None):
+        parts += (
+            _ms(declared.jitter),
+            None if declared.starts_at is None else to_ms(declared.starts_at),
+            None if declared.ends_at is None else to_ms(declared.ends_at),
+        )
+    digest = hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
     grace = _ms(declared.grace)
-    return (
+    fp = (
         f"{digest}:{int(declared.priority)}:{int(declared.action)}:{'' if grace is None else grace}"
     )
+    extras = _extras_digest(declared)
+    return f"{fp}:{extras}" if extras else fp
 
 
-def _parse(fp: str | None) -> tuple[str, int, MissedReminderAction, timedelta | None] | None:
+def _parse(fp: str | None) -> tuple[str, int, MissedReminderAction, timedelta | None, str] | None:
     """The parts of a fingerprint (one without a grace, from before grace was
-    declared, reads as the default grace); ``None`` for none or a malformed one."""
+    declared, reads as the default grace; one without an extras hash as no
+    payload and no retry policy); ``None`` for none or a malformed one."""
     if fp is None:
         return None
     try:
         digest, priority, action, *rest = fp.split(":")
         grace = timedelta(milliseconds=int(rest[0])) if rest and rest[0] else None
-        return digest, int(priority), MissedReminderAction(int(action)), grace
+        extras = rest[1] if len(rest) > 1 else ""
+        return digest, int(priority), MissedReminderAction(int(action)), grace, extras
     except ValueError:
         return None
 
@@ -152,7 +208,12 @@ def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEnt
             base = replace(desired, last_fire=stored.last_fire, paused=stored.paused)
         else:
             base = replace(
-                stored, priority=desired.priority, action=desired.action, grace=desired.grace
+                stored,
+                priority=desired.priority,
+                action=desired.action,
+                grace=desired.grace,
+                payload=desired.payload,
+                retry=desired.retry,
             )
         return replace(base, declared=True, fingerprint=fp), []
     overridden: list[str] = []
@@ -174,6 +235,9 @@ def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEnt
         if stored.grace != old[3]:
             overridden.append(f"grace {stored.grace} -> {new[3]}")
         grace = new[3]
+    if new[4] != old[4]:
+        # No operator command sets these: the code's simply replace them.
+        base = replace(base, payload=desired.payload, retry=desired.retry)
     write = replace(
         base, priority=priority, action=action, grace=grace, declared=True, fingerprint=fp
     )
@@ -192,10 +256,13 @@ def _warn(desired: ReminderEntry, overridden: list[str]) -> None:
 
 
 async def _sync_grains(
-    registry: ReminderRegistry, grains: dict[GrainId, list[ReminderEntry]]
+    registry: ReminderRegistry,
+    grains: dict[GrainId, list[ReminderEntry]],
+    declared_names: dict[GrainId, set[str]],
 ) -> tuple[list[str], int]:
     """Apply the declared rows of ``grains`` (each grain with its desired rows)
-    and remove their declared rows whose declaration is gone: one bulk read of
+    and remove their declared rows whose name ``declared_names`` no longer
+    holds for the grain: one bulk read of
     the grains' rows, one bulk conditional write; a write that lost a race goes
     through ``_apply`` alone. Returns the outcomes and how many were removed."""
     ids = list(grains)
@@ -206,7 +273,7 @@ async def _sync_grains(
     for gid, rows in zip(ids, await registry.list_many(ids), strict=True):
         stored = {row.name: row for row in rows}
         desired_rows = grains[gid]
-        names = {d.name for d in desired_rows}
+        names = declared_names.get(gid, set())
         stale.extend(row for row in rows if row.declared and row.name not in names)
         for desired in desired_rows:
             row = stored.get(desired.name)
@@ -260,10 +327,17 @@ async def register_declared_reminders(
         grains: dict[GrainId, list[ReminderEntry]] = {
             defn.grain_id(key): [] for key in defn.reminder_keys
         }
+        # Every name declared per grain, those whose ``ends_at`` has passed too
+        # (their rows are not stale: they end on their own).
+        names: dict[GrainId, set[str]] = {}
         for declared in defn.reminders:
             for key in _keys(defn, declared):
+                gid = defn.grain_id(key)
+                grains.setdefault(gid, [])
                 desired = _desired(registry, defn, declared, key)
-                grains.setdefault(desired.grain_id, []).append(desired)
+                names.setdefault(gid, set()).add(declared.name)
+                if desired is not None:
+                    grains.setdefault(gid, []).append(desired)
         batch: dict[GrainId, list[ReminderEntry]] = {}
         size = 0
         items = list(grains.items())
@@ -271,7 +345,7 @@ async def register_declared_reminders(
             batch[gid] = rows
             size += max(1, len(rows))
             if size >= _CHUNK or n == len(items):
-                outcomes, gone = await _sync_grains(registry, batch)
+                outcomes, gone = await _sync_grains(registry, batch, names)
                 created += outcomes.count("created")
                 updated += outcomes.count("updated")
                 removed += gone

@@ -145,7 +145,8 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
 
     async def trigger(self, grain: Any, name: str) -> TickStatus:
         """Deliver one tick now, off the schedule (paused or not); the schedule
-        does not move. Returns the status delivered (``triggered=True``); an
+        does not move (a one-shot stays due: a triggered tick is not its slot).
+        Returns the status delivered (``triggered=True``, the row's payload); an
         exception of the grain's ``receive_reminder`` reaches the caller."""
         grain_id = grain_target(grain)
         row = await self._ops.get(grain_id, name)
@@ -158,6 +159,7 @@ class ReminderManagementGrain(Grain, type_name=MANAGEMENT_TYPE):
             delivered_at=now,
             priority=int(row.priority),
             triggered=True,
+            payload=row.payload,
         )
         deliver = self._registry.deliver_tick
         if deliver is None:

@@ -32,7 +32,7 @@ from orleanspy.grain import Grain, definition_of
 from orleanspy.identity import GrainId, GrainKey
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
-from orleanspy.reminders.schedule import schedule_for
+from orleanspy.reminders.schedule import next_slot
 from orleanspy.reminders.spec import LATEST_TICK, check_grace, new_entry
 from orleanspy.reminders.table import PausableReminderTable, ReminderTable, grain_prefix
 from orleanspy.serialization import register_type
@@ -302,9 +302,7 @@ class ReminderOperations:
     async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
         """Move a row's ``next_due`` to its first slot after now (skipping missed ones)."""
         now = self._clock.now()
-        return await self._modify(
-            grain, name, lambda r: replace(r, next_due=schedule_for(r).next_after(now))
-        )
+        return await self._modify(grain, name, lambda r: replace(r, next_due=next_slot(r, now)))
 
     async def pause(self, grain: GrainId, name: str) -> ReminderEntry:
         """Keep the row but deliver nothing until ``resume`` (the flag is stored)."""
@@ -458,23 +456,34 @@ def _check_page(cursor: object, limit: object) -> None:
 
 def _check_row(row: object, options: ReminderOptions, now: datetime) -> ReminderEntry:
     """An imported row, validated as a registration of its schedule would be
-    (``ReminderError`` naming what is wrong), its times inside the tables' range."""
+    (``ReminderError`` naming what is wrong: a one-shot row as ``at=`` its
+    ``start_at``, a repeating one with its jitter, bounds, ``max_ticks``,
+    payload, retry policy and grace), its times inside the tables' range."""
     if not isinstance(row, ReminderEntry):
         raise ReminderError(f"not a reminder row: {type(row).__name__}")
+    for what, at in (("start_at", row.start_at), ("next_due", row.next_due)):
+        if not isinstance(at, datetime) or at.tzinfo is None or not EPOCH <= at < LATEST_TICK:
+            raise ReminderError(f"{row.grain_id} {row.name!r}: {what} {at!r} is out of range")
+    one_shot = row.period is None and row.cron is None
     new_entry(  # validation only: the exported times are kept
         service_id=row.service_id,
         grain_id=row.grain_id,
         name=row.name,
         now=now,
         options=options,
-        due=0,
+        due=None if one_shot else 0,
+        at=row.start_at if one_shot else None,
         period=row.period,
         cron=row.cron,
         tz=row.tz,
         priority=row.priority,
         action=row.action,
+        grace=row.grace,
+        jitter=row.jitter,
+        starts_at=row.starts_at,
+        ends_at=row.ends_at,
+        max_ticks=row.max_ticks,
+        payload=row.payload,
+        retry=row.retry,
     )
-    for what, at in (("start_at", row.start_at), ("next_due", row.next_due)):
-        if not isinstance(at, datetime) or at.tzinfo is None or not EPOCH <= at < LATEST_TICK:
-            raise ReminderError(f"{row.grain_id} {row.name!r}: {what} {at!r} is out of range")
     return row

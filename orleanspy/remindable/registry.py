@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
 
 from orleanspy.clock import Clock
 from orleanspy.errors import ReminderError
@@ -24,6 +25,7 @@ from orleanspy.reminders.model import (
     ReminderChange,
     ReminderEntry,
     ReminderPriority,
+    RetryPolicy,
     TickStatus,
 )
 from orleanspy.reminders.spec import new_entry
@@ -53,6 +55,13 @@ class Registration:
     priority: int = ReminderPriority.NORMAL
     action: MissedReminderAction = MissedReminderAction.SKIP
     grace: timedelta | float | None = None
+    at: datetime | None = None
+    jitter: timedelta | float | None = None
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    max_ticks: int | None = None
+    payload: Any = field(default=None, hash=False)
+    retry: RetryPolicy | None = None
 
 
 class _CoalescedUpserts:
@@ -188,6 +197,13 @@ class ReminderRegistry:
         priority: int | None = None,
         action: MissedReminderAction | None = None,
         grace: timedelta | float | None = None,
+        at: datetime | None = None,
+        jitter: timedelta | float | None = None,
+        starts_at: datetime | None = None,
+        ends_at: datetime | None = None,
+        max_ticks: int | None = None,
+        payload: Any = None,
+        retry: RetryPolicy | None = None,
     ) -> ReminderEntry:
         """Validate and upsert (last writer wins; the schedule re-anchors at now).
         Concurrent registrations on one silo share round trips to the table
@@ -206,6 +222,13 @@ class ReminderRegistry:
             priority=ReminderPriority.NORMAL if priority is None else priority,
             action=MissedReminderAction.SKIP if action is None else action,
             grace=grace,
+            at=at,
+            jitter=jitter,
+            starts_at=starts_at,
+            ends_at=ends_at,
+            max_ticks=max_ticks,
+            payload=payload,
+            retry=retry,
         )
         upsert = self.table.upsert if self._upserts is None else self._upserts.upsert
         entry = entry.with_etag(await upsert(entry))
@@ -247,6 +270,13 @@ class ReminderRegistry:
                         priority=r.priority,
                         action=r.action,
                         grace=r.grace,
+                        at=r.at,
+                        jitter=r.jitter,
+                        starts_at=r.starts_at,
+                        ends_at=r.ends_at,
+                        max_ticks=r.max_ticks,
+                        payload=r.payload,
+                        retry=r.retry,
                     )
                 )
             except ReminderError as exc:

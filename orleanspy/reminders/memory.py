@@ -19,7 +19,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime
@@ -44,6 +44,8 @@ _Key = tuple[str, str]
 _DueItem = tuple[int, int, _Key, int]
 
 _QUEUE_LIMIT: Final = 100_000
+#: Ended rows whose histories the table keeps (``end``), the most recent ones.
+ENDED_HISTORIES: Final = 10_000
 _SHARD_BITS: Final = 8
 _SHIFT: Final = 32 - _SHARD_BITS
 # Stale heap items tolerated before a rebuild (and at least as many as live rows).
@@ -82,6 +84,9 @@ class InMemoryReminderTable:
         # Fire records in storage form (``FireRecord.to_record``), newest first,
         # decoded when read: a record is written per tick and rarely read.
         self._history: dict[_Key, deque[dict[str, Any]]] = {}
+        # Histories of ended rows (``end``), oldest ending first, at most
+        # ENDED_HISTORIES of them: this table has no clock to expire them by.
+        self._ended: OrderedDict[_Key, deque[dict[str, Any]]] = OrderedDict()
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Nothing to connect; on close, every open ``changes()`` stream ends."""
@@ -94,6 +99,9 @@ class InMemoryReminderTable:
         seq = next(self._etags)
         etag = str(seq)
         row = _normalise(entry, etag)
+        ended = self._ended.pop(self._key_of(row), None)
+        if ended is not None:  # the row is back: its history continues
+            self._history[self._key_of(row)] = ended
         self._put(row, seq)
         if row.paused:  # a paused row left the schedule: told as a removal
             self._publish(row.grain_id, row.name, None, None)
@@ -145,7 +153,21 @@ class InMemoryReminderTable:
             return False
         self._drop(key, found[0])
         self._history.pop(key, None)
+        self._ended.pop(key, None)
         self._publish(grain_id, name, None)
+        return True
+
+    async def end(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """``remove``, keeping the row's history readable (the newest
+        ``ENDED_HISTORIES`` ended rows' histories are kept)."""
+        key = (grain_id.canonical, name)
+        history = self._history.get(key)
+        if not await self.remove(grain_id, name, etag):
+            return False
+        if history:
+            self._ended[key] = history
+            while len(self._ended) > ENDED_HISTORIES:
+                self._ended.popitem(last=False)
         return True
 
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
@@ -160,7 +182,8 @@ class InMemoryReminderTable:
             kept.appendleft(rec.to_record())
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
-        kept = self._history.get((grain_id.canonical, name), ())
+        key = (grain_id.canonical, name)
+        kept = self._history.get(key) or self._ended.get(key) or ()
         return [FireRecord.from_record(grain_id, name, rec) for rec in kept]
 
     # -- reads --------------------------------------------------------------------

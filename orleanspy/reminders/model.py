@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import base64
 import enum
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from orleanspy.clock import from_ms, to_ms
+from orleanspy.errors import ReminderError, SerializationError
 from orleanspy.identity import GrainId
-from orleanspy.serialization import register_type
+from orleanspy.serialization import pack, register_type, unpack
 
 __all__ = [
+    "ENDED",
     "MAX_ERROR_TEXT",
+    "MAX_RETRY_ATTEMPTS",
     "FireOutcome",
     "FireRecord",
     "MissedReminder",
@@ -20,11 +24,22 @@ __all__ = [
     "ReminderChange",
     "ReminderEntry",
     "ReminderPriority",
+    "RetryPolicy",
     "ScheduleUpdate",
     "TickStatus",
     "error_text",
+    "extras_from_record",
     "row_key",
 ]
+
+#: ``next_due`` of a schedule update that removes a row whose schedule ended (a
+#: one-shot after its tick, a bounded reminder after its last slot): later than
+#: any slot, so nothing that reads a pending update takes the row for due.
+ENDED = datetime(9999, 1, 1, tzinfo=UTC)
+#: The most attempts a ``RetryPolicy`` may ask for.
+MAX_RETRY_ATTEMPTS = 100
+_MAX_RETRY_BACKOFF = timedelta(days=1)
+_MS = timedelta(milliseconds=1)
 
 
 def row_key(grain_id: GrainId, name: str) -> str:
@@ -58,6 +73,37 @@ class MissedReminderAction(enum.IntEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Re-deliver a tick whose grain raised, within the same slot (opt-in).
+
+    ``max_attempts`` counts every delivery of the slot, the first included
+    (``RetryPolicy(3, ...)``: the first delivery and up to two retries);
+    ``backoff`` is the wait after each failed attempt. A retry is given up when
+    it could not start before the reminder's next slot: a slot never overlaps
+    the next one. Waiting retries hold no delivery permit. ``ReminderError`` for
+    ``max_attempts`` outside 1..100 or ``backoff`` outside 1 ms..1 day.
+    """
+
+    max_attempts: int = 3
+    backoff: timedelta = timedelta(seconds=1)
+
+    def __post_init__(self) -> None:
+        n = self.max_attempts
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_RETRY_ATTEMPTS:
+            raise ReminderError(
+                f"RetryPolicy.max_attempts must be an int in 1..{MAX_RETRY_ATTEMPTS} "
+                f"(the first delivery included), got {n!r}"
+            )
+        b = self.backoff
+        if not isinstance(b, timedelta) or not timedelta(milliseconds=1) <= b <= _MAX_RETRY_BACKOFF:
+            raise ReminderError(
+                f"RetryPolicy.backoff must be a timedelta from 1 ms to 1 day, got {b!r}"
+            )
+        # Stored in whole milliseconds, as every reminder duration.
+        object.__setattr__(self, "backoff", timedelta(milliseconds=b // _MS))
+
+
+@dataclass(frozen=True, slots=True)
 class ReminderEntry:
     """One reminder row. ``(service_id, grain_id, name)`` identify it.
 
@@ -74,6 +120,18 @@ class ReminderEntry:
     declaration only when the code changed it; ``None`` on other rows.
     ``grace``: how late a tick may be reached and still count as on time (see
     ``MissedReminderAction``); ``None`` means ``ReminderOptions.missed_tick_grace``.
+
+    Optional schedule fields (``None``: not used; see ``spec.new_entry``):
+    a *one-shot* row has neither ``period`` nor ``cron``: its one slot is
+    ``start_at``. ``jitter`` delays each slot by a deterministic offset in
+    ``[0, jitter)`` drawn from the row's key and the slot, never reaching the
+    next slot or past ``ends_at``; ``next_due`` is the jittered instant.
+    ``starts_at``/``ends_at`` bound the slots (inclusive); ``max_ticks`` caps
+    how many slots the schedule has, counted from the first, and ``final_due``
+    is the last of them (derived at registration). A row whose schedule has no
+    slot left is removed after its last tick. ``payload`` is a small value of
+    the codec's types delivered in ``TickStatus.payload``; ``retry`` re-delivers
+    a tick whose grain raised (``RetryPolicy``).
     """
 
     service_id: str
@@ -92,6 +150,13 @@ class ReminderEntry:
     paused: bool = False
     fingerprint: str | None = None
     grace: timedelta | None = None
+    jitter: timedelta | None = None
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    max_ticks: int | None = None
+    final_due: datetime | None = None
+    payload: Any = field(default=None, hash=False)
+    retry: RetryPolicy | None = None
 
     def __post_init__(self) -> None:
         # Ints arrive where enums left (msgpack carries IntEnums as ints).
@@ -107,6 +172,24 @@ class ReminderEntry:
     def hash(self) -> int:
         """The grain's uniform hash: decides the ring owner and the shard."""
         return self.grain_id.uniform_hash()
+
+    @property
+    def one_shot(self) -> bool:
+        """A reminder with a single slot (``start_at``): neither period nor cron."""
+        return self.period is None and self.cron is None
+
+    def same_schedule(self, other: ReminderEntry) -> bool:
+        """Whether ``other`` has the same slots (all but ``next_due``/``last_fire``)."""
+        return (
+            self.start_at == other.start_at
+            and self.period == other.period
+            and self.cron == other.cron
+            and self.tz == other.tz
+            and self.jitter == other.jitter
+            and self.starts_at == other.starts_at
+            and self.ends_at == other.ends_at
+            and self.final_due == other.final_due
+        )
 
     def with_etag(self, etag: str | None) -> ReminderEntry:
         return replace(self, etag=etag)
@@ -136,13 +219,23 @@ class ReminderEntry:
             paused=self.paused,
             fingerprint=self.fingerprint,
             grace=self.grace,
+            jitter=self.jitter,
+            starts_at=self.starts_at,
+            ends_at=self.ends_at,
+            max_ticks=self.max_ticks,
+            final_due=self.final_due,
+            payload=self.payload,
+            retry=self.retry,
         )
 
     def to_record(self) -> dict[str, Any]:
         """Storage form: plain msgpack types, times as integer ms since the epoch.
         ``"u"`` (paused) is present only on paused rows, ``"gr"`` (grace, ms) only
         on rows with a grace of their own, ``"f"`` (fingerprint) only on declared
-        rows that have one."""
+        rows that have one, and the optional schedule fields (``extras_record``)
+        only when set, so rows without them are stored as before and rows
+        written before them read unchanged. (A fire record's ``"f"``, *final*, is
+        another record with its own decoder, ``FireRecord``.)"""
         rec: dict[str, Any] = {
             "s": self.service_id,
             "g": self.grain_id.canonical,
@@ -163,7 +256,34 @@ class ReminderEntry:
         if self.fingerprint is not None:
             rec["f"] = self.fingerprint
         if self.grace is not None:
-            rec["gr"] = self.grace // timedelta(milliseconds=1)
+            rec["gr"] = self.grace // _MS
+        extras = self.extras_record()
+        if extras:
+            rec.update(extras)
+        return rec
+
+    def extras_record(self) -> dict[str, Any]:
+        """The optional schedule fields in storage form, only those set (empty for
+        most rows): ``j`` jitter ms, ``sa``/``ea`` starts/ends ms, ``mt`` max ticks,
+        ``fd`` final slot ms, ``py`` the payload (codec bytes, base64 text: Lua's
+        msgpack has no binary type), ``rt`` ``[max_attempts, backoff ms]``.
+        Tables that keep these in one column store this map (``extras_from_record``
+        reads it back)."""
+        rec: dict[str, Any] = {}
+        if self.jitter is not None:
+            rec["j"] = self.jitter // _MS
+        if self.starts_at is not None:
+            rec["sa"] = to_ms(self.starts_at)
+        if self.ends_at is not None:
+            rec["ea"] = to_ms(self.ends_at)
+        if self.max_ticks is not None:
+            rec["mt"] = self.max_ticks
+        if self.final_due is not None:
+            rec["fd"] = to_ms(self.final_due)
+        if self.payload is not None:
+            rec["py"] = encode_payload(self.payload)
+        if self.retry is not None:
+            rec["rt"] = [self.retry.max_attempts, self.retry.backoff // _MS]
         return rec
 
     @classmethod
@@ -187,7 +307,48 @@ class ReminderEntry:
             paused=bool(rec.get("u", False)),
             fingerprint=rec.get("f"),
             grace=None if rec.get("gr") is None else timedelta(milliseconds=rec["gr"]),
+            **extras_from_record(rec),
         )
+
+
+def encode_payload(value: Any) -> str:
+    """A payload in storage form: the codec's bytes as base64 text."""
+    return base64.b64encode(pack(value)).decode("ascii")
+
+
+def payload_size(value: Any) -> int:
+    """The payload's encoded size in bytes (what ``MAX_PAYLOAD_BYTES`` bounds);
+    ``ReminderError`` if the codec cannot carry it."""
+    try:
+        return len(pack(value))
+    except SerializationError as exc:
+        raise ReminderError(f"payload cannot be stored: {exc}") from exc
+
+
+_EXTRA_KEYS = frozenset({"j", "sa", "ea", "mt", "fd", "py", "rt"})
+
+
+def extras_from_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """``ReminderEntry`` keyword arguments for the optional fields present in ``rec``
+    (``ReminderEntry.extras_record``'s form); absent keys are left out."""
+    if _EXTRA_KEYS.isdisjoint(rec):  # most rows: one set operation, no lookups
+        return {}
+    out: dict[str, Any] = {}
+    if (j := rec.get("j")) is not None:
+        out["jitter"] = timedelta(milliseconds=j)
+    if (sa := rec.get("sa")) is not None:
+        out["starts_at"] = from_ms(sa)
+    if (ea := rec.get("ea")) is not None:
+        out["ends_at"] = from_ms(ea)
+    if (mt := rec.get("mt")) is not None:
+        out["max_ticks"] = int(mt)
+    if (fd := rec.get("fd")) is not None:
+        out["final_due"] = from_ms(fd)
+    if (py := rec.get("py")) is not None:
+        out["payload"] = unpack(base64.b64decode(py))
+    if (rt := rec.get("rt")) is not None:
+        out["retry"] = RetryPolicy(int(rt[0]), timedelta(milliseconds=rt[1]))
+    return out
 
 
 #: The longest exception text a fire record keeps.
@@ -210,17 +371,21 @@ class FireOutcome(enum.StrEnum):
     GRAIN_ERROR = "grain_error"  #: delivered; receive_reminder raised (not retried)
     MISSED_SKIPPED = "missed_skipped"  #: reached past the grace and skipped (SKIP)
     NOTIFIED = "notified"  #: skipped, and a MissedReminder published (NOTIFY)
+    RETRYING = "retrying"  #: delivered; receive_reminder raised; retried (RetryPolicy)
 
 
 @dataclass(frozen=True, slots=True)
 class FireRecord:
     """One entry of a reminder's fire history.
 
-    ``slot``: the scheduled slot (for a triggered tick, when it was asked for);
-    ``at``: when the silo delivered or skipped it; ``silo``: that silo's name (its
-    address for a triggered tick, which the management grain delivers); ``error``:
-    for ``GRAIN_ERROR``, the exception ``receive_reminder`` raised, as
-    ``Type: message`` (at most ``MAX_ERROR_TEXT`` characters), else ``None``.
+    ``slot``: the scheduled slot (for a triggered tick, when it was asked for;
+    with jitter, the jittered instant); ``at``: when the silo delivered or
+    skipped it; ``silo``: that silo's name (its address for a triggered tick,
+    which the management grain delivers); ``error``: for ``GRAIN_ERROR`` and
+    ``RETRYING``, the exception ``receive_reminder`` raised, as ``Type: message``
+    (at most ``MAX_ERROR_TEXT`` characters), else ``None``. ``attempt``: which
+    delivery of the slot this was (1 unless a ``RetryPolicy`` retried it);
+    ``final``: the reminder's last slot (its row is removed after it).
     """
 
     grain_id: GrainId
@@ -231,6 +396,8 @@ class FireRecord:
     silo: str
     triggered: bool = False
     error: str | None = None
+    attempt: int = 1
+    final: bool = False
 
     def __post_init__(self) -> None:
         # Strings arrive where the enum left (msgpack carries StrEnums as str).
@@ -253,6 +420,10 @@ class FireRecord:
             rec["x"] = True
         if self.error is not None:
             rec["m"] = self.error
+        if self.attempt != 1:
+            rec["n"] = self.attempt
+        if self.final:
+            rec["f"] = True
         return rec
 
     @classmethod
@@ -266,6 +437,8 @@ class FireRecord:
             silo=str(rec["s"]),
             triggered=bool(rec.get("x", False)),
             error=None if rec.get("m") is None else str(rec["m"]),
+            attempt=int(rec.get("n", 1)),
+            final=bool(rec.get("f", False)),
         )
 
 
@@ -298,6 +471,8 @@ class ScheduleUpdate:
     etag: str
     next_due: datetime
     last_fire: datetime | None
+    #: Remove the row instead (its schedule ended); ``next_due`` is then ``ENDED``.
+    remove: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +484,12 @@ class TickStatus:
     that passed undelivered and are coalesced into this tick (FIRE_IMMEDIATELY).
     ``triggered``: an extra tick asked for by an operator (``trigger``), off the
     schedule; ``current_tick_time`` is then the time it was asked for.
+    ``due_at``: the instant the tick was due, ``current_tick_time`` plus the
+    row's jitter offset (equal to it without jitter); the service sets it on
+    every tick (``None`` only in a status built without it). ``payload``: the row's
+    payload. ``attempt``: which delivery of this slot it is (above 1 only for
+    a ``RetryPolicy`` retry). ``final``: the reminder's last tick (a one-shot,
+    or the last slot of a bounded one); its row is removed after it.
     """
 
     first_tick_time: datetime
@@ -319,11 +500,18 @@ class TickStatus:
     missed_ticks: int = 0
     priority: int = ReminderPriority.NORMAL
     triggered: bool = False
+    due_at: datetime | None = None
+    payload: Any = None
+    attempt: int = 1
+    final: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class MissedReminder:
-    """Published on ``orleanspy.reminders.missed`` for rows whose action is NOTIFY."""
+    """Published on ``orleanspy.reminders.missed`` for rows whose action is NOTIFY,
+    and for a skipped last slot of any row (a missed one-shot under SKIP): a
+    reminder never ends unseen. ``next_due`` is ``None`` when no slot is left
+    (the row is removed)."""
 
     service_id: str
     grain_id: GrainId
@@ -331,10 +519,11 @@ class MissedReminder:
     scheduled: datetime
     detected_at: datetime
     missed_ticks: int
-    next_due: datetime
+    next_due: datetime | None
 
 
 register_type(ReminderEntry, name="orleanspy.ReminderEntry")
 register_type(TickStatus, name="orleanspy.TickStatus")
 register_type(MissedReminder, name="orleanspy.MissedReminder")
 register_type(FireRecord, name="orleanspy.FireRecord")
+register_type(RetryPolicy, name="orleanspy.RetryPolicy")

@@ -11,23 +11,34 @@ One table holds every service's rows (``service_id`` leads every key)::
         declared    boolean            made by a @register_reminder declaration
         paused      boolean            out of the due index (see below)
         grace_ms    bigint             the row's missed-tick grace, NULL: the default
+        extras      bytea              the optional schedule fields, msgpack of
+                                       ``ReminderEntry.extras_record`` (NULL: none)
+        fingerprint text               a declared row's declaration (NULL: none)
         version     bigint             the etag; every write takes a fresh value
                                        from the sequence orleanspy_reminder_version
     index (service_id, priority, bucket, next_due) WHERE NOT paused   read_due
     index (service_id, priority, next_due) WHERE NOT paused           upcoming
     index (service_id, grain_hash)                                    read_range
+    index (service_id, grain_id "C", name "C")             read_page, count_types
 
     orleanspy_reminder_history         fire history, newest ``keep`` per row
         service_id, grain_id, name     the row (FOREIGN KEY ... ON DELETE CASCADE)
         batch, i                       order: the append's number (a sequence)
                                        and the record's place in it
-        slot, at, outcome, silo, triggered
+        slot, at, outcome, silo, triggered, attempt, final
+
+    orleanspy_reminder_ended_history   histories of ended rows (``end``), kept
+        the history's columns, ended_at    ENDED_HISTORY_KEPT; no foreign key
 
 The schema is versioned (``_SCHEMA``, one step per version, applied by
 ``start``): version 2 added ``declared``, the upcoming index (in place of
 v1's ``(service_id, next_due)``) and the notification with a priority;
 version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
-the history table; version 4 added ``grace_ms`` and the history's ``error``.
+the history table; version 4 added ``grace_ms`` and the history's ``error``;
+version 5 added ``extras`` (jitter, bounds, payload, retry: one column, since
+only the service reads them and no index needs them), the history's
+``attempt`` and ``final``, and the ended histories; version 6 added
+``fingerprint`` and the grain index in byte order.
 
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
@@ -77,12 +88,12 @@ import hashlib
 import json
 from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
 from orleanspy.clock import from_ms, to_ms
-from orleanspy.errors import StorageError
+from orleanspy.errors import SerializationError, StorageError
 from orleanspy.identity import GrainId
 from orleanspy.reminders._pg_feed import Listener, PostgresChanges
 from orleanspy.reminders.model import (
@@ -91,9 +102,11 @@ from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderEntry,
     ScheduleUpdate,
+    extras_from_record,
 )
-from orleanspy.reminders.table import grain_prefix
+from orleanspy.reminders.table import ENDED_HISTORY_KEPT, grain_prefix
 from orleanspy.ring import RingRange
+from orleanspy.serialization import pack, unpack
 
 __all__ = ["PostgresReminderTable"]
 
@@ -199,7 +212,39 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
         "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS grace_ms bigint",
         "ALTER TABLE orleanspy_reminder_history ADD COLUMN IF NOT EXISTS error text",
     ),
-    # v5: declared rows keep the fingerprint of their declaration; paging and
+    # v5: the optional schedule fields of a row (one-shot rows need no column:
+    # period_ms and cron are both NULL), and a history record's attempt and
+    # final flag. v4 silos still running during an upgrade neither write nor
+    # read them: their whole-row writes leave extras as they are.
+    (
+        "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS extras bytea",
+        "ALTER TABLE orleanspy_reminder_history "
+        "ADD COLUMN IF NOT EXISTS attempt smallint NOT NULL DEFAULT 1",
+        "ALTER TABLE orleanspy_reminder_history "
+        "ADD COLUMN IF NOT EXISTS final boolean NOT NULL DEFAULT false",
+        # The histories of ended rows (``end``), kept for ENDED_HISTORY_KEPT after
+        # their rows went: no foreign key, swept by ended_at as rows end.
+        """CREATE TABLE IF NOT EXISTS orleanspy_reminder_ended_history (
+            service_id text NOT NULL,
+            grain_id text NOT NULL,
+            name text NOT NULL,
+            batch bigint NOT NULL,
+            i bigint NOT NULL,
+            slot bigint NOT NULL,
+            at bigint NOT NULL,
+            outcome text NOT NULL,
+            silo text NOT NULL,
+            triggered boolean NOT NULL,
+            error text,
+            attempt smallint NOT NULL,
+            final boolean NOT NULL,
+            ended_at bigint NOT NULL,
+            PRIMARY KEY (service_id, grain_id, name, batch, i)
+        )""",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminder_ended_history_at "
+        "ON orleanspy_reminder_ended_history (service_id, ended_at)",
+    ),
+    # v6: declared rows keep the fingerprint of their declaration; paging and
     # per-type counts walk an index of the grain id in byte order ("C"), so a
     # type or key prefix is a range whatever the database's collation.
     (
@@ -211,25 +256,29 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, declared, paused, grace_ms, fingerprint, version"
+    "last_fire, priority, action, declared, paused, grace_ms, extras, fingerprint, version"
 )
 
-# The columns a whole-row write sets, in the order of its parameters $2..$17.
+# The columns a whole-row write sets, in the order of its parameters $2..$18.
 _ROW_COLUMNS: Final = (
     "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
-    "period_ms, cron, tz, last_fire, action, declared, paused, grace_ms, fingerprint"
+    "period_ms, cron, tz, last_fire, action, declared, paused, grace_ms, extras, fingerprint"
 )
-_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17"
-#: The channel parameter of a whole-row write, after the row's.
-_CH: Final = "$18"
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18"
+#: The channel parameter of a whole-row write, after the row's; then the etag
+#: parameter of a conditional one.
+_CH: Final = "$19"
+_ETAG: Final = "$20"
+#: How many parameters a row takes ($2..$18).
+_ROW_WIDTH: Final = 17
 _SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
         action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
-        grace_ms = EXCLUDED.grace_ms, fingerprint = EXCLUDED.fingerprint,
-        version = EXCLUDED.version"""
+        grace_ms = EXCLUDED.grace_ms, extras = EXCLUDED.extras,
+        fingerprint = EXCLUDED.fingerprint, version = EXCLUDED.version"""
 # A paused row left the schedule: its changes are told as removals (no next_due,
 # no priority), whatever the write.
 _DUE_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.next_due END"
@@ -245,7 +294,7 @@ _RETURNING_ROW: Final = (
     "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority, t.paused"
 )
 
-# $1 service, $2..$17 the row (_ROW_COLUMNS), $18 channel.
+# $1 service, $2..$18 the row (_ROW_COLUMNS), $19 channel.
 _UPSERT: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -268,20 +317,20 @@ WITH w AS (
 {_NOTIFY_ROWS}
 """
 
-# upsert_if with an etag: replace the row only while its version is $19.
+# upsert_if with an etag: replace the row only while its version is $20.
 _REPLACE_IF: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders AS t
     SET ({_ROW_COLUMNS}, version) =
         ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
-    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $19
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = {_ETAG}
     {_RETURNING_ROW}
 )
 {_NOTIFY_ROWS}
 """
 
-# upsert_many: $2..$17 parallel arrays of the rows' columns (no key twice), in
-# key order so two batches lock shared rows in one order; $18 channel.
+# upsert_many: $2..$18 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $19 channel.
 _UPSERT_MANY: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -289,13 +338,13 @@ WITH w AS (
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                 $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
                 $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
-                $16::bigint[], $17::text[]) AS u
+                $16::bigint[], $17::bytea[], $18::text[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $18, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    {_CH}, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -303,23 +352,25 @@ FROM w
 # a conflict (a row written first by another writer stays; this one is refused).
 _INSERT_MANY_IF_ABSENT: Final = _UPSERT_MANY.replace(f"DO UPDATE SET {_SET_ROW}", "DO NOTHING")
 
-# upsert_if_many, rows that must have an etag: $2..$17 the rows' columns as in
-# _UPSERT_MANY, $18 channel, $19 the versions they must have; only rows still
+# upsert_if_many, rows that must have an etag: $2..$18 the rows' columns as in
+# _UPSERT_MANY, $19 channel, $20 the versions they must have; only rows still
 # at their version are replaced.
 _REPLACE_MANY_IF: Final = f"""
 WITH u AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                          $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
                          $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
-                         $16::bigint[], $17::text[], $19::bigint[])
+                         $16::bigint[], $17::bytea[], $18::text[], {_ETAG}::bigint[])
         AS u(grain_id, name, grain_hash, bucket, priority, start_at, next_due, period_ms,
-             cron, tz, last_fire, action, declared, paused, grace_ms, fingerprint, expected)
+             cron, tz, last_fire, action, declared, paused, grace_ms, extras, fingerprint,
+             expected)
 ), w AS (
     UPDATE orleanspy_reminders AS t
     SET grain_hash = u.grain_hash, bucket = u.bucket, priority = u.priority,
         start_at = u.start_at, next_due = u.next_due, period_ms = u.period_ms, cron = u.cron,
         tz = u.tz, last_fire = u.last_fire, action = u.action, declared = u.declared,
-        paused = u.paused, grace_ms = u.grace_ms, fingerprint = u.fingerprint,
+        paused = u.paused, grace_ms = u.grace_ms, extras = u.extras,
+        fingerprint = u.fingerprint,
         version = nextval('orleanspy_reminder_version')
     FROM u
     WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
@@ -327,7 +378,7 @@ WITH u AS (
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $18, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    {_CH}, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -358,6 +409,33 @@ WITH w AS (
     DELETE FROM orleanspy_reminders
     WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
     RETURNING grain_hash, grain_id, name
+), e AS (
+    DELETE FROM orleanspy_reminder_ended_history
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND EXISTS (SELECT 1 FROM w)
+)
+SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FROM w
+"""
+
+# end: remove, copying the row's history (which the foreign key's cascade
+# deletes) to the ended histories, stamped $6 (now, ms); ended histories older
+# than $7 are swept. Every part reads the statement's snapshot, so the copy sees
+# the history the cascade removes.
+_END: Final = """
+WITH w AS (
+    DELETE FROM orleanspy_reminders
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
+    RETURNING grain_hash, grain_id, name
+), old AS (
+    DELETE FROM orleanspy_reminder_ended_history
+    WHERE service_id = $1 AND (ended_at < $7
+        OR (grain_id = $2 AND name = $3 AND EXISTS (SELECT 1 FROM w)))
+), kept AS (
+    INSERT INTO orleanspy_reminder_ended_history (service_id, grain_id, name, batch, i,
+        slot, at, outcome, silo, triggered, error, attempt, final, ended_at)
+    SELECT h.service_id, h.grain_id, h.name, h.batch, h.i, h.slot, h.at, h.outcome, h.silo,
+        h.triggered, h.error, h.attempt, h.final, $6
+    FROM orleanspy_reminder_history h JOIN w ON h.grain_id = w.grain_id AND h.name = w.name
+    WHERE h.service_id = $1
 )
 SELECT orleanspy_reminder_notify($5, w.grain_hash, NULL, w.grain_id, w.name) FROM w
 """
@@ -421,7 +499,7 @@ ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $3
 """
 
-# append_history: $2..$9 parallel arrays of the records (oldest first), $10 keep.
+# append_history: $2..$11 parallel arrays of the records (oldest first), $12 keep.
 # Only rows that exist take records (locked FOR KEY SHARE, so a racing remove
 # waits or wins, and its cascade never meets a record it did not see); each
 # row keeps the newest ``keep``: its newest new records, and of the old ones
@@ -434,8 +512,9 @@ _APPEND_HISTORY: Final = """
 WITH u AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.grain_id, u.name ORDER BY u.i DESC) AS rn
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[],
-                $8::boolean[], $9::text[]) WITH ORDINALITY AS u(grain_id, name, slot, at,
-                                                   outcome, silo, triggered, error, i)
+                $8::boolean[], $9::text[], $10::smallint[], $11::boolean[])
+        WITH ORDINALITY AS u(grain_id, name, slot, at, outcome, silo, triggered, error,
+                             attempt, final, i)
 ), k AS (
     SELECT grain_id, name, count(*) AS cnt FROM u GROUP BY grain_id, name
 ), r AS (
@@ -448,18 +527,19 @@ WITH u AS (
     SELECT nextval('orleanspy_reminder_history_batch') AS batch
 ), ins AS (
     INSERT INTO orleanspy_reminder_history
-        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered, error)
+        (service_id, grain_id, name, batch, i, slot, at, outcome, silo, triggered, error,
+         attempt, final)
     SELECT $1, u.grain_id, u.name, b.batch, u.i, u.slot, u.at, u.outcome, u.silo, u.triggered,
-        u.error
+           u.error, u.attempt, u.final
     FROM u JOIN r ON u.grain_id = r.grain_id AND u.name = r.name CROSS JOIN b
-    WHERE u.rn <= $10
+    WHERE u.rn <= $12
 ), cut AS (
     SELECT r.grain_id, r.name, c.batch, c.i FROM r
     CROSS JOIN LATERAL (
         SELECT h.batch, h.i FROM orleanspy_reminder_history h
         WHERE h.service_id = $1 AND h.grain_id = r.grain_id AND h.name = r.name
         ORDER BY h.batch DESC, h.i DESC
-        OFFSET greatest($10 - r.cnt, 0) LIMIT 1
+        OFFSET greatest($12 - r.cnt, 0) LIMIT 1
     ) c
 )
 DELETE FROM orleanspy_reminder_history h USING cut
@@ -467,9 +547,17 @@ WHERE h.service_id = $1 AND h.grain_id = cut.grain_id AND h.name = cut.name
     AND (h.batch, h.i) <= (cut.batch, cut.i)
 """
 
+# A row's history, with what an ended row of that key left (kept since $4).
 _READ_HISTORY: Final = """
-SELECT slot, at, outcome, silo, triggered, error FROM orleanspy_reminder_history
-WHERE service_id = $1 AND grain_id = $2 AND name = $3
+SELECT slot, at, outcome, silo, triggered, error, attempt, final FROM (
+    SELECT batch, i, slot, at, outcome, silo, triggered, error, attempt, final
+    FROM orleanspy_reminder_history
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3
+    UNION ALL
+    SELECT batch, i, slot, at, outcome, silo, triggered, error, attempt, final
+    FROM orleanspy_reminder_ended_history
+    WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND ended_at >= $4
+) h
 ORDER BY batch DESC, i DESC
 """
 
@@ -565,14 +653,21 @@ def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
         entry.declared,
         entry.paused,
         None if entry.grace is None else entry.grace // timedelta(milliseconds=1),
+        _extras(entry),
         entry.fingerprint,
     )
+
+
+def _extras(entry: ReminderEntry) -> bytes | None:
+    extras = entry.extras_record()
+    return pack(extras) if extras else None
 
 
 def _row(rec: Any) -> ReminderEntry:
     try:
         period = rec["period_ms"]
         last = rec["last_fire"]
+        extras = rec["extras"]
         return ReminderEntry(
             service_id=rec["service_id"],
             grain_id=GrainId.parse(rec["grain_id"]),
@@ -590,8 +685,9 @@ def _row(rec: Any) -> ReminderEntry:
             paused=bool(rec["paused"]),
             grace=None if rec["grace_ms"] is None else timedelta(milliseconds=rec["grace_ms"]),
             fingerprint=rec["fingerprint"],
+            **({} if extras is None else extras_from_record(unpack(extras))),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, SerializationError) as exc:
         raise StorageError(f"malformed reminder row in postgresql: {exc}") from exc
 
 
@@ -703,7 +799,7 @@ class PostgresReminderTable:
             ):
                 if not indices:
                     continue
-                columns: list[list[Any]] = [[] for _ in range(16)]
+                columns: list[list[Any]] = [[] for _ in range(_ROW_WIDTH)]
                 for i in indices:
                     for column, value in zip(columns, _row_values(writes[i][0]), strict=True):
                         column.append(value)
@@ -764,7 +860,7 @@ class PostgresReminderTable:
     async def _upsert_round(
         self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
     ) -> None:
-        columns: list[list[Any]] = [[] for _ in range(16)]
+        columns: list[list[Any]] = [[] for _ in range(_ROW_WIDTH)]
         for i in indices:
             for column, value in zip(columns, _row_values(entries[i]), strict=True):
                 column.append(value)
@@ -867,6 +963,20 @@ class PostgresReminderTable:
             )
         return bool(records)
 
+    async def end(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """``remove``, keeping the row's history in the ended histories for
+        ``ENDED_HISTORY_KEPT`` (``_END``: one statement)."""
+        version = _version(etag)
+        if version is None:
+            return False
+        now = to_ms(datetime.now(UTC))
+        cutoff = now - ENDED_HISTORY_KEPT // timedelta(milliseconds=1)
+        with translate_errors("reminder end"):
+            records = await self._p.fetch(
+                _END, self.service_id, grain_id.canonical, name, version, self._channel, now, cutoff
+            )
+        return bool(records)
+
     # -- fire history ---------------------------------------------------------------
 
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
@@ -889,13 +999,18 @@ class PostgresReminderTable:
                 [r.silo for r in records],
                 [r.triggered for r in records],
                 [r.error for r in records],
+                [r.attempt for r in records],
+                [r.final for r in records],
                 keep,
             )
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         """The row's fire history, newest first (empty if none or no row)."""
         with translate_errors("reminder read_history"):
-            records = await self._p.fetch(_READ_HISTORY, self.service_id, grain_id.canonical, name)
+            kept_since = to_ms(datetime.now(UTC)) - ENDED_HISTORY_KEPT // timedelta(milliseconds=1)
+            records = await self._p.fetch(
+                _READ_HISTORY, self.service_id, grain_id.canonical, name, kept_since
+            )
         try:
             return [
                 FireRecord(
@@ -907,6 +1022,8 @@ class PostgresReminderTable:
                     silo=rec["silo"],
                     triggered=bool(rec["triggered"]),
                     error=rec["error"],
+                    attempt=int(rec["attempt"]),
+                    final=bool(rec["final"]),
                 )
                 for rec in records
             ]

@@ -58,7 +58,7 @@ import logging
 import secrets
 from collections.abc import Container, Iterable, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
 from orleanspy._redis import Redis, connect, key_prefix, translate_errors
@@ -72,7 +72,7 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
     row_key,
 )
-from orleanspy.reminders.table import FeedScope, grain_prefix
+from orleanspy.reminders.table import ENDED_HISTORY_KEPT, FeedScope, grain_prefix
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, pack_lua, unpack
 
@@ -91,6 +91,9 @@ _MIN_FIRST_ASK: Final = 16
 # Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
 # values when a script rewrites a row.
 _NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None, "o": None}
+
+# Optional fields of a fire record, merged into its stored map by the script.
+_HISTORY_FLAGS: Final = frozenset({"x", "m", "n", "f"})
 
 #: Width of a priority lane in the due score: next_due ms must lie in [0, 2**44).
 LANE_WIDTH: Final = 1 << 44
@@ -263,9 +266,9 @@ return out
 
 # A whole batch of fire records in one call. ARGV[1]: keep. ARGV[2]: shard key
 # prefix. ARGV[3]: msgpack flat list, per row: its shard, its key, how many
-# records follow, then six items per record, oldest first: slot ms, delivery
-# ms, outcome, silo, triggered (true/false), error text (false: none). The
-# record map is built here
+# records follow, then five items per record, oldest first: slot ms, delivery
+# ms, outcome, silo, and false or a map of the record's optional fields
+# (``FireRecord.to_record``'s "x", "m", "n", "f"). The record map is built here
 # (``FireRecord.to_record``'s form), so the client packs one string per batch,
 # not one per record. Records of a missing row are dropped.
 _APPEND_HISTORY: Final = """
@@ -278,20 +281,22 @@ while i <= #u do
   local n = u[i + 2]
   if redis.call('HEXISTS', shard .. 'rows', u[i + 1]) == 1 then
     local hist = shard .. 'hist:' .. u[i + 1]
-    for j = i + 3, i + 3 + (n - 1) * 6, 6 do
+    for j = i + 3, i + 3 + (n - 1) * 5, 5 do
       local rec = {t = u[j], a = u[j + 1], o = u[j + 2], s = u[j + 3]}
-      if u[j + 4] then rec['x'] = true end
-      if u[j + 5] then rec['m'] = u[j + 5] end
+      local flags = u[j + 4]
+      if flags then for k, v in pairs(flags) do rec[k] = v end end
       redis.call('LPUSH', hist, cmsgpack.pack(rec))
     end
     redis.call('LTRIM', hist, 0, keep - 1)
+    redis.call('PERSIST', hist)  -- an ended row's history, continued by a new row
   end
-  i = i + 3 + n * 6
+  i = i + 3 + n * 5
 end
 return 1
 """
 
-# KEYS: rows, due, grain, history. ARGV: key, due member, expected etag, channel, payload.
+# KEYS: rows, due, grain, history. ARGV: key, due member, expected etag, channel,
+# payload, and (``end``) how many ms the history list stays (else it is deleted).
 _REMOVE: Final = """
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return 0 end
@@ -300,7 +305,7 @@ if rec['e'] ~= ARGV[3] then return 0 end
 redis.call('HDEL', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('DEL', KEYS[4])
+if ARGV[6] then redis.call('PEXPIRE', KEYS[4], ARGV[6]) else redis.call('DEL', KEYS[4]) end
 redis.call('SPUBLISH', ARGV[4], ARGV[5])
 return 1
 """
@@ -731,8 +736,8 @@ class RedisReminderTable:
         for key, recs in by_row.items():
             flat += (recs[0].grain_id.uniform_hash() >> shift, key, len(recs))
             for r in recs:
-                error = False if r.error is None else r.error
-                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, r.triggered, error)
+                flags = {k: v for k, v in r.to_record().items() if k in _HISTORY_FLAGS}
+                flat += (to_ms(r.slot), to_ms(r.at), r.outcome.value, r.silo, flags or False)
         with translate_errors("reminder append_history"):
             await self._script("history")(args=[keep, self._shard_prefix, pack_lua(flat)])
 
@@ -750,6 +755,17 @@ class RedisReminderTable:
 
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
+        return await self._remove(grain_id, name, etag, None)
+
+    async def end(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """``remove``, leaving the row's history list to expire after
+        ``ENDED_HISTORY_KEPT`` instead of deleting it."""
+        kept_ms = ENDED_HISTORY_KEPT // timedelta(milliseconds=1)
+        return await self._remove(grain_id, name, etag, kept_ms)
+
+    async def _remove(
+        self, grain_id: GrainId, name: str, etag: str, history_ms: int | None
+    ) -> bool:
         h = grain_id.uniform_hash()
         s = self.shard_of(h)
         key = row_key(grain_id, name)
@@ -767,6 +783,7 @@ class RedisReminderTable:
                     etag,
                     self._channel(s),
                     change_payload(self._writer, h, grain_id, name, None),
+                    *(() if history_ms is None else (history_ms,)),
                 ],
             )
         return bool(done)

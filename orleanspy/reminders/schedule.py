@@ -49,6 +49,22 @@ Cron schedules
     for America/New_York; tests pin all three. Interval reminders are not
     affected: they stay on their absolute grid.
 
+One-shot reminders, bounds and jitter
+    A row with neither period nor cron has one slot, ``start_at``
+    (``OneShotSchedule``). ``BoundedSchedule`` wraps a schedule with the row's
+    bounds and jitter: slots before ``starts_at``, after ``ends_at`` or after
+    ``final_due`` (the ``max_ticks``-th slot) are not slots; ``next_after``
+    returns ``None`` once no slot is left, which ends the reminder. With
+    ``jitter``, each nominal slot ``n`` fires at ``n + offset``, ``offset`` in
+    ``[0, min(jitter, next nominal slot - n, ends_at - n + 1 ms))`` whole ms,
+    drawn from a hash of the row's key and ``n`` (BLAKE2b: the same on every
+    silo and after every restart). The jittered instants are the schedule's
+    slots (``next_due`` stores them; the due index orders by them); ``nominal``
+    maps one back to its nominal slot (``TickStatus.current_tick_time``). Since
+    an offset never reaches the next nominal slot, jittered slots keep the
+    nominal order. Registration keeps ``jitter`` within the period (the cron's
+    gap), so a lookup steps over one or two nominal slots.
+
 Cost: building a croniter takes about 100 µs and one ``get_next`` 30-60 µs. A
 ``CronSchedule`` keeps one iterator: asking ``next_after`` of the slot it last
 returned just steps it; any other instant re-positions it (a few µs) instead of
@@ -60,6 +76,7 @@ loop's thread.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from datetime import UTC, datetime, timedelta
@@ -76,11 +93,16 @@ from orleanspy.reminders.model import ReminderEntry
 __all__ = [
     "DEFAULT_SLOT_CAP",
     "MAX_CRON_LENGTH",
+    "MAX_CRON_TICKS",
     "MAX_ZONE_LENGTH",
+    "BoundedSchedule",
     "CronSchedule",
     "IntervalSchedule",
+    "OneShotSchedule",
     "Schedule",
     "cron_schedule",
+    "jitter_offset_ms",
+    "next_slot",
     "parse_zone",
     "schedule_for",
 ]
@@ -92,9 +114,13 @@ DEFAULT_SLOT_CAP = 100_000
 MAX_CRON_LENGTH = 256
 #: Longest time zone name accepted (the longest IANA name has 32 characters).
 MAX_ZONE_LENGTH = 64
+#: Most slots ``max_ticks`` may ask of a cron reminder: its last slot is found at
+#: registration by stepping the expression (about 40 µs a slot).
+MAX_CRON_TICKS = 10_000
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _US = timedelta(microseconds=1)
+_MS = timedelta(milliseconds=1)
 _ALIASES = frozenset(
     {"@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually"}
 )
@@ -120,8 +146,14 @@ _MAX_CATCH_UP_STEPS = 8
 class Schedule(Protocol):
     """When a reminder is due. Implementations are pure functions of their inputs."""
 
-    def next_after(self, t: datetime) -> datetime:
-        """The first slot strictly after ``t`` (aware, any zone), as aware UTC."""
+    def next_after(self, t: datetime) -> datetime | None:
+        """The first slot strictly after ``t`` (aware, any zone), as aware UTC;
+        ``None`` when no slot is left (a one-shot or bounded reminder ended)."""
+        ...
+
+    def nominal(self, slot: datetime) -> datetime:
+        """The nominal slot of ``slot`` (one of this schedule's slots): itself,
+        except under jitter, where it is the slot before the offset."""
         ...
 
     def slots_between(self, after: datetime, upto: datetime, cap: int = DEFAULT_SLOT_CAP) -> int:
@@ -185,8 +217,122 @@ class IntervalSchedule:
         last = self._first_index_after(upto) - 1
         return max(0, min(cap, last - first + 1))
 
+    def nominal(self, slot: datetime) -> datetime:
+        return slot
+
     def __repr__(self) -> str:
         return f"IntervalSchedule(start_at={self.start_at.isoformat()}, period={self.period})"
+
+
+class OneShotSchedule:
+    """One slot, ``at`` (a one-shot reminder)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, at: datetime) -> None:
+        self.at = at
+
+    def next_after(self, t: datetime) -> datetime | None:
+        return self.at if t < self.at else None
+
+    def nominal(self, slot: datetime) -> datetime:
+        return slot
+
+    def slots_between(self, after: datetime, upto: datetime, cap: int = DEFAULT_SLOT_CAP) -> int:
+        return 1 if cap > 0 and after < self.at <= upto else 0
+
+    def __repr__(self) -> str:
+        return f"OneShotSchedule(at={self.at.isoformat()})"
+
+
+def jitter_offset_ms(key: str, nominal_ms: int, cap_ms: int) -> int:
+    """The jitter offset of the nominal slot ``nominal_ms`` of row ``key``: an int
+    in ``[0, cap_ms)``, uniform, the same in every process (``cap_ms >= 1``)."""
+    digest = hashlib.blake2b(b"%s|%d" % (key.encode(), nominal_ms), digest_size=8).digest()
+    return int.from_bytes(digest, "big") * cap_ms >> 64
+
+
+class BoundedSchedule:
+    """``base`` restricted to ``[starts_at, min(ends_at, final_due)]``, each slot
+    delayed by its jitter offset (module docstring). Any bound may be ``None``."""
+
+    __slots__ = ("_base", "_ends", "_jitter", "_key", "_last", "_starts")
+
+    def __init__(
+        self,
+        base: Schedule,
+        *,
+        key: str,
+        jitter: timedelta | None = None,
+        starts_at: datetime | None = None,
+        ends_at: datetime | None = None,
+        final_due: datetime | None = None,
+    ) -> None:
+        self._base = base
+        self._key = key
+        self._jitter = 0 if jitter is None else jitter // timedelta(milliseconds=1)
+        self._starts = starts_at
+        self._ends = ends_at
+        last = [t for t in (ends_at, final_due) if t is not None]
+        self._last = min(last) if last else None
+
+    def _nominal_after(self, t: datetime) -> datetime | None:
+        """The first nominal slot strictly after ``t`` inside the bounds."""
+        if self._starts is not None and t < self._starts:
+            t = self._starts - _MS
+        n = self._base.next_after(t)
+        if n is None or (self._last is not None and n > self._last):
+            return None
+        return n
+
+    def _jittered(self, n: datetime) -> datetime:
+        if not self._jitter:
+            return n
+        n_ms = to_ms(n)
+        cap = self._jitter
+        following = self._nominal_after(n)
+        if following is not None:
+            cap = min(cap, to_ms(following) - n_ms)
+        if self._ends is not None:
+            cap = min(cap, to_ms(self._ends) - n_ms + 1)
+        return from_ms(n_ms + jitter_offset_ms(self._key, n_ms, max(1, cap)))
+
+    def next_after(self, t: datetime) -> datetime | None:
+        if not self._jitter:
+            return self._nominal_after(t)
+        # A slot fired before t when its nominal slot is at or before t - jitter.
+        n = self._nominal_after(t - timedelta(milliseconds=self._jitter))
+        while n is not None:
+            j = self._jittered(n)
+            if j > t:
+                return j
+            n = self._nominal_after(n)
+        return None
+
+    def nominal(self, slot: datetime) -> datetime:
+        if not self._jitter:
+            return slot
+        n = self._nominal_after(slot - timedelta(milliseconds=self._jitter))
+        if n is None or n > slot:
+            return slot
+        while (following := self._nominal_after(n)) is not None and following <= slot:
+            n = following
+        return n
+
+    def slots_between(self, after: datetime, upto: datetime, cap: int = DEFAULT_SLOT_CAP) -> int:
+        """Counted by stepping, O(min(count, cap))."""
+        count = 0
+        slot = self.next_after(after)
+        while count < cap and slot is not None and slot <= upto:
+            count += 1
+            slot = self.next_after(slot)
+        return count
+
+    def __repr__(self) -> str:
+        return (
+            f"BoundedSchedule({self._base!r}, jitter_ms={self._jitter}, "
+            f"starts_at={self._starts}, last={self._last})"
+        )
 
 
 def parse_zone(tz: str | None) -> ZoneInfo:
@@ -493,6 +639,9 @@ class CronSchedule:
             gaps.append(_min_step(hours) * 3600 - span_m * 60 - span_s)
         return min(gaps)
 
+    def nominal(self, slot: datetime) -> datetime:
+        return slot
+
     def __repr__(self) -> str:
         return f"CronSchedule({self.expr!r}, tz={self.tz!r})"
 
@@ -518,13 +667,41 @@ def cron_schedule(expr: str, tz: str | None = None) -> CronSchedule:
 
 
 def schedule_for(entry: ReminderEntry) -> Schedule:
-    """The schedule of a reminder row: its cron (shared per expression and zone)
-    or its interval grid. ``ReminderError`` if the row has neither or a bad cron."""
+    """The schedule of a reminder row: its cron (shared per expression and zone),
+    its interval grid or its one slot, within its bounds and with its jitter
+    (``BoundedSchedule``, only for rows that have any). ``ReminderError`` for a
+    bad cron."""
+    base: Schedule
     if entry.cron is not None:
-        return cron_schedule(entry.cron, entry.tz)
-    if entry.period is not None:
-        return IntervalSchedule(entry.start_at, entry.period)
-    raise ReminderError(
-        f"reminder {entry.key!r} has neither a period nor a cron expression; "
-        "register it again with one of them"
+        base = cron_schedule(entry.cron, entry.tz)
+    elif entry.period is not None:
+        base = IntervalSchedule(entry.start_at, entry.period)
+    else:
+        base = OneShotSchedule(entry.start_at)
+    if (
+        entry.jitter is None
+        and entry.starts_at is None
+        and entry.ends_at is None
+        and entry.final_due is None
+    ):
+        return base
+    return BoundedSchedule(
+        base,
+        key=entry.key,
+        jitter=entry.jitter,
+        starts_at=entry.starts_at,
+        ends_at=entry.ends_at,
+        final_due=entry.final_due,
     )
+
+
+def next_slot(entry: ReminderEntry, now: datetime) -> datetime:
+    """The row's first slot after ``now`` (a repair); ``ReminderError`` when its
+    schedule has none left (an ended one-shot or bounded reminder: delete it)."""
+    nxt = schedule_for(entry).next_after(now)
+    if nxt is None:
+        raise ReminderError(
+            f"reminder {entry.name!r} of {entry.grain_id} has no slot after "
+            f"{now.isoformat()}: its schedule ended; delete it or register it again"
+        )
+    return nxt

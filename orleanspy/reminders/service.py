@@ -76,7 +76,10 @@ class ReminderServiceStats:
     due), never above ``bucket_size`` except briefly for dropped rows whose
     delivery is still finishing; ``high_water``: the most rows ever resident;
     ``rotated``: rows released after their tick to make room for a row waiting
-    outside a full window.
+    outside a full window. ``grain_retries``: attempts queued under a row's
+    ``RetryPolicy``; ``retries_given_up``: retries dropped because the next slot
+    came first; ``ended``: rows removed after their last slot (delivered or
+    skipped; the repair pass's ends are in ``repaired``).
     """
 
     bucket_size: int
@@ -100,6 +103,9 @@ class ReminderServiceStats:
     load_errors: int
     evicted: int
     rotated: int = 0
+    grain_retries: int = 0
+    retries_given_up: int = 0
+    ended: int = 0
 
 
 class ReminderService:
@@ -108,7 +114,8 @@ class ReminderService:
     ``deliver(entry, status)`` makes the grain call ``receive_reminder`` and
     returns on acknowledgement. If it raises one of ``TRANSIENT_ERRORS`` the
     same tick is retried with backoff; any other exception is the grain's own
-    failure: logged, counted, and the tick counts as delivered (not retried).
+    failure: logged, counted, and the tick counts as delivered (retried only
+    under the row's ``RetryPolicy``).
     ``publish_missed`` receives a ``MissedReminder`` for NOTIFY rows. ``load``
     gives the signals for the adaptive bucket size (``options.adaptive``).
     ``metrics`` records ticks, reads and writes (default: nothing).
@@ -142,15 +149,21 @@ class ReminderService:
             enable_priority=options.enable_priority,
             name=name,
         )
-        self._persister = persister = Persister(
-            table, clock, options, self._persisted, metrics=metrics
-        )
         self._notifier = notifier = MissedNotifier(publish_missed, name)
         # Fire history goes to the table from its own task (``_service.history``).
         self._history: History | None = None
         history: NoHistory | None = None
         if options.history_size and isinstance(table, PausableReminderTable):
             self._history = history = History(table, keep=options.history_size, silo=name)
+        self._persister = persister = Persister(
+            table,
+            clock,
+            options,
+            self._persisted,
+            metrics=metrics,
+            # An ended row's final record must reach its history before the row ends.
+            before_removals=None if self._history is None else self._history.flush,
+        )
         self._delivery = delivery = Delivery(
             clock,
             options,
@@ -311,6 +324,9 @@ class ReminderService:
             load_errors=ld.load_errors,
             evicted=ld.evicted,
             rotated=w.rotated,
+            grain_retries=dl.grain_retries,
+            retries_given_up=dl.retries_given_up,
+            ended=dl.ended,
         )
 
     # -- wiring -----------------------------------------------------------------------

@@ -17,8 +17,20 @@ goes through it, so the rules below hold for every stored row:
   every silo that comes to own it;
 * the priority is an ``int`` in -128..127 (``bool`` is refused);
 * the action is a ``MissedReminderAction``;
+* a *one-shot* reminder (``at=`` an aware datetime, or ``due=`` without
+  ``period``/``cron``) has one slot; ``at`` goes with neither ``due``,
+  ``period`` nor ``cron``; an ``at`` in the past fires at once. Bounds
+  (``starts_at``, ``ends_at``, ``max_ticks``) are for repeating reminders;
+* ``jitter`` is ``>= 0`` and at most the period (the cron's smallest gap);
+  ``0`` means none;
+* ``starts_at``/``ends_at`` are aware datetimes, ``ends_at >= starts_at``, and
+  the bounds leave at least one slot; ``max_ticks`` is an int ``>= 1`` (at most
+  ``MAX_CRON_TICKS`` for a cron);
+* ``payload`` is a value the codec carries, at most ``MAX_PAYLOAD_BYTES``
+  encoded; ``retry`` is a ``RetryPolicy``;
 * the grace (``grace``, optional) is a duration (seconds or ``timedelta``) in
-  ``0 .. MAX_GRACE``; ``None`` leaves the row on ``ReminderOptions.missed_tick_grace``.
+  ``0 .. MAX_GRACE``; ``None`` leaves the row on
+  ``ReminderOptions.missed_tick_grace``.
 
 Anything else raises ``ReminderError`` saying what is wrong and how to fix it.
 Times are stored with millisecond precision, so ``start_at``, ``next_due`` and
@@ -28,18 +40,35 @@ Times are stored with millisecond precision, so ``start_at``, ``next_due`` and
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, ReminderPriority
-from orleanspy.reminders.schedule import cron_schedule, parse_zone
+from orleanspy.reminders.model import (
+    MissedReminderAction,
+    ReminderEntry,
+    ReminderPriority,
+    RetryPolicy,
+    payload_size,
+)
+from orleanspy.reminders.schedule import (
+    MAX_CRON_TICKS,
+    IntervalSchedule,
+    Schedule,
+    cron_schedule,
+    parse_zone,
+    schedule_for,
+)
+from orleanspy.serialization import pack, unpack
 
 __all__ = [
     "MAX_GRACE",
     "MAX_GRAIN_ID_LENGTH",
+    "MAX_PAYLOAD_BYTES",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
     "check_grace",
@@ -52,6 +81,9 @@ PRIORITY_MAX = 127
 LATEST_TICK = datetime(2500, 1, 1, tzinfo=UTC)
 #: Longest canonical grain id (``type/tagged key``) a reminder row may have.
 MAX_GRAIN_ID_LENGTH = 1024
+#: Largest payload a reminder may carry, encoded by the codec: it is stored in the
+#: row and read by every owner, so it stays small (a key, a few ids, a flag).
+MAX_PAYLOAD_BYTES = 4096
 #: The longest missed-tick grace a row may have.
 MAX_GRACE = timedelta(days=366)
 
@@ -162,14 +194,23 @@ def new_entry(
     tz: str | None = None,
     priority: int = ReminderPriority.NORMAL,
     action: MissedReminderAction = MissedReminderAction.SKIP,
+    at: datetime | None = None,
+    jitter: timedelta | float | int | None = None,
+    starts_at: datetime | None = None,
+    ends_at: datetime | None = None,
+    max_ticks: int | None = None,
+    payload: Any = None,
+    retry: RetryPolicy | None = None,
     grace: timedelta | float | None = None,
 ) -> ReminderEntry:
     """Validate a registration and build its row (``etag`` ``None``, never fired).
 
     Interval form (``period``): ``due`` defaults to ``period``;
-    ``start_at = next_due = now + due``. Cron form (``cron``, optional ``tz``):
-    ``start_at = now + due`` (``due`` defaults to 0) and ``next_due`` is the
-    first cron slot at or after ``start_at``. Numbers are seconds. Times are
+    ``start_at = now + due``. Cron form (``cron``, optional ``tz``):
+    ``start_at = now + due`` (``due`` defaults to 0). One-shot form (``at``, or
+    ``due`` alone): ``start_at = at`` (``now + due``), its only slot. ``next_due``
+    is the first slot at or after ``start_at`` (and ``starts_at``), jittered.
+    ``final_due`` is the ``max_ticks``-th slot. Numbers are seconds. Times are
     truncated to whole milliseconds; the cron expression is stored with its
     whitespace normalised. ``now`` must be timezone-aware (``ValueError``).
 
@@ -185,10 +226,20 @@ def new_entry(
             f"action must be a MissedReminderAction (FIRE_IMMEDIATELY, SKIP or NOTIFY), "
             f"got {action!r}"
         )
-    if (period is None) == (cron is None):
+    if at is not None and (due is not None or period is not None or cron is not None):
+        given = [n for n, v in (("due", due), ("period", period), ("cron", cron)) if v is not None]
         raise ReminderError(
-            "give exactly one of period (an interval reminder) and cron (a cron reminder), "
-            f"got {'both' if cron is not None else 'neither'}"
+            f"at= makes a one-shot reminder and takes no {' or '.join(given)}: give at= "
+            "alone, or due/period/cron without at="
+        )
+    if period is not None and cron is not None:
+        raise ReminderError(
+            "give exactly one of period (an interval reminder) and cron (a cron reminder), got both"
+        )
+    if period is None and cron is None and at is None and due is None:
+        raise ReminderError(
+            "give period (an interval reminder), cron (a cron reminder), or at=/due= alone "
+            "(a one-shot reminder), got none of them"
         )
     if tz is not None and cron is None:
         raise ReminderError("tz applies to cron reminders only: drop tz or give a cron expression")
@@ -196,6 +247,23 @@ def new_entry(
     due_td = None if due is None else _duration(due, "due")
     if due_td is not None and due_td < timedelta(0):
         raise ReminderError(f"due must be >= 0, got {due!r}: use 0 to fire at once")
+    jitter_td = _jitter(jitter)
+    bounds = _bounds(starts_at, ends_at, max_ticks)
+    payload = _check_payload(payload)
+    if retry is not None and not isinstance(retry, RetryPolicy):
+        raise ReminderError(
+            f"retry must be a RetryPolicy(max_attempts, backoff), got {type(retry).__name__}"
+        )
+    extra: dict[str, Any] = {
+        "grace": grace_td,
+        "jitter": jitter_td,
+        "starts_at": bounds[0],
+        "ends_at": bounds[1],
+        "max_ticks": max_ticks,
+        "payload": payload,
+        "retry": retry,
+    }
+    base: Schedule
     if period is not None:
         period_td = _whole_ms(_duration(period, "period"))
         if period_td < options.minimum_period:
@@ -203,8 +271,9 @@ def new_entry(
                 f"period {period_td} is below the minimum of {options.minimum_period} "
                 "(ReminderOptions.minimum_period): use a longer period"
             )
+        _check_jitter_gap(jitter_td, period_td, f"the period of {period_td}")
         start_at = _start(now, period_td if due_td is None else due_td)
-        return ReminderEntry(
+        entry = ReminderEntry(
             service_id=service_id,
             grain_id=grain_id,
             name=name,
@@ -213,35 +282,170 @@ def new_entry(
             period=period_td,
             priority=int(priority),
             action=action,
-            grace=grace_td,
+            **extra,
+        )
+        base = IntervalSchedule(start_at, period_td)
+    elif cron is not None:
+        if not isinstance(cron, str):
+            raise ReminderError(f"cron must be a string expression, got {type(cron).__name__}")
+        parse_zone(tz)  # a bad zone is reported as such, before the expression is parsed
+        expr = " ".join(cron.split())
+        schedule = cron_schedule(expr, tz)
+        start_at = _start(now, due_td or timedelta(0))
+        # Slots are whole seconds and start_at is whole ms, so "after start_at - 1 ms"
+        # is exactly "at or after start_at".
+        first = schedule.next_after(start_at - _MS)
+        following = schedule.next_after(first)
+        gap = min(following - first, timedelta(seconds=schedule.min_gap_seconds()))
+        if gap < options.minimum_period:
+            raise ReminderError(
+                f"cron {expr!r} fires {gap.total_seconds():g} s apart, below the minimum "
+                f"period of {options.minimum_period} (ReminderOptions.minimum_period): use a "
+                "sparser expression"
+            )
+        _check_jitter_gap(jitter_td, gap, f"the cron's smallest gap of {gap}")
+        if max_ticks is not None and max_ticks > MAX_CRON_TICKS:
+            raise ReminderError(
+                f"max_ticks of {max_ticks} is above {MAX_CRON_TICKS} for a cron reminder "
+                "(its last slot is found by stepping the expression): use ends_at instead"
+            )
+        entry = ReminderEntry(
+            service_id=service_id,
+            grain_id=grain_id,
+            name=name,
+            start_at=start_at,
+            next_due=first,
+            cron=expr,
+            tz=tz,
+            priority=int(priority),
+            action=action,
+            **extra,
+        )
+        base = schedule
+    else:
+        if bounds != (None, None) or max_ticks is not None:
+            raise ReminderError(
+                "starts_at, ends_at and max_ticks bound repeating reminders; a one-shot "
+                "reminder fires once at its at=/due=: drop them"
+            )
+        if at is not None:
+            if not isinstance(at, datetime) or at.tzinfo is None:
+                raise ReminderError(f"at must be a timezone-aware datetime, got {at!r}")
+            start_at = _start(max(at, now), timedelta(0))
+        else:
+            start_at = _start(now, due_td or timedelta(0))
+        entry = ReminderEntry(
+            service_id=service_id,
+            grain_id=grain_id,
+            name=name,
+            start_at=start_at,
+            next_due=start_at,
+            priority=int(priority),
+            action=action,
+            **extra,
+        )
+        return _first_slot(entry)
+    if max_ticks is not None:
+        entry = _with_final(entry, base, max_ticks)
+    return _first_slot(entry)
+
+
+def _jitter(jitter: timedelta | float | None) -> timedelta | None:
+    if jitter is None:
+        return None
+    td = _whole_ms(_duration(jitter, "jitter"))
+    if td < timedelta(0):
+        raise ReminderError(f"jitter must be >= 0, got {jitter!r}: use 0 or None for none")
+    return td or None
+
+
+def _check_jitter_gap(jitter: timedelta | None, gap: timedelta, what: str) -> None:
+    if jitter is not None and jitter > gap:
+        raise ReminderError(
+            f"jitter of {jitter} is longer than {what}: a slot's offset never reaches "
+            "the next slot, so use a jitter no longer than that"
         )
 
-    if not isinstance(cron, str):
-        raise ReminderError(f"cron must be a string expression, got {type(cron).__name__}")
-    parse_zone(tz)  # a bad zone is reported as such, before the expression is parsed
-    expr = " ".join(cron.split())
-    schedule = cron_schedule(expr, tz)
-    start_at = _start(now, due_td or timedelta(0))
-    # Slots are whole seconds and start_at is whole ms, so "after start_at - 1 ms"
-    # is exactly "at or after start_at".
-    next_due = schedule.next_after(start_at - _MS)
-    following = schedule.next_after(next_due)
-    gap = min(following - next_due, timedelta(seconds=schedule.min_gap_seconds()))
-    if gap < options.minimum_period:
+
+def _aware(value: datetime | None, what: str) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ReminderError(f"{what} must be a timezone-aware datetime, got {value!r}")
+    return _truncate_ms(value)
+
+
+def _bounds(
+    starts_at: datetime | None, ends_at: datetime | None, max_ticks: int | None
+) -> tuple[datetime | None, datetime | None]:
+    starts = _aware(starts_at, "starts_at")
+    ends = _aware(ends_at, "ends_at")
+    if starts is not None and ends is not None and ends < starts:
         raise ReminderError(
-            f"cron {expr!r} fires {gap.total_seconds():g} s apart, below the minimum period "
-            f"of {options.minimum_period} (ReminderOptions.minimum_period): use a sparser "
-            "expression"
+            f"ends_at {ends.isoformat()} is before starts_at {starts.isoformat()}: "
+            "a reminder must end after it starts"
         )
-    return ReminderEntry(
-        service_id=service_id,
-        grain_id=grain_id,
-        name=name,
-        start_at=start_at,
-        next_due=next_due,
-        cron=expr,
-        tz=tz,
-        priority=int(priority),
-        action=action,
-        grace=grace_td,
-    )
+    if max_ticks is not None and (
+        isinstance(max_ticks, bool) or not isinstance(max_ticks, int) or max_ticks < 1
+    ):
+        raise ReminderError(
+            f"max_ticks must be an int >= 1 (how many slots the reminder has), got {max_ticks!r}"
+        )
+    return starts, ends
+
+
+def _check_payload(payload: Any) -> Any:
+    """The payload as it will read back from storage (the codec's round trip:
+    tuples become lists), so the registered row equals the stored one."""
+    if payload is None:
+        return None
+    size = payload_size(payload)
+    if size > MAX_PAYLOAD_BYTES:
+        raise ReminderError(
+            f"payload is {size} bytes encoded; a reminder carries at most {MAX_PAYLOAD_BYTES} "
+            "(MAX_PAYLOAD_BYTES): store the data elsewhere and put its key in the payload"
+        )
+    return unpack(pack(payload))
+
+
+def _with_final(entry: ReminderEntry, base: Schedule, max_ticks: int) -> ReminderEntry:
+    """``entry`` with ``final_due``, its ``max_ticks``-th nominal slot (``None``
+    when ``ends_at`` comes first)."""
+    unjittered = schedule_for(replace(entry, jitter=None))
+    first = unjittered.next_after(entry.start_at - _MS)
+    if first is None:
+        return entry  # no slot at all: _first_slot reports it
+    if isinstance(base, IntervalSchedule):
+        last_ms = to_ms(first) + (max_ticks - 1) * (base.period // _MS)
+        if last_ms >= to_ms(LATEST_TICK):
+            raise ReminderError(f"max_ticks of {max_ticks} puts the last slot beyond the year 2500")
+        final: datetime | None = from_ms(last_ms)
+    else:
+        final = first
+        for _ in range(max_ticks - 1):
+            final = unjittered.next_after(final)
+            if final is None:
+                break
+    if final is None or (entry.ends_at is not None and final > entry.ends_at):
+        return entry
+    if final >= LATEST_TICK:
+        raise ReminderError(f"max_ticks of {max_ticks} puts the last slot beyond the year 2500")
+    return replace(entry, final_due=final)
+
+
+def _first_slot(entry: ReminderEntry) -> ReminderEntry:
+    """``entry`` with ``next_due`` its first slot at or after ``start_at``, jittered.
+
+    The nominal slot is found first: a cron's slot before ``start_at`` may have
+    a jittered instant after it, and it is not one of the row's slots."""
+    nominal = schedule_for(replace(entry, jitter=None)).next_after(entry.start_at - _MS)
+    # The jittered instant of that slot: the previous slot's instant lies before it.
+    first = None if nominal is None else schedule_for(entry).next_after(nominal - _MS)
+    if first is None:
+        raise ReminderError(
+            f"the reminder has no slot between {entry.start_at.isoformat()} and its end "
+            f"({entry.ends_at.isoformat() if entry.ends_at else 'none'}): move ends_at later"
+        )
+    if first >= LATEST_TICK:
+        raise ReminderError("the reminder's first slot lies beyond the year 2500")
+    return replace(entry, next_due=first)

@@ -91,13 +91,22 @@ change feed, and may be lost with a failed call (history is best effort).
 Storage is up to the backend (Redis: a list per row beside the shard's keys,
 newest first, trimmed on append; SQL: a child table keyed by the row with the
 records' time, trimmed to the newest ``keep`` per row on append).
+
+Ended rows (``EndingReminderTable``, optional). When a row's schedule ends (a
+one-shot after its tick, a bounded reminder after its last slot) the owner
+removes it with ``end`` where the table offers it: the same compare-and-swap
+and the same published removal as ``remove``, but the row's fire history stays
+readable (``read_history``) for a while afterwards (``ENDED_HISTORY_KEPT``, or
+as the backend bounds it), so the final delivery can be looked up. If a row is
+written again under the same key meanwhile, its history may continue the ended
+one. ``remove`` still deletes the history at once (an operator's delete).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Container, Iterable, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from orleanspy.identity import GrainId
@@ -105,10 +114,12 @@ from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry,
 from orleanspy.ring import RingRange
 
 __all__ = [
+    "ENDED_HISTORY_KEPT",
     "BatchingReminderTable",
     "BulkReminderTable",
     "ChangeFeed",
     "ConditionalReminderTable",
+    "EndingReminderTable",
     "FeedScope",
     "PausableReminderTable",
     "ReminderTable",
@@ -268,6 +279,22 @@ class PausableReminderTable(ReminderTable, Protocol):
 
     async def read_history(self, grain_id: GrainId, name: str) -> list[FireRecord]:
         """The row's fire history, newest first (empty if none or no row)."""
+        ...
+
+
+#: How long an ended row's fire history stays readable (``EndingReminderTable``).
+ENDED_HISTORY_KEPT = timedelta(days=7)
+
+
+@runtime_checkable
+class EndingReminderTable(PausableReminderTable, Protocol):
+    """A table that keeps an ended row's fire history readable (optional; the
+    module docstring). The service ends rows with ``end`` on such a table and
+    with ``remove`` otherwise (their history then goes with them)."""
+
+    async def end(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        """``remove`` (same CAS, same published change), keeping the row's fire
+        history readable for ``ENDED_HISTORY_KEPT``; ``True`` if the row was removed."""
         ...
 
 

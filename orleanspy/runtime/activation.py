@@ -135,6 +135,7 @@ class Activation:
         self._inline_chain: contextvars.Token[tuple[str, ...]] | None = None
         self._inline_read_only = False
         self._inline_started = 0.0
+        self._inline_method = ""
         self._lifecycle_task: asyncio.Task[None] | None = None
 
     # -- GrainRuntime (what the grain reaches) ------------------------------------------
@@ -307,7 +308,7 @@ class Activation:
         finally:
             current_chain.reset(token)
             elapsed = time.perf_counter() - started
-            self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed)
+            self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed, method)
             self._inline = None
             self._turn_done(touch=True)
 
@@ -341,6 +342,7 @@ class Activation:
         self._inline_chain = current_chain.set((*current_chain.get(), self.canonical))
         if self.runtime.grain_metrics.records:
             self._inline_started = time.perf_counter()
+            self._inline_method = method
         return True
 
     def exit_inline(self, error: BaseException | None) -> None:
@@ -352,7 +354,7 @@ class Activation:
         metrics = self.runtime.grain_metrics
         if metrics.records:
             elapsed = time.perf_counter() - self._inline_started
-            metrics.call(self.definition.type_name, elapsed, error is not None)
+            metrics.call(self.definition.type_name, elapsed, error is not None, self._inline_method)
         if self._inline_read_only:
             self._running_read_only -= 1
         self._inline = None
@@ -460,7 +462,7 @@ class Activation:
                 log.warning("one-way call failed grain=%s method=%s", self.grain_id, message.method)
         finally:
             elapsed = time.perf_counter() - started
-            host.grain_metrics.call(self.definition.type_name, elapsed, failed)
+            host.grain_metrics.call(self.definition.type_name, elapsed, failed, message.method)
             if read_only:
                 self._running_read_only -= 1
             if message.on_settled is not None:

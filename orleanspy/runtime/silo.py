@@ -47,6 +47,7 @@ from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
 from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
+from orleanspy.runtime.addresses import advertised_host
 from orleanspy.runtime.cluster import ClusterLocator, RingFollower
 from orleanspy.runtime.collector import tune_collector
 from orleanspy.runtime.dispatcher import Dispatcher
@@ -131,6 +132,8 @@ class Silo:
         self.reminder_service: ReminderService | None = None
         self._type_names: frozenset[str] = frozenset()
         self._orphans: OrphanWatch | None = None
+        self.reminder_table: ReminderTable | None = None
+        """The reminder table, once started (tools read it; the service owns it)."""
         self.membership: MembershipService | None = None
         self.ring: RingFollower | None = None
         self.declared_dead = False
@@ -151,11 +154,20 @@ class Silo:
         """What the silo records; recording only with ``SiloOptions.metrics_port`` set."""
         self.metrics_port: int | None = None
         """The port of ``/metrics``, ``/healthz`` and ``/readyz``, once started."""
+        self.dashboard_port: int | None = None
+        """The dashboard's port (``SiloOptions.dashboard_port``), once started."""
+        self.status_store: Any = None
+        """Where this silo's status record goes (a cluster silo), once started."""
+        self._heartbeat: Any = None
+        self._connections: TableConnections | None = None
         self._storage_client: Any = None
         self.client = SiloClient(self)
         self.name = self.options.name or f"silo-{id(self):x}"
+        # A wildcard bind advertises the address the membership store is reached from.
         self.address = SiloAddress(
-            self.options.advertised_host or self.options.host,
+            advertised_host(self.options)
+            if self._clustered
+            else self.options.advertised_host or self.options.host,
             self.options.silo_port,
             time.time_ns() // 1_000_000,
         )
@@ -204,7 +216,7 @@ class Silo:
     async def _start(self) -> None:
         async with AsyncExitStack() as stack:
             types = _hosted_types(self.options)
-            if self.options.metrics_port is not None:
+            if self.options.metrics_port is not None or self.options.dashboard_port is not None:
                 # First, so /readyz answers "not ready" while the silo joins.
                 await self._start_ops_endpoint(stack)
             if self._clustered:
@@ -224,6 +236,8 @@ class Silo:
                 await self._start_reminders(stack, dispatcher, types)
                 self._reminders().set_ranges([RingRange.full()])
                 await register_declared_reminders(dispatcher.reminders, types.values())
+            if self.options.dashboard_port is not None:
+                await self._start_dashboard(stack)
             self._stack = stack.pop_all()
 
     async def stop(self) -> None:
@@ -341,10 +355,11 @@ class Silo:
                 o.storage_start_timeout.total_seconds(),
                 "SiloOptions.storage_start_timeout (--storage-timeout)",
             )
-        # The membership store's Redis client: /readyz pings it and the status
-        # record lives beside the membership hash (no record on PostgreSQL).
+        # The membership store's Redis client: /readyz pings it. The status
+        # record lives beside the membership table (Redis or PostgreSQL).
         if o.membership_table_url is not None:
             self._storage_client = connections.redis_clients().get(o.membership_table_url)
+            self._connections = connections
 
     def _make_transport(self) -> Transport:
         """The transport given, else gRPC on the configured ports (not started yet)."""
@@ -357,7 +372,7 @@ class Silo:
             gateway_port=o.gateway_port,
             options=o.messaging,
             generation=self.address.generation,
-            advertised_host=o.advertised_host,
+            advertised_host=self.address.host,
         )
 
     async def _start_membership_table_and_directory(self, stack: AsyncExitStack) -> CachedDirectory:
@@ -462,17 +477,22 @@ class Silo:
         await membership.start(stack)
         stack.push_async_callback(self._leave_cluster, membership)
         membership.add_listener(follower)
-        if self._storage_client is not None:
-            from orleanspy.cluster_status import StatusPublisher
+        o = self.options
+        if self._connections is not None and o.membership_table_url is not None:
+            from orleanspy.cluster_status import StatusPublisher, status_store
+            from orleanspy.runtime.status import StatusRecorder
 
-            o = self.options
-            await StatusPublisher(
-                self._storage_client,
+            store = await status_store(
+                self._connections,
+                o.membership_table_url,
                 service_id=o.service_id,
                 cluster_id=o.cluster_id,
-                silo=self._current_address,
-                read=self._status_record,
-            ).start(stack)
+            )
+            self.status_store = store
+            recorder = StatusRecorder(self, self._heartbeat)
+            await StatusPublisher(store, silo=self._current_address, read=recorder.record).start(
+                stack
+            )
 
     async def _start_grain_storage(
         self,
@@ -545,6 +565,7 @@ class Silo:
         await streams.start(stack)
         table = self._reminder_table or InMemoryReminderTable(self.options.service_id)
         await table.start(stack)
+        self.reminder_table = table
         registry = ReminderRegistry(
             table,
             service_id=self.options.service_id,
@@ -611,55 +632,86 @@ class Silo:
         stack.push_async_callback(stop_watch)
 
     async def _cluster_types(self) -> set[str]:
-        """The grain types this silo hosts and, with Redis, those the other
+        """The grain types this silo hosts and, in a cluster, those the other
         silos publish in their status records (a crashed silo's stale record
         counts: an orphan is only called so when no record names its type)."""
         found = set(self._type_names)
-        if self._storage_client is not None:
+        if self.status_store is not None:
             from orleanspy.cluster_status import published_types
 
-            o = self.options
-            found |= await published_types(
-                self._storage_client, service_id=o.service_id, cluster_id=o.cluster_id
-            )
+            found |= await published_types(self.status_store)
         return found
 
-    def _status_record(self) -> dict[str, object]:
-        """What ``orleanspy cluster status`` shows of this silo beyond its membership row."""
-        service = self.reminder_service
-        return {
-            "activations": self.activation_count,
-            "reminders_held": 0 if service is None else service.stats.resident,
-            "grain_types": sorted(self._type_names),
-            "orphaned_rows": None if self._orphans is None else self._orphans.orphaned_rows,
-        }
+    @property
+    def hosted_types(self) -> frozenset[str]:
+        """The grain types this silo hosts (its status record's ``grain_types``)."""
+        return self._type_names
+
+    @property
+    def orphaned_rows(self) -> int | None:
+        """Reminder rows of types no silo hosts, at the last orphan check
+        (``None`` before one)."""
+        return None if self._orphans is None else self._orphans.orphaned_rows
 
     # -- operations endpoint ------------------------------------------------------------
 
     async def _start_ops_endpoint(self, stack: AsyncExitStack) -> None:
+        """Start recording metrics and the loop heartbeat; serve ``/metrics``,
+        ``/healthz`` and ``/readyz`` on ``metrics_port`` when set."""
         from orleanspy import _prometheus
-        from orleanspy.runtime.ops_http import OpsServer
+        from orleanspy.runtime.ops_http import (
+            HTTP_HINT,
+            HttpServer,
+            LoopHeartbeat,
+            http_available,
+            ops_app,
+        )
 
-        port = self.options.metrics_port
-        assert port is not None
         if _prometheus.available():
             self.metrics = SiloMetrics.recording()
         else:
             log.warning("metrics not recorded: pip install 'orleanspy[metrics]' for /metrics")
+        heartbeat = LoopHeartbeat()
+        await heartbeat.start(stack)
+        self._heartbeat = heartbeat
+        port = self.options.metrics_port
+        if port is None:
+            return
+        if not http_available():
+            raise ConfigurationError(f"SiloOptions.metrics_port (--metrics-port): {HTTP_HINT}")
+        server = HttpServer(self._ops_app(ops_app), self.options.host, port)
+        await server.start(stack, what="SiloOptions.metrics_port, --metrics-port")
+        self.metrics_port = server.port
+
+    def _ops_app(self, make: Any) -> Any:
+        from orleanspy import _prometheus
 
         def metrics() -> bytes | None:
             return _prometheus.render(self) if self.metrics.enabled else None
 
-        server = OpsServer(self.options.host, port, metrics=metrics, readiness=self._readiness)
-        try:
-            await server.start(stack)
-        except OSError as exc:
+        assert self._heartbeat is not None
+        return make(metrics=metrics, readiness=self._readiness, heartbeat=self._heartbeat)
+
+    async def _start_dashboard(self, stack: AsyncExitStack) -> None:
+        """Serve the dashboard on ``dashboard_host:dashboard_port`` (checked in
+        ``SiloOptions``: off loopback only with a token or TLS)."""
+        from orleanspy.runtime.ops_http import HTTP_HINT, HttpServer, http_available
+
+        if not http_available():
             raise ConfigurationError(
-                f"cannot serve metrics on {self.options.host}:{port} "
-                f"(SiloOptions.metrics_port, --metrics-port): {exc.strerror or exc}; "
-                "is another process using the port? Pick another, or 0 for any free port."
-            ) from exc
-        self.metrics_port = server.port
+                "SiloOptions.dashboard_port (--dashboard-port): "
+                + HTTP_HINT.replace("[metrics]", "[dashboard]")
+            )
+        from orleanspy.dashboard import Dashboard, SiloSource
+
+        o = self.options
+        assert o.dashboard_port is not None
+        source = SiloSource(self)
+        stack.push_async_callback(source.aclose)
+        app = Dashboard(source, token=o.dashboard_token).asgi()
+        server = HttpServer(app, o.dashboard_host, o.dashboard_port, tls=o.messaging.tls)
+        await server.start(stack, what="SiloOptions.dashboard_port, --dashboard-port")
+        self.dashboard_port = server.port
 
     async def _readiness(self) -> dict[str, Check]:
         """The ``/readyz`` checks: running, Active in membership (cluster),

@@ -22,7 +22,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class RedisServer:
-    """A ``redis-server`` child process on a free loopback port.
+    """A ``redis-server`` child process on a free port of ``host`` (loopback by
+    default; another local address, e.g. a test bridge's, for silos in network
+    namespaces).
 
     Without persistence (the default) ``kill()`` (SIGKILL) loses the store's
     content, as after a crash of a cache. With ``appendonly=True`` every write
@@ -38,13 +40,14 @@ class RedisServer:
         *,
         executable: str | None = None,
         appendonly: bool = False,
+        host: str = "127.0.0.1",
     ) -> None:
         exe = executable or shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not on PATH; install Redis (apt-get install redis)")
         self.executable = exe
-        self.port = port or free_port()
-        self.host = "127.0.0.1"
+        self.port = port or free_port(host)
+        self.host = host
         self.appendonly = appendonly
         self._dir = tempfile.mkdtemp(prefix="orleanspy-redis-")
         self._proc: subprocess.Popen[bytes] | None = None

@@ -29,11 +29,13 @@ and batched, when the table is a ``BatchingReminderTable``), ``upsert_if``
 ``BulkReminderTable``), ``read_due_skipping`` (when it is a
 ``SkippingReminderTable``), paused rows and fire history (when it is a
 ``PausableReminderTable``), ``upcoming``,
-``count``, the change feed and a field-by-field round trip. Then the race
-scenarios of ``reminder_races``: the reminder service over the table with
-reads held open (a registration or removal racing a read never lets a stale
-row tick). Rows are written with the table's ``service_id`` attribute when it
-has one.
+``count``, the change feed and a field-by-field round trip, including the
+optional schedule fields (one-shot rows, jitter, bounds, payload, retry policy:
+``check_schedule_fields``) and ended rows' history (when it is an
+``EndingReminderTable``). Then the race scenarios of ``reminder_races``: the
+reminder service over the table with reads held open (a registration or
+removal racing a read never lets a stale row tick). Rows are written with the
+table's ``service_id`` attribute when it has one.
 """
 
 from __future__ import annotations
@@ -56,12 +58,14 @@ from orleanspy.reminders.model import (
     ReminderChange,
     ReminderEntry,
     ReminderPriority,
+    RetryPolicy,
     ScheduleUpdate,
 )
 from orleanspy.reminders.table import (
     BatchingReminderTable,
     BulkReminderTable,
     ChangeFeed,
+    EndingReminderTable,
     PausableReminderTable,
     ReminderTable,
     SkippingReminderTable,
@@ -1061,6 +1065,141 @@ async def check_read_page_against_brute_force(factory: TableFactory) -> None:
             raise AssertionError("a key prefix without a type was accepted")
 
 
+async def check_schedule_fields(factory: TableFactory) -> None:
+    """The optional schedule fields round-trip and survive every write that does
+    not set them: a one-shot row (neither period nor cron), jitter, ``starts_at``,
+    ``ends_at``, ``max_ticks``/``final_due``, a payload of the codec's types and
+    a ``RetryPolicy`` come back from ``read``, ``read_grain``, ``read_due`` and
+    ``upcoming``; a schedule CAS (single, batched, ``upsert_many``) keeps them;
+    a row rewritten without them loses them. With history (a
+    ``PausableReminderTable``), a record's ``attempt`` and ``final`` round-trip."""
+    async with factory() as table:
+        at = datetime(2031, 5, 6, 7, 8, 9, 123000, tzinfo=UTC)
+        payload = {
+            "order": 42,
+            "items": ["a", "b"],
+            "when": at,
+            "id": uuid.UUID(int=7),
+            "raw": b"\x00\xff",
+            "wait": timedelta(seconds=3),
+        }
+        gid = GrainId("Shaped", "s")
+        shaped = [
+            _entry(table, gid, "once", period=None, due=at, start_at=at, payload="x"),
+            _entry(
+                table,
+                gid,
+                "bounded",
+                due=at,
+                jitter=timedelta(seconds=9, milliseconds=5),
+                starts_at=at - timedelta(days=1),
+                ends_at=at + timedelta(days=30),
+                max_ticks=12,
+                final_due=at + timedelta(minutes=11),
+                payload=payload,
+                retry=RetryPolicy(5, timedelta(milliseconds=1500)),
+            ),
+            _entry(
+                table,
+                gid,
+                "cron",
+                period=None,
+                cron="0 0 9 * * 1-5",
+                tz="Europe/Berlin",
+                due=at,
+                ends_at=at + timedelta(days=3),
+                retry=RetryPolicy(1, timedelta(seconds=1)),
+            ),
+        ]
+        etags = {e.name: await table.upsert(e) for e in shaped}
+        want = {e.name: _stored(e, etags[e.name]) for e in shaped}
+        for e in shaped:
+            got = await table.read(gid, e.name)
+            assert got == want[e.name], f"read changed the row:\n got {got}\nwant {want[e.name]}"
+            assert got.payload == want[e.name].payload, "the payload did not round-trip"
+        assert {e.name: e for e in await table.read_grain(gid)} == want, "read_grain lost fields"
+        due = await table.read_due(RingRange.full(), at, 10)
+        assert {e.name: e for e in due} == want, f"read_due lost fields: {due}"
+        assert {e.name: e for e in await table.upcoming(at, 10)} == want, "upcoming lost fields"
+        assert want["once"].one_shot, "a one-shot row came back with a period or cron"
+
+        # A schedule CAS sets next_due/last_fire only.
+        moved = at + timedelta(minutes=1)
+        etag = await table.update_schedule(gid, "bounded", etags["bounded"], moved, at)
+        assert etag is not None, "a valid CAS was refused"
+        got = await table.read(gid, "bounded")
+        expected = _stored(replace(shaped[1], next_due=moved, last_fire=at), etag)
+        assert got == expected, f"update_schedule lost fields:\n got {got}\nwant {expected}"
+        if isinstance(table, BatchingReminderTable):
+            later = moved + timedelta(minutes=1)
+            [etag2] = await table.update_schedule_many(
+                [ScheduleUpdate(gid, "bounded", etag, later, moved)]
+            )
+            assert etag2 is not None, "a valid batched CAS was refused"
+            got = await table.read(gid, "bounded")
+            expected = _stored(replace(shaped[1], next_due=later, last_fire=moved), etag2)
+            assert got == expected, f"update_schedule_many lost fields:\n got {got}"
+        if isinstance(table, BulkReminderTable):
+            bulk = [replace(e, name=f"bulk-{e.name}") for e in shaped]
+            bulk_etags = await table.upsert_many(bulk)
+            for e, etag in zip(bulk, bulk_etags, strict=True):
+                got = await table.read(gid, e.name)
+                assert got == _stored(e, etag), f"upsert_many lost fields:\n got {got}"
+        # A rewrite without the fields clears them (the row is what was written).
+        plain = _entry(table, gid, "bounded", due=at)
+        etag = await table.upsert(plain)
+        got = await table.read(gid, "bounded")
+        assert got == _stored(plain, etag), f"a rewrite kept old optional fields: {got}"
+
+        if isinstance(table, PausableReminderTable):
+            records = [
+                FireRecord(gid, "once", at, at, FireOutcome.RETRYING, "silo-a", attempt=2),
+                FireRecord(gid, "once", at, at, FireOutcome.OK, "silo-a", attempt=3, final=True),
+            ]
+            await table.append_history(records, 5)
+            got_history = await table.read_history(gid, "once")
+            assert got_history == records[::-1], f"attempt/final did not round-trip: {got_history}"
+
+
+async def check_ended_rows_keep_their_history(factory: TableFactory) -> None:
+    """``end`` removes the row as ``remove`` does (the etag checked, the row out of
+    ``read``, the due index and ``count``, a removal published) and keeps its fire
+    history readable; ``remove`` of a row written again under that key deletes
+    every record. Skipped for tables that are not an ``EndingReminderTable``."""
+    async with factory() as table:
+        if not isinstance(table, EndingReminderTable):
+            return
+        gid = GrainId("Ended", "e")
+        etag = await table.upsert(_entry(table, gid))
+        records = [
+            FireRecord(gid, "r", _T0, _T0, FireOutcome.RETRYING, "silo-a", attempt=1),
+            FireRecord(gid, "r", _T0, _T0, FireOutcome.OK, "silo-a", attempt=2, final=True),
+        ]
+        await table.append_history(records, 5)
+        feed = table.changes()
+        try:
+            await _prime(table, feed)
+            assert await table.end(gid, "r", "0") is False, "end ignored the etag"
+            assert await table.read(gid, "r") is not None, "a refused end removed the row"
+            counted = await table.count()
+            assert await table.end(gid, "r", etag) is True, "end refused the row's etag"
+            change = await _next_change(feed)
+            assert (change.grain_id, change.next_due) == (gid, None), f"end published {change}"
+        finally:
+            await feed.aclose()
+        assert await table.read(gid, "r") is None, "end kept the row"
+        assert await table.count() == counted - 1, "end left the row counted"
+        due = await table.read_due(RingRange.full(), _T0 + timedelta(days=1), 10)
+        assert gid not in {e.grain_id for e in due}, "end left the row in the due index"
+        got = await table.read_history(gid, "r")
+        assert got == records[::-1], f"end dropped the history: {got}"
+        assert await table.end(gid, "r", etag) is False, "end of a missing row succeeded"
+        # Written again and then removed by an operator: nothing is left.
+        etag = await table.upsert(_entry(table, gid))
+        assert await table.remove(gid, "r", etag) is True
+        assert await table.read_history(gid, "r") == [], "remove kept an ended history"
+
+
 REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upsert_returns_distinct_etags,
     check_read_and_read_grain,
@@ -1082,6 +1221,8 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_changes_feed,
     check_paused_rows_leave_the_due_index,
     check_fire_history,
+    check_schedule_fields,
+    check_ended_rows_keep_their_history,
     *REMINDER_RACE_CHECKS,
 )
 """Every check, each taking the factory; for one pytest case per check (the

@@ -35,12 +35,17 @@ async def simulate_tick(
     cron: str | None = None,
     missed_ticks: int = 0,
     priority: int = ReminderPriority.NORMAL,
+    payload: Any = None,
+    attempt: int = 1,
+    final: bool = False,
 ) -> TickStatus:
     """Deliver one tick of reminder ``name`` to grain ``(grain, key)`` through
     ``silo`` (a running silo hosting or reaching the grain) and return the
     ``TickStatus`` it was given once ``receive_reminder`` returned; an exception
     of the grain's ``receive_reminder`` propagates. ``slot`` defaults to the
-    silo clock's now (also the delivery time and the first tick time)."""
+    silo clock's now (also the delivery time and the first tick time, and
+    ``due_at``: no jitter); ``payload``, ``attempt`` and ``final`` are given as
+    the service would give them for such a row."""
     type_name = grain if isinstance(grain, str) else definition_of(grain).type_name
     now = silo.clock.now()
     at = now if slot is None else slot
@@ -52,6 +57,10 @@ async def simulate_tick(
         delivered_at=now,
         missed_ticks=missed_ticks,
         priority=int(priority),
+        due_at=at,
+        payload=payload,
+        attempt=attempt,
+        final=final,
     )
     await silo.dispatcher.invoke(
         GrainId(type_name, key), "receive_reminder", (name, status), {}, reminder_tick=True

@@ -19,10 +19,17 @@ from typing import Any
 
 import pytest
 
-from orleanspy import ClusterClient, Silo, SiloOptions, SiloUnavailableError, __version__
+from orleanspy import (
+    ClusterClient,
+    RetryPolicy,
+    Silo,
+    SiloOptions,
+    SiloUnavailableError,
+    __version__,
+)
 from orleanspy.cli import main
 from orleanspy.identity import GrainId
-from orleanspy.options import MessagingOptions, ReminderOptions
+from orleanspy.options import MembershipOptions, MessagingOptions, ReminderOptions
 from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.reminders.spec import new_entry
 from orleanspy.testing.redis_server import free_port
@@ -38,10 +45,10 @@ def _env(**extra: str) -> dict[str, str]:
     return dict(env, PYTHONPATH=str(ROOT), **extra)
 
 
-def _cli(*args: str) -> subprocess.Popen[str]:
+def _cli(*args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-P", "-m", "orleanspy.cli", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE, env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=HERE, env=_env(**env),
     )  # fmt: skip
 
 
@@ -132,8 +139,10 @@ async def test_every_command_through_a_gateway_of_a_running_cluster(redis_url: s
         assert isinstance(silo["activations"], int) and isinstance(silo["reminders_held"], int)
         assert status_table.returncode == 0, status_table.stderr
         header, row = status_table.stdout.splitlines()[1:3]
-        assert header.split() == ["NAME", "STATUS", "ADDRESS", "GATEWAY", "STARTED", "RING",
-                                  "ACTIVATIONS", "REMINDERS"]  # fmt: skip
+        assert header.split() == [
+            "NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "UPTIME", "RING", "ACTIVATIONS",
+            "REMINDERS", "CPU", "HEARTBEAT",
+        ]  # fmt: skip
         assert row.split()[:4] == ["cli-silo", "active", address, f"127.0.0.1:{gateway}"]
         assert "100.0%" in row
 
@@ -310,7 +319,7 @@ async def test_silo_logs_json_with_its_name_and_fails_clearly_without_redis() ->
                       "--storage-timeout", "0.5")  # fmt: skip
     assert proc.returncode == 1
     records = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
-    attempts = [r for r in records if r["message"].startswith("redis not reachable yet")]
+    attempts = [r for r in records if r["msg"].startswith("redis not reachable yet")]
     assert attempts and all(r["silo"] == "js" and r["level"] == "WARNING" for r in attempts)
     assert f"could not reach Redis at {dead} within 0.5 s" in proc.stderr
 
@@ -370,7 +379,102 @@ async def test_silo_command_keeps_grain_state_in_the_storage_url(
 
 def test_storage_flag_needs_a_redis_or_postgres_url(capsys) -> None:
     assert main(["--redis-url", "redis://127.0.0.1:1/0", "silo", "--storage", "mysql://x"]) == 1
-    assert "--storage 'mysql://x'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "storage.default (--storage): 'mysql' is not a shared store; give a redis://" in err
+
+
+async def test_silo_help_lists_every_setting_with_its_variable() -> None:
+    proc = await acli("silo", "--help")
+    assert proc.returncode == 0
+    flat = " ".join(proc.stdout.split())
+    probe = MembershipOptions().probe_interval.total_seconds()
+    for text in ("--config FILE", "env ORLEANSPY_CONFIG", "--set KEY=VALUE", "--advertise-host",
+                 "env ORLEANSPY_ADVERTISE_HOST", "membership.probe_interval "
+                 f"ORLEANSPY_MEMBERSHIP_PROBE_INTERVAL duration; default {probe:g}s",
+                 "reminders.missed_tick_grace ORLEANSPY_REMINDERS_MISSED_TICK_GRACE",
+                 "messaging.tls.cert_file ORLEANSPY_MESSAGING_TLS_CERT_FILE",
+                 "messaging.cluster_secret_file ORLEANSPY_CLUSTER_SECRET_FILE",
+                 "storage.default ORLEANSPY_GRAIN_STORAGE"):  # fmt: skip
+        assert text in flat, text
+
+
+@pytest.mark.slow
+async def test_silo_from_a_config_file_listens_everywhere_and_advertises_its_host(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Bound to 0.0.0.0, the silo advertises the host the file names (127.0.0.2,
+    another loopback address): that is what membership holds, what clients dial,
+    and it answers there. The name comes from the environment, one membership
+    interval from --set, the rest from the file."""
+    config = tmp_path / "silo.toml"
+    config.write_text(
+        f'redis_url = "{redis_url}"\nhost = "0.0.0.0"\nadvertised_host = "127.0.0.2"\n'
+        'import = ["cli_grains"]\nlog_level = "WARNING"\nname = "from-file"\n'
+        '[membership]\nprobe_interval = "1s"\nprobe_timeout = "1s"\n'
+    )
+    proc = _cli("silo", "--config", str(config), "--set", "membership.probe_timeout=0.5s",
+                ORLEANSPY_SILO_NAME="from-env")  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.startswith("READY 127.0.0.2:"), (
+            line,
+            proc.stderr.read() if proc.stderr else "",
+        )
+        doc = ok_json(await acli("cluster", "status", "--json", "--redis-url", redis_url))
+        [silo] = doc["silos"]  # type: ignore[index]
+        assert silo["name"] == "from-env"
+        assert silo["address"].startswith("127.0.0.2:")
+        assert silo["gateway"].startswith("127.0.0.2:")
+        async with ClusterClient(redis_url=redis_url) as client:
+            assert await client.get_grain("CliEchoGrain", "k").pid() == proc.pid
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        _stop(proc)
+
+
+async def test_reminder_commands_show_one_shots_jitter_bounds_payload_and_retry(
+    redis_url: str,
+) -> None:
+    now = datetime.now(UTC)
+    service = f"sched-{os.getpid()}"
+    grain = GrainId("CliEchoGrain", "shaped")
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id=service)
+        await table.start(stack)
+        shaped = new_entry(
+            service_id=service, grain_id=grain, name="bounded", now=now,
+            options=ReminderOptions(), period=timedelta(hours=1),
+            jitter=timedelta(minutes=5), ends_at=now + timedelta(days=2), max_ticks=10,
+            payload={"order": 42, "when": now}, retry=RetryPolicy(3, timedelta(seconds=2)),
+        )  # fmt: skip
+        once = new_entry(
+            service_id=service, grain_id=grain, name="once", now=now,
+            options=ReminderOptions(), at=now + timedelta(hours=3),
+        )  # fmt: skip
+        await table.upsert(shaped)
+        await table.upsert(once)
+    url = ("--redis-url", redis_url, "--service-id", service)
+    got, human, listed = await asyncio.gather(
+        acli(*url, "reminders", "get", grain.canonical, "bounded", "--json"),
+        acli(*url, "reminders", "get", grain.canonical, "once"),
+        acli(*url, "reminders", "list", "--grain", grain.canonical),
+    )
+    doc = ok_json(got)
+    assert isinstance(doc, dict)
+    assert doc["jitter_seconds"] == 300.0 and doc["max_ticks"] == 10
+    assert shaped.ends_at is not None and doc["ends_at"] == shaped.ends_at.isoformat()
+    assert doc["final_due"] == (shaped.start_at + timedelta(hours=9)).isoformat()
+    assert doc["payload"] == {"order": 42, "when": now.isoformat()}
+    assert doc["retry"] == {"max_attempts": 3, "backoff_seconds": 2.0}
+    assert doc["one_shot"] is False
+    assert human.returncode == 0, human.stderr
+    assert "one_shot" in human.stdout and "True" in human.stdout
+    assert listed.returncode == 0, listed.stderr
+    assert "once at" in listed.stdout
+    assert "jitter 0:05:00" in listed.stdout and "10 ticks" in listed.stdout
+    assert "retry 3x/0:00:02" in listed.stdout
 
 
 @pytest.mark.slow
@@ -468,6 +572,33 @@ async def test_a_silo_declared_dead_exits_3_within_5s_with_default_options(
         assert "declared Dead" in err
     finally:
         _stop(proc)
+
+
+async def test_bad_settings_exit_1_naming_the_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('redis_url = "redis://127.0.0.1:1/0"\n[reminders]\npoll_interval = "soon"\n')
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("[membership]\nprobe_intervall = 1\n")
+    wildcard, bad_value, unknown_key, bad_env, env_file = await asyncio.gather(
+        acli("silo", "--redis-url", "redis://127.0.0.1:1/0", "--advertise-host", "0.0.0.0"),
+        acli("silo", "--config", str(bad)),
+        acli("silo", "--config", str(unknown)),
+        acli("silo", "--redis-url", "redis://127.0.0.1:1/0",
+             ORLEANSPY_MEMBERSHIP_NUM_MISSED_PROBES_LIMIT="three"),
+        acli("silo", ORLEANSPY_CONFIG=str(unknown)),  # the file named by the environment
+    )  # fmt: skip
+    assert wildcard.returncode == 1
+    assert "advertised_host (--advertise-host)" in wildcard.stderr
+    assert "'0.0.0.0' is not an address peers can dial" in wildcard.stderr
+    assert bad_value.returncode == 1
+    assert "reminders.poll_interval" in bad_value.stderr and "'soon'" in bad_value.stderr
+    assert unknown_key.returncode == 1
+    assert "did you mean 'membership.probe_interval'" in unknown_key.stderr
+    assert bad_env.returncode == 1
+    assert "env ORLEANSPY_MEMBERSHIP_NUM_MISSED_PROBES_LIMIT" in bad_env.stderr
+    assert env_file.returncode == 1 and f"{unknown}: unknown key" in env_file.stderr
+    for proc in (wildcard, bad_value, unknown_key, bad_env, env_file):
+        assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow

@@ -254,3 +254,62 @@ async def test_a_table_version_that_went_back_stops_the_silo(cluster: Cluster) -
     assert b.dead_calls == [b.address]
     assert b.service.stop_reason is not None
     assert "version went back" in b.service.stop_reason
+
+
+class GatedTable:
+    """One silo's view of a shared table, which fails while ``down`` (its host is
+    cut off from the store)."""
+
+    def __init__(self, table: InMemoryMembershipTable) -> None:
+        self._table = table
+        self.down = False
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._table, name)
+        if not callable(attr) or name == "start":
+            return attr
+
+        async def call(*args: object, **kwargs: object) -> object:
+            if self.down:
+                raise StorageUnavailableError("the store is unreachable from this host")
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+async def test_a_healed_silo_never_regains_its_lease_before_its_dead_verdict(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The host of c is cut from its peers and the store; its peers declare it Dead.
+    # When it heals, the first thing it hears from the table is its heartbeat
+    # write (which says nothing of its status) or the read that says Dead: the
+    # lease must go from lapsed to revoked, never back to held in between.
+    assert isinstance(cluster.table, InMemoryMembershipTable)
+    gated = GatedTable(cluster.table)
+    a, b = await cluster.join(1), await cluster.join(2)
+    c = await cluster.join(3, gated)  # type: ignore[arg-type]
+    for node in (a, b, c):
+        await node.service.refresh()
+    cluster.net.down.add(c.address)
+    cluster.net.cut |= {(c.address, a.address), (c.address, b.address)}
+    gated.down = True
+    await cluster.clock.advance(OPTS.probe_interval * (OPTS.num_missed_probes_limit + 3))
+    assert await status_of(cluster.table, c) == SiloStatus.DEAD
+    assert not c.service.lease.held() and c.service.lease.revoked is None
+    held_after: list[bool] = []
+    table_reached = c.service.lease.table_reached
+
+    def watched() -> None:
+        table_reached()
+        held_after.append(c.service.lease.held())
+
+    c.service.lease.table_reached = watched  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="orleanspy.membership"):
+        gated.down = False
+        await c.service._heartbeat()
+        assert not c.service.lease.held()  # a heartbeat cannot end a lapse
+        await c.service.refresh()
+    assert c.service.lease.revoked is not None
+    assert not c.service.lease.held()
+    assert True not in held_after
+    assert not any("lease regained" in r.getMessage() for r in caplog.records)

@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,9 +18,11 @@ from orleanspy.errors import StorageError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.reminders.table import (
     BatchingReminderTable,
+    EndingReminderTable,
     FeedScope,
     ReminderTable,
     subscribe,
@@ -28,9 +31,11 @@ from orleanspy.ring import RingRange
 from orleanspy.testing.redis_server import RedisServer
 from orleanspy.testing.reminder_table import (
     REMINDER_TABLE_CHECKS,
+    check_ended_rows_keep_their_history,
     check_read_due_against_brute_force,
     check_read_page_against_brute_force,
     check_reminder_table,
+    check_schedule_fields,
     check_upsert_if,
     check_upsert_if_many_and_read_grains,
 )
@@ -163,7 +168,41 @@ class _NoCondTable(InMemoryReminderTable):
         return [await self.upsert(e) for e, _ in writes]
 
 
-def _factory(cls: type[InMemoryReminderTable]) -> Any:
+def _plain(entry: ReminderEntry) -> ReminderEntry:
+    """``entry`` as a table that predates the optional schedule fields stores it."""
+    return replace(
+        entry,
+        jitter=None,
+        starts_at=None,
+        ends_at=None,
+        max_ticks=None,
+        final_due=None,
+        payload=None,
+        retry=None,
+    )
+
+
+class _OptionalFieldsBlindTable(InMemoryReminderTable):
+    """Breaks the contract: rows are stored without their optional schedule fields."""
+
+    async def upsert(self, entry: ReminderEntry) -> str:
+        return await super().upsert(_plain(entry))
+
+
+class _CasDropsOptionalFieldsTable(InMemoryReminderTable):
+    """Breaks the contract: a schedule CAS rewrites the row without its optional fields."""
+
+    async def update_schedule(
+        self, grain_id: GrainId, name: str, etag: str, next_due: datetime, last_fire: Any
+    ) -> str | None:
+        new = await super().update_schedule(grain_id, name, etag, next_due, last_fire)
+        row = await self.read(grain_id, name)
+        if new is None or row is None:
+            return new
+        return await super().upsert(_plain(row))
+
+
+def _factory_of(cls: type[InMemoryReminderTable]) -> Factory:
     @asynccontextmanager
     async def make() -> AsyncIterator[ReminderTable]:
         async with AsyncExitStack() as stack:
@@ -188,7 +227,38 @@ async def test_contract_suite_catches_broken_conditional_writes_and_paging(
     broken: type[InMemoryReminderTable], check: Any, match: str
 ) -> None:
     with pytest.raises(AssertionError, match=match):
-        await check(_factory(broken))
+        await check(_factory_of(broken))
+
+
+class _EndForgetsHistoryTable(InMemoryReminderTable):
+    """Breaks the contract: ``end`` deletes the history as ``remove`` does."""
+
+    async def end(self, grain_id: GrainId, name: str, etag: str) -> bool:
+        return await self.remove(grain_id, name, etag)
+
+
+async def test_contract_suite_catches_an_end_that_drops_the_history() -> None:
+    with pytest.raises(AssertionError, match="end dropped the history"):
+        await check_ended_rows_keep_their_history(_factory_of(_EndForgetsHistoryTable))
+
+
+async def test_every_backend_ends_rows_keeping_their_history() -> None:
+    # So the kit's check runs on each, not skips.
+    assert isinstance(InMemoryReminderTable(), EndingReminderTable)
+    assert isinstance(RedisReminderTable("redis://x", service_id="s"), EndingReminderTable)
+    assert isinstance(
+        PostgresReminderTable("postgresql://x/y", service_id="s"), EndingReminderTable
+    )
+
+
+async def test_contract_suite_catches_a_table_that_drops_the_optional_fields() -> None:
+    with pytest.raises(AssertionError, match="read changed the row"):
+        await check_schedule_fields(_factory_of(_OptionalFieldsBlindTable))
+
+
+async def test_contract_suite_catches_a_cas_that_drops_the_optional_fields() -> None:
+    with pytest.raises(AssertionError, match="update_schedule lost fields"):
+        await check_schedule_fields(_factory_of(_CasDropsOptionalFieldsTable))
 
 
 # -- Redis specifics -------------------------------------------------------------------

@@ -17,6 +17,7 @@ from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.schedule import (
     CronSchedule,
     IntervalSchedule,
+    OneShotSchedule,
     parse_zone,
     schedule_for,
 )
@@ -476,5 +477,8 @@ def test_schedule_for_builds_the_rows_schedule_and_shares_cron_iterators() -> No
     assert schedule_for(_row(cron="0 0 9 * * 1-5")) is not a
     assert a.next_after(utc(2024, 1, 12, 10)) == utc(2024, 1, 15, 8)
 
-    with pytest.raises(ReminderError, match="neither"):
-        schedule_for(_row())
+    # Neither period nor cron: a one-shot, whose one slot is start_at.
+    one = schedule_for(_row())
+    assert isinstance(one, OneShotSchedule)
+    assert one.next_after(one.at - timedelta(milliseconds=1)) == one.at
+    assert one.next_after(one.at) is None

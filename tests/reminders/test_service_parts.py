@@ -13,12 +13,21 @@ import pytest
 
 from orleanspy._retry import Backoff
 from orleanspy.identity import GrainId
+from orleanspy.options import ReminderOptions
 from orleanspy.reminders._service.adaptive import LoadSignals, bucket_size, read_memory_load
+from orleanspy.reminders._service.delivery import tick_deadline
+from orleanspy.reminders._service.history import History
 from orleanspy.reminders._service.lanes import LaneDrainer, Lanes
 from orleanspy.reminders._service.missed import TickPlan, plan_tick
 from orleanspy.reminders._service.ownership import Ownership
 from orleanspy.reminders._service.window import DueWindow, Row, RowState
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry
+from orleanspy.reminders.model import (
+    FireOutcome,
+    FireRecord,
+    MissedReminderAction,
+    ReminderEntry,
+    RetryPolicy,
+)
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.testing.cluster import wait_for
@@ -248,6 +257,68 @@ def test_plan_tick_catches_up_a_cron_row_on_its_latest_slot() -> None:
     )
 
 
+@pytest.mark.parametrize("action", list(MissedReminderAction))
+def test_plan_tick_a_bounded_jittered_row_never_bursts_and_ends(
+    action: MissedReminderAction,
+) -> None:
+    # Five slots 10 s apart with up to 3 s of jitter, all passed when the row is
+    # reached: at most one delivery, for the latest (jittered) slot, and no slot
+    # after it, so the row ends.
+    entry = ReminderEntry(
+        service_id="s",
+        grain_id=GrainId("G", 1),
+        name="r",
+        start_at=T0,
+        next_due=T0,
+        period=10 * S,
+        action=action,
+        jitter=3 * S,
+        max_ticks=5,
+        final_due=T0 + 40 * S,
+    )
+    schedule = schedule_for(entry)
+    first = schedule.next_after(T0 - timedelta(milliseconds=1))
+    assert first is not None
+    plan = plan_tick(schedule, action, first, T0 + 60 * S, 30 * S)
+    assert plan.missed and plan.ended and plan.resume is None
+    last = schedule.next_after(T0 + 40 * S - timedelta(milliseconds=1))
+    if action is MissedReminderAction.FIRE_IMMEDIATELY:
+        assert (plan.deliver, plan.slot, plan.missed_ticks) == (True, last, 4)
+        assert schedule.nominal(plan.slot) == T0 + 40 * S
+    else:
+        assert (plan.deliver, plan.slot, plan.missed_ticks) == (False, first, 5)
+
+
+@pytest.mark.parametrize("action", list(MissedReminderAction))
+def test_plan_tick_a_one_shot_is_on_time_within_its_grace_else_missed(
+    action: MissedReminderAction,
+) -> None:
+    entry = ReminderEntry(
+        service_id="s", grain_id=GrainId("G", 1), name="once", start_at=T0, next_due=T0
+    )
+    schedule = schedule_for(entry)
+    on_time = plan_tick(schedule, action, T0, T0 + 5 * S, 10 * S)
+    assert (on_time.deliver, on_time.missed, on_time.resume) == (True, False, None)
+    late = plan_tick(schedule, action, T0, T0 + 11 * S, 10 * S)
+    assert (
+        late.missed
+        and late.ended
+        and late.missed_ticks == (0 if action is MissedReminderAction.FIRE_IMMEDIATELY else 1)
+    )
+    assert late.deliver is (action is MissedReminderAction.FIRE_IMMEDIATELY)
+
+
+def test_a_last_slot_gets_the_longest_tick_deadline() -> None:
+    options = ReminderOptions()
+    once = ReminderEntry(
+        service_id="s", grain_id=GrainId("G", 1), name="once", start_at=T0, next_due=T0
+    )
+    assert tick_deadline(schedule_for(once), T0, options) == options.tick_timeout.total_seconds()
+    # A 3 s interval row: its period, inside minimum_tick_timeout .. tick_timeout.
+    every = dataclasses.replace(once, period=3 * S)
+    assert tick_deadline(schedule_for(every), T0, options) == 3.0
+
+
 def test_lanes_take_critical_first() -> None:
     lanes = Lanes()
     for i, p in enumerate([-100, 0, 100, -50, 50, 49]):
@@ -339,6 +410,13 @@ def test_rescheduled_keeps_every_other_field() -> None:
         paused=True,
         fingerprint="abc:60:2",
         grace=timedelta(seconds=3),
+        jitter=timedelta(seconds=2),
+        starts_at=t,
+        ends_at=t + timedelta(days=1),
+        max_ticks=9,
+        final_due=t + timedelta(seconds=40),
+        payload={"k": [1, 2]},
+        retry=RetryPolicy(2, timedelta(seconds=1)),
     )
     later = t + timedelta(seconds=5)
     assert entry.rescheduled(later, t, "e2") == dataclasses.replace(
@@ -351,3 +429,39 @@ def test_rescheduled_keeps_every_other_field() -> None:
         if f.default is not dataclasses.MISSING and getattr(entry, f.name) == f.default
     ]
     assert at_default == ["period"]
+
+
+# -- fire history -------------------------------------------------------------------------
+
+
+class _SlowHistoryTable:
+    """``append_history`` that waits for ``release``; records what it wrote."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started = asyncio.Event()
+        self.written: list[str] = []
+
+    async def append_history(self, records: list[FireRecord], keep: int) -> None:
+        self.started.set()
+        await self.release.wait()
+        self.written += [r.name for r in records]
+
+
+async def test_history_flush_waits_for_a_batch_already_being_written() -> None:
+    # The persister flushes the history before it ends rows: the records a
+    # linger batch already took must be in the table by then too, or the end
+    # would remove the row before them and they would be dropped.
+    table = _SlowHistoryTable()
+    history = History(table, keep=10, silo="s")  # type: ignore[arg-type]
+    entry = _row(1, 10).entry
+    history.fired(entry, T0, T0, FireOutcome.OK)
+    linger = asyncio.create_task(history.flush())
+    await table.started.wait()  # the linger batch is in flight, the buffer empty
+    flush = asyncio.create_task(history.flush())
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not flush.done()
+    table.release.set()
+    await asyncio.gather(linger, flush)
+    assert table.written == ["r"]

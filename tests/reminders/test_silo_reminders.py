@@ -19,12 +19,14 @@ from orleanspy import (
     ReminderEntry,
     ReminderError,
     ReminderPriority,
+    RetryPolicy,
     Silo,
     SiloOptions,
     TickStatus,
     register_reminder,
 )
 from orleanspy import grain as grain_module
+from orleanspy.errors import ConfigurationError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.remindable.registry import Registration
@@ -503,3 +505,125 @@ async def test_a_tick_to_an_idle_local_activation_keeps_turn_rules(clock: Manual
         svc = silo.reminder_service
         assert svc is not None
         await wait_for(lambda: svc.stats.delivered == 1, 5.0, interval=0)
+
+
+# -- one-shot, jitter, bounds, payload, retry through the grain API ----------------------
+
+
+async def test_a_one_shot_with_a_payload_fires_once_through_the_grain_and_goes(
+    silo: Silo, clock: ManualClock
+) -> None:
+    g = silo.client.get_grain(TickGrain, "once")
+    at = clock.now() + 30 * S
+    payload = {"order": 42, "due": at, "tags": ["a", "b"]}
+    entry = await g.register("ping", {"at": at, "payload": payload})
+    assert entry.one_shot and entry.next_due == at and entry.payload == payload
+    shown = await silo.client.reminders.list_for_grain(g.grain_id)
+    assert [(r.name, r.payload) for r in shown] == [("ping", payload)]
+    await _loaded(silo, 1)
+    await clock.advance(30 * S)
+    await wait_for(lambda: len(_ticks("ping")) == 1, 5.0, interval=0)
+    [status] = _ticks("ping")
+    assert status.payload == payload and status.final and status.current_tick_time == at
+
+    async def gone() -> bool:
+        return await g.get_one("ping") is None
+
+    await wait_for(gone, 5.0, interval=0.01)
+    for _ in range(3):
+        await clock.advance(60 * S)
+    await clock.settle()
+    assert len(_ticks("ping")) == 1
+
+
+async def test_management_shows_jitter_bounds_and_retry(silo: Silo, clock: ManualClock) -> None:
+    g = silo.client.get_grain(TickGrain, "shaped")
+    ends = clock.now() + timedelta(hours=2)
+    retry = RetryPolicy(4, 3 * S)
+    await g.register(
+        "r",
+        {"period": 60 * S, "jitter": 20 * S, "ends_at": ends, "max_ticks": 50, "retry": retry},
+    )
+    mgmt = silo.client.reminders
+    [row] = await mgmt.list_for_grain(g.grain_id)
+    assert (row.jitter, row.ends_at, row.max_ticks, row.retry) == (20 * S, ends, 50, retry)
+    assert row.final_due == row.start_at + 49 * 60 * S
+    [soon] = await mgmt.upcoming(timedelta(minutes=10))
+    assert soon == row
+    # The first tick comes within the jitter of its nominal slot.
+    assert row.start_at <= row.next_due < row.start_at + 20 * S
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"at": "soon"}, "timezone-aware datetime"),
+        ({"period": 60, "max_ticks": 0}, "max_ticks"),
+        ({"period": 60, "jitter": 61}, "jitter"),
+        ({"period": 60, "payload": "x" * 5000}, "MAX_PAYLOAD_BYTES"),
+        ({"due": 5, "ends_at": None, "max_ticks": 3}, "one-shot"),
+    ],
+    ids=[
+        "at-not-a-datetime",
+        "max-ticks-zero",
+        "jitter-past-period",
+        "big-payload",
+        "bounded-once",
+    ],
+)
+async def test_schedule_option_errors_surface_as_reminder_error(
+    silo: Silo, kwargs: dict[str, Any], match: str
+) -> None:
+    g = silo.client.get_grain(TickGrain, "bad")
+    with pytest.raises(ReminderError, match=match):
+        await g.register("r", kwargs)
+    assert await g.get_all() == []
+
+
+async def test_declared_reminders_take_jitter_bounds_payload_and_retry(
+    clock: ManualClock,
+) -> None:
+    ends = clock.now() + timedelta(days=30)
+
+    @register_reminder(
+        "shaped",
+        period=timedelta(minutes=1),
+        jitter=timedelta(seconds=15),
+        ends_at=ends,
+        payload={"kind": "report"},
+        retry=RetryPolicy(2, timedelta(seconds=5)),
+    )
+    @register_reminder("over", period=60, ends_at=clock.now() - timedelta(seconds=1))
+    class ShapedGrain(Grain, Remindable, type_name="test_silo_reminders.Shaped"):
+        async def receive_reminder(self, name: str, status: TickStatus) -> None:
+            TICKS.append((self.grain_key, name, status))
+
+    try:
+        table = InMemoryReminderTable("default")
+        async with Silo.local(_options(ShapedGrain), clock=clock, reminder_table=table):
+            gid = GrainId("test_silo_reminders.Shaped", "")
+            rows = {r.name: r for r in await table.read_grain(gid)}
+        # The declaration past its end creates no row.
+        assert set(rows) == {"shaped"}
+        row = rows["shaped"]
+        assert (row.jitter, row.ends_at, row.payload, row.retry) == (
+            timedelta(seconds=15),
+            ends,
+            {"kind": "report"},
+            RetryPolicy(2, timedelta(seconds=5)),
+        )
+        # An unchanged declaration leaves the row alone at the next start.
+        async with Silo.local(_options(ShapedGrain), clock=clock, reminder_table=table):
+            again = await table.read(row.grain_id, "shaped")
+        assert again is not None and again.etag == row.etag
+    finally:
+        grain_module._registry.pop("test_silo_reminders.Shaped", None)
+
+
+def test_a_declared_one_shot_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="one-shot"):
+
+        @register_reminder("once", due=5)
+        class OnceGrain(Grain, Remindable, type_name="test_silo_reminders.Once"):
+            async def receive_reminder(self, name: str, status: TickStatus) -> None:
+                pass

@@ -12,12 +12,18 @@ import pytest
 from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders.model import MissedReminderAction, ReminderEntry, ReminderPriority
+from orleanspy.reminders.model import (
+    MissedReminderAction,
+    ReminderEntry,
+    ReminderPriority,
+    RetryPolicy,
+)
 from orleanspy.reminders.schedule import CronSchedule, IntervalSchedule, schedule_for
 from orleanspy.reminders.spec import new_entry
 
 NOW = datetime(2024, 5, 3, 12, 0, 0, 123_456, tzinfo=UTC)  # a Friday
 GRAIN = GrainId("StatsGrain", "a")
+MS123 = timedelta(milliseconds=123)  # NOW's milliseconds, which registration keeps
 
 
 def utc(
@@ -153,7 +159,7 @@ MINUTE = ReminderOptions(minimum_period=timedelta(minutes=1))
         ({"cron": 5}, "cron must be a string"),
         ({"cron": "0 0 0 30 2 *"}, "never matches"),
         ({"period": 10, "cron": "@hourly"}, "got both"),
-        ({}, "got neither"),
+        ({}, "got none of them"),
         ({"period": 1.5, "options": STRICT}, "below the minimum"),
         ({"period": 0}, "below the minimum"),
         ({"period": -5}, "below the minimum"),
@@ -197,6 +203,31 @@ MINUTE = ReminderOptions(minimum_period=timedelta(minutes=1))
         ({"priority": "1", "period": 10}, "must be an int"),
         ({"action": 2, "period": 10}, "MissedReminderAction"),
         ({"action": "SKIP", "period": 10}, "MissedReminderAction"),
+        # one-shot, jitter, bounds, payload, retry
+        ({"at": NOW, "period": 10}, "at= makes a one-shot reminder and takes no period"),
+        ({"at": NOW, "due": 5}, "takes no due"),
+        ({"at": NOW, "cron": "@hourly"}, "takes no cron"),
+        ({"at": datetime(2024, 5, 3, 13)}, "timezone-aware"),
+        ({"due": 5, "ends_at": NOW + timedelta(days=1)}, "one-shot reminder fires once"),
+        ({"due": 5, "max_ticks": 2}, "one-shot reminder fires once"),
+        ({"period": 10, "jitter": -1}, "jitter must be >= 0"),
+        ({"period": 10, "jitter": 11}, "longer than the period"),
+        ({"cron": "*/30 * * * * *", "jitter": 31}, "smallest gap"),
+        ({"period": 10, "jitter": "5"}, "number of seconds"),
+        (
+            {"period": 10, "starts_at": NOW + timedelta(hours=2), "ends_at": NOW},
+            "is before starts_at",
+        ),
+        ({"period": 10, "ends_at": NOW - timedelta(hours=1)}, "no slot between"),
+        ({"period": 10, "ends_at": datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"period": 10, "max_ticks": 0}, "max_ticks must be an int >= 1"),
+        ({"period": 10, "max_ticks": True}, "max_ticks must be an int >= 1"),
+        ({"period": 10, "max_ticks": 2.0}, "max_ticks must be an int >= 1"),
+        ({"cron": "@hourly", "max_ticks": 10_001}, "use ends_at instead"),
+        ({"period": 10, "max_ticks": 10**12}, "beyond the year 2500"),
+        ({"period": 10, "payload": b"x" * 4100}, "at most 4096"),
+        ({"period": 10, "payload": object()}, "payload cannot be stored"),
+        ({"period": 10, "retry": 3}, "retry must be a RetryPolicy"),
     ],
 )
 def test_invalid_registrations_raise_reminder_error(kw: dict[str, Any], message: str) -> None:
@@ -231,3 +262,63 @@ def test_next_cron_slot_counts_from_the_slot() -> None:
     schedule = schedule_for(entry)
     assert isinstance(schedule, CronSchedule)
     assert schedule.next_after(entry.next_due) == utc(2024, 5, 7, 7)  # Tuesday 09:00 CEST
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"max_attempts": 0}, "max_attempts must be an int in 1..100"),
+        ({"max_attempts": 101}, "max_attempts must be an int in 1..100"),
+        ({"max_attempts": True}, "max_attempts"),
+        ({"backoff": timedelta(0)}, "1 ms to 1 day"),
+        ({"backoff": timedelta(days=2)}, "1 ms to 1 day"),
+        ({"backoff": 5}, "1 ms to 1 day"),
+    ],
+)
+def test_invalid_retry_policies_raise_reminder_error(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ReminderError, match=message):
+        RetryPolicy(**kw)
+
+
+def test_one_shot_forms() -> None:
+    at = make(at=NOW + timedelta(minutes=5))
+    assert at.one_shot and at.start_at == at.next_due == utc(2024, 5, 3, 12, 5, 0) + MS123
+    due = make(due=30)
+    assert due.one_shot and due.next_due == utc(2024, 5, 3, 12, 0, 30) + MS123
+    # An instant in the past fires at once.
+    past = make(at=NOW - timedelta(days=1))
+    assert past.next_due == utc(2024, 5, 3, 12, 0, 0) + MS123
+    assert schedule_for(past).next_after(past.next_due) is None
+
+
+def test_bounds_give_the_first_and_last_slot() -> None:
+    e = make(due=0, period=10, starts_at=NOW + timedelta(seconds=25), max_ticks=3)
+    assert e.next_due == utc(2024, 5, 3, 12, 0, 30) + MS123
+    assert e.final_due == utc(2024, 5, 3, 12, 0, 50) + MS123
+    c = make(cron="0 0 9 * * 1-5", max_ticks=3)  # Fri 3 May, 12:00: Mon, Tue, Wed
+    assert c.final_due == utc(2024, 5, 8, 9)
+    # ends_at before the max_ticks-th slot: ends_at rules, no final_due.
+    short = make(period=10, max_ticks=100, ends_at=NOW + timedelta(minutes=1))
+    assert short.final_due is None
+
+
+def test_payload_is_kept_as_it_reads_back() -> None:
+    e = make(period=10, payload=(1, {"a": {2, 3}}))
+    assert e.payload == [1, {"a": {2, 3}}]  # a tuple reads back as a list, a set as a set
+    assert ReminderEntry.from_record(e.to_record()) == e
+
+
+def test_jitter_zero_is_none() -> None:
+    assert make(period=10, jitter=0).jitter is None
+    assert make(period=10, jitter=timedelta(milliseconds=1500)).jitter == timedelta(
+        milliseconds=1500
+    )
+
+
+def test_a_jittered_cron_starts_at_its_first_slot_after_registration() -> None:
+    # The slot before start_at (11:59:45) may
+    # have a jittered instant after start_at; it is not one of the row's slots.
+    for k in range(200):
+        e = make(cron="15,45 * * * * *", jitter=16, grain_id=GrainId("J", k))
+        assert utc(2024, 5, 3, 12, 0, 15) <= e.next_due < utc(2024, 5, 3, 12, 0, 31), k
+        assert schedule_for(e).nominal(e.next_due) == utc(2024, 5, 3, 12, 0, 15)

@@ -63,6 +63,8 @@ async def test_a_grain_cannot_call_another_grains_receive_reminder(silo: Silo) -
 async def test_simulate_tick_and_trigger_deliver_ticks(silo: Silo) -> None:
     status = await simulate_tick(silo, GuardedGrain, "a", "beat", missed_ticks=2)
     assert [("beat", status)] == TICKS and status.missed_ticks == 2
+    final = await simulate_tick(silo, GuardedGrain, "a", "once", payload={"k": 1}, final=True)
+    assert TICKS[-1] == ("once", final) and (final.payload, final.final) == ({"k": 1}, True)
     gid = GrainId("test_tick_guard.Guarded", "a")
     await silo.dispatcher.reminders.register(gid, "r", period=60)
     triggered = await silo.client.reminders.trigger(gid, "r")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from orleanspy._retry import Backoff
@@ -35,6 +36,7 @@ from orleanspy.reminders._service.missed import MissedNotifier, PublishMissed, T
 from orleanspy.reminders._service.persist import Persister
 from orleanspy.reminders._service.window import DueWindow, Row
 from orleanspy.reminders.model import (
+    ENDED,
     FireOutcome,
     MissedReminderAction,
     ReminderEntry,
@@ -73,12 +75,15 @@ _TRACEBACKS_KEPT = 10_000
 def tick_deadline(schedule: Schedule, slot: datetime, options: ReminderOptions) -> float:
     """How long, in seconds, a tick's call may wait for its grain: the row's
     period (the gap to its next slot, for cron), within
-    ``minimum_tick_timeout .. tick_timeout``. Shorter than the response timeout,
-    so a tick stuck on an unreachable peer gives its permit back in time for
-    the row's next slot."""
-    gap = (schedule.next_after(slot) - slot).total_seconds()
-    low = options.minimum_tick_timeout.total_seconds()
+    ``minimum_tick_timeout .. tick_timeout`` (``tick_timeout`` for a last slot).
+    Shorter than the response timeout, so a tick stuck on an unreachable peer
+    gives its permit back in time for the row's next slot."""
     high = options.tick_timeout.total_seconds()
+    following = schedule.next_after(slot)
+    if following is None:  # the reminder's last slot: no next slot to make room for
+        return high
+    gap = (following - slot).total_seconds()
+    low = options.minimum_tick_timeout.total_seconds()
     return min(high, max(low, gap))
 
 
@@ -100,7 +105,13 @@ class Delivery:
       unless the row is dropped meanwhile (its next owner delivers it). Any
       other exception is the grain's own failure: logged (with its traceback,
       rate-limited per reminder), recorded in the history with its type and
-      message, counted in ``grain_errors``, not retried; the schedule moves on;
+      message, counted in ``grain_errors``; the schedule moves on, unless the
+      row's ``RetryPolicy`` has attempts left that can start before the next
+      slot: then the row waits in the window for its retry (no permit held)
+      and its slot is persisted only after the last attempt;
+    - a row with no slot left after its tick (a one-shot, a bounded reminder's
+      last slot) is removed: a removal goes to the persister in place of the
+      schedule CAS, after the delivery, as a CAS would;
     - the next slot is submitted for persistence only after ``deliver`` has
       returned (or raised a grain error), never before;
     - the missed-tick rule (``missed``) applies, with the row's own grace or the
@@ -148,6 +159,11 @@ class Delivery:
             ceiling=options.catch_up_ceiling,
             lateness=options.catch_up_lateness,
         )
+        #: Retries queued under a RetryPolicy, and retries given up at the next slot.
+        self.grain_retries = 0
+        self.retries_given_up = 0
+        #: Rows removed because their schedule ended.
+        self.ended = 0
         # Row key -> (loop time of its last logged traceback, failures since).
         self._tracebacks: dict[str, tuple[float, int]] = {}
 
@@ -156,10 +172,17 @@ class Delivery:
         if row.dropped:
             return
         now = self._clock.now()
+        retry = row.retry
+        row.retry = None
+        if isinstance(retry, _Retry) and retry.at == row.next_due:
+            await self._retry(row, retry, now)
+            return
         entry = row.entry
         grace = self._options.grace if entry.grace is None else entry.grace
         plan = plan_tick(row.schedule, entry.action, row.next_due, now, grace)
         last_fire = row.last_fire
+        # None: the schedule has no slot after this one (the row ends with it).
+        next_due = plan.resume if plan.missed else row.schedule.next_after(plan.slot)
         if plan.deliver:
             if self._herd.enabled:
                 # A catch-up call waits for its turn on the ramp (``_herd``).
@@ -167,21 +190,23 @@ class Delivery:
                 if row.dropped:
                     return
                 now = self._clock.now()
-            delivered_at = await self._call(row, plan, now)
-            if delivered_at is None:
-                return
-            last_fire = now = delivered_at
-            next_due = plan.resume or row.schedule.next_after(plan.slot)
+            outcome = await self._call(row, plan, now, 1, next_due is None)
+            if outcome is None:
+                return  # waits in the window for its retry, planned again then
             if plan.missed:
                 self._count_missed(entry)
+            delivered_at, ok = outcome
+            if not ok and self._retry_later(row, plan, next_due, delivered_at, 1):
+                return
+            last_fire = now = delivered_at
         else:
-            assert plan.resume is not None
             self._count_missed(entry)
-            next_due = plan.resume
             self.skipped += 1
-            if entry.action is MissedReminderAction.NOTIFY:
+            if entry.action is MissedReminderAction.NOTIFY or next_due is None:
+                # A last slot skipped under SKIP is told as well: the reminder
+                # ends without a delivery, which nobody would see otherwise.
                 await self._notifier.notify(entry, plan.slot, now, plan.missed_ticks, next_due)
-            self.history.fired(entry, plan.slot, now, skip_outcome(entry))
+            self.history.fired(entry, plan.slot, now, skip_outcome(entry), final=next_due is None)
             self._advance(row, next_due, last_fire, now, delivered=False)
             return
         self._advance(row, next_due, last_fire, now)
@@ -192,21 +217,28 @@ class Delivery:
 
     # -- one tick ---------------------------------------------------------------------
 
-    async def _call(self, row: Row, plan: TickPlan, now: datetime) -> datetime | None:
-        """Deliver the tick; the delivery time once acknowledged (or failed in the
-        grain), or ``None`` if it did not happen: the call path failed, and the
-        row waits in the window for its retry (``DueWindow.retry``, giving its
-        permit back), or it was dropped meanwhile (its new owner delivers it).
-        ``now``: the clock as the tick was planned, its delivery time."""
+    async def _call(
+        self, row: Row, plan: TickPlan, now: datetime, attempt: int, final: bool
+    ) -> tuple[datetime, bool] | None:
+        """Deliver the tick: its delivery time and whether the grain returned
+        (``False``: it raised), or ``None`` if it did not happen: the call path
+        failed, and the row waits in the window for its retry (``DueWindow.retry``,
+        giving its permit back), or it was dropped meanwhile (its new owner
+        delivers it). ``now``: the clock as the tick was planned, its delivery
+        time; ``attempt``/``final`` as in ``TickStatus``."""
         entry = row.entry
         status = TickStatus(
             first_tick_time=entry.start_at,
             period=entry.period,
             cron=entry.cron,
-            current_tick_time=plan.slot,
+            current_tick_time=row.schedule.nominal(plan.slot),
             delivered_at=now,
             missed_ticks=plan.missed_ticks,
             priority=int(entry.priority),
+            due_at=plan.slot,
+            payload=entry.payload,
+            attempt=attempt,
+            final=final,
         )
         deadline = row.deadline
         if deadline is None:
@@ -226,17 +258,26 @@ class Delivery:
                 self._window.retry(row, self._clock.now() + self._retry_delay(row.attempts))
             return None
         except Exception as exc:
-            # The grain's own receive_reminder failed: not retried
-            # (docs/architecture.md, section 2, step 6).
+            # The grain's own receive_reminder failed: retried only under the
+            # row's RetryPolicy (docs/architecture.md, section 2, step 6).
             self.grain_errors += 1
             self.metrics.tick(entry.priority, (now - plan.slot).total_seconds(), True)
-            self.history.fired(entry, plan.slot, now, FireOutcome.GRAIN_ERROR, error_text(exc))
+            retrying = _will_retry(entry, attempt)
+            self.history.fired(
+                entry,
+                plan.slot,
+                now,
+                FireOutcome.RETRYING if retrying else FireOutcome.GRAIN_ERROR,
+                error_text(exc),
+                attempt=attempt,
+                final=final and not retrying,
+            )
             self._log_grain_error(row, plan, exc)
-            return now
+            return now, False
         self.delivered += 1
         self.metrics.tick(entry.priority, (now - plan.slot).total_seconds(), False)
-        self.history.fired(entry, plan.slot, now, FireOutcome.OK)
-        return now
+        self.history.fired(entry, plan.slot, now, FireOutcome.OK, attempt=attempt, final=final)
+        return now, True
 
     def _log_grain_error(self, row: Row, plan: TickPlan, exc: Exception) -> None:
         """One WARNING per failure; its traceback (the grain's, for a remote
@@ -277,10 +318,61 @@ class Delivery:
             backoff.next()
         return timedelta(seconds=backoff.next())
 
+    # -- retries (RetryPolicy) ----------------------------------------------------------
+
+    def _retry_later(
+        self,
+        row: Row,
+        plan: TickPlan,
+        next_due: datetime | None,
+        failed_at: datetime,
+        attempt: int,
+    ) -> bool:
+        """Queue the next attempt of a slot whose grain raised, if the row's policy
+        has one left and it starts before the next slot; ``True`` if queued. The
+        row waits in the window like any due row, so no permit is held meanwhile;
+        the table keeps the slot, so a crash meanwhile delivers it again."""
+        policy = row.entry.retry
+        if policy is None or attempt >= policy.max_attempts or row.dropped:
+            return False
+        at = failed_at + policy.backoff
+        if next_due is not None and at >= next_due:
+            self.retries_given_up += 1
+            return False
+        row.retry = _Retry(plan, attempt + 1, at, next_due)
+        row.next_due = at
+        # The grain was reached: a run of call-path failures before it is over,
+        # and a call-path retry time must not bring the attempt forward.
+        row.retry_at, row.attempts = None, 0
+        self.grain_retries += 1
+        self._window.push(row)
+        return True
+
+    async def _retry(self, row: Row, retry: _Retry, now: datetime) -> None:
+        """Deliver a queued retry; once it could not start before the next slot,
+        give it up and move on to that slot."""
+        next_due = retry.next_due
+        last_fire = row.last_fire
+        if next_due is not None and now >= next_due:
+            self.retries_given_up += 1
+        else:
+            outcome = await self._call(row, retry.plan, now, retry.attempt, next_due is None)
+            if outcome is None:
+                # The call path failed: the row waits for a call-path retry of this
+                # same attempt (given up like it once the next slot is due).
+                if not row.dropped:
+                    row.retry = retry
+                return
+            delivered_at, ok = outcome
+            if not ok and self._retry_later(row, retry.plan, next_due, delivered_at, retry.attempt):
+                return
+            last_fire = now = delivered_at
+        self._advance(row, next_due, last_fire, now)
+
     def _advance(
         self,
         row: Row,
-        next_due: datetime,
+        next_due: datetime | None,
         last_fire: datetime | None,
         now: datetime,
         *,
@@ -288,18 +380,42 @@ class Delivery:
     ) -> None:
         """Record the row's next slot: persist it, and re-queue or release the row
         (``now``: the clock when the tick was delivered or skipped; ``delivered``:
-        whether a tick reached the grain, which ends a run of call failures)."""
+        whether a tick reached the grain, which ends a run of call failures).
+        With no next slot (``None``) the schedule has ended: the row is removed."""
         row.last_fire = last_fire
         etag = row.etag
+        key = row.key
+        grain_id, name = row.entry.grain_id, row.entry.name
+        if next_due is None:
+            self.ended += 1
+            if etag is not None:
+                self._persister.submit(
+                    ScheduleUpdate(grain_id, name, etag, ENDED, last_fire, remove=True), key
+                )
+            self._window.drop(row)
+            return
         # Submitted for a dropped row too: its tick happened. The CAS against the
         # loaded etag keeps the write from landing on a row another writer moved.
         if etag is not None:
-            self._persister.submit(
-                ScheduleUpdate(row.entry.grain_id, row.entry.name, etag, next_due, last_fire),
-                row.key,
-            )
+            self._persister.submit(ScheduleUpdate(grain_id, name, etag, next_due, last_fire), key)
         keep = next_due <= now + self._options.look_ahead
         failing_until = None
         if not delivered and row.attempts:
             failing_until = now + self._retry_delay(row.attempts)
         self._window.ticked(row, next_due, keep=keep, failing_until=failing_until)
+
+
+def _will_retry(entry: ReminderEntry, attempt: int) -> bool:
+    """Whether the policy allows another attempt (time may still rule it out)."""
+    return entry.retry is not None and attempt < entry.retry.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    """A queued retry: the slot's plan, which attempt comes next, when, and the
+    slot after (the retry's deadline; ``None`` for a reminder's last slot)."""
+
+    plan: TickPlan
+    attempt: int
+    at: datetime
+    next_due: datetime | None

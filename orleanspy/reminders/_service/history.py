@@ -52,9 +52,14 @@ class NoHistory:
         at: datetime,
         outcome: FireOutcome,
         error: str | None = None,
+        *,
+        attempt: int = 1,
+        final: bool = False,
     ) -> None:
         """The slot ``slot`` of ``entry`` met ``outcome`` at ``at`` (``error``: the
-        grain's exception as ``Type: message``, for ``GRAIN_ERROR``)."""
+        grain's exception as ``Type: message``, for ``GRAIN_ERROR`` and
+        ``RETRYING``; its ``attempt``-th delivery; ``final``: the reminder's last
+        slot)."""
 
 
 class History(NoHistory):
@@ -69,6 +74,9 @@ class History(NoHistory):
         self._wake = asyncio.Event()
         self.written = 0
         self.failures = 0
+        # One batch in flight at a time: a flush returns only once the records
+        # buffered before it are written, also those a linger batch already took.
+        self._writing = asyncio.Lock()
 
     def fired(
         self,
@@ -77,9 +85,22 @@ class History(NoHistory):
         at: datetime,
         outcome: FireOutcome,
         error: str | None = None,
+        *,
+        attempt: int = 1,
+        final: bool = False,
     ) -> None:
         self._buffer.append(
-            FireRecord(entry.grain_id, entry.name, slot, at, outcome, self._silo, error=error)
+            FireRecord(
+                entry.grain_id,
+                entry.name,
+                slot,
+                at,
+                outcome,
+                self._silo,
+                error=error,
+                attempt=attempt,
+                final=final,
+            )
         )
         self._wake.set()
 
@@ -93,23 +114,27 @@ class History(NoHistory):
 
     async def flush(self) -> None:
         """Write the records buffered when called (a failed batch is dropped, not
-        retried). Records that arrive meanwhile wait for the next linger: draining
-        them too would write a handful per round trip under a tick stream."""
-        left = len(self._buffer)
-        while left and self._buffer:
-            n = min(left, len(self._buffer), _BATCH)
-            left -= n
-            batch = [self._buffer.popleft() for _ in range(n)]
-            try:
-                await self._table.append_history(batch, self._keep)
-            except Exception as exc:
-                raise_if_cancelled()
-                self.failures += 1
-                log.warning(
-                    "reminder history not written silo=%s records=%d error=%r",
-                    self._silo,
-                    len(batch),
-                    exc,
-                )
-                return
-            self.written += len(batch)
+        retried), after any batch already being written: so once it returns,
+        every record buffered before it is in the table (what the persister
+        relies on before ending rows, whose records would be dropped after).
+        Records that arrive meanwhile wait for the next linger: draining them too
+        would write a handful per round trip under a tick stream."""
+        async with self._writing:
+            left = len(self._buffer)
+            while left and self._buffer:
+                n = min(left, len(self._buffer), _BATCH)
+                left -= n
+                batch = [self._buffer.popleft() for _ in range(n)]
+                try:
+                    await self._table.append_history(batch, self._keep)
+                except Exception as exc:
+                    raise_if_cancelled()
+                    self.failures += 1
+                    log.warning(
+                        "reminder history not written silo=%s records=%d error=%r",
+                        self._silo,
+                        len(batch),
+                        exc,
+                    )
+                    return
+                self.written += len(batch)

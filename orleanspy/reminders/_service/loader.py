@@ -63,6 +63,7 @@ from orleanspy.reminders._service.persist import Persister
 from orleanspy.reminders._service.ticker import sleep_or_wake
 from orleanspy.reminders._service.window import DueWindow, Row, admission_key
 from orleanspy.reminders.model import (
+    ENDED,
     MissedReminderAction,
     ReminderChange,
     ReminderEntry,
@@ -501,13 +502,7 @@ class Loader:
         is dropped and the new row loaded (the new schedule's slots lie ahead).
         """
         old = row.entry
-        same_schedule = (
-            entry.next_due == row.stored_due
-            and entry.start_at == old.start_at
-            and entry.period == old.period
-            and entry.cron == old.cron
-            and entry.tz == old.tz
-        )
+        same_schedule = entry.next_due == row.stored_due and entry.same_schedule(old)
         if same_schedule:
             assert row.etag is not None and entry.etag is not None
             self._persister.rebase(row.key, row.etag, entry.etag)
@@ -555,12 +550,18 @@ class Loader:
                 self._more_available = True
                 self._window.signal_low = True
                 continue
-            assert plan.resume is not None
             self.repaired += 1
-            update = ScheduleUpdate(
-                entry.grain_id, entry.name, entry.etag, plan.resume, entry.last_fire
-            )
+            if plan.resume is None:  # its last slot passed: the row ends here
+                update = ScheduleUpdate(
+                    entry.grain_id, entry.name, entry.etag, ENDED, entry.last_fire, remove=True
+                )
+            else:
+                update = ScheduleUpdate(
+                    entry.grain_id, entry.name, entry.etag, plan.resume, entry.last_fire
+                )
             self._persister.submit(update, entry.key)
-            if entry.action is MissedReminderAction.NOTIFY:
+            if entry.action is MissedReminderAction.NOTIFY or plan.resume is None:
                 await self._notifier.notify(entry, plan.slot, now, plan.missed_ticks, plan.resume)
-            self.history.fired(entry, plan.slot, now, skip_outcome(entry))
+            self.history.fired(
+                entry, plan.slot, now, skip_outcome(entry), final=plan.resume is None
+            )

@@ -47,6 +47,12 @@ class TickPlan:
     missed_ticks: int = 0
     resume: datetime | None = None
 
+    @property
+    def ended(self) -> bool:
+        """A missed row whose schedule has no slot after now (a one-shot, or the
+        last slot of a bounded reminder)."""
+        return self.missed and self.resume is None
+
 
 def plan_tick(
     schedule: Schedule,
@@ -71,7 +77,7 @@ def plan_tick(
     ticks already delivered (a write lost with its silo) replays none of them
     as a burst either.
     """
-    if schedule.next_after(slot) > now:
+    if not _due_by(schedule.next_after(slot), now):
         if now <= slot + grace:
             return TickPlan(deliver=True, slot=slot)
         latest, earlier = slot, 0
@@ -96,10 +102,14 @@ def _latest_passed(schedule: Schedule, slot: datetime, now: datetime) -> tuple[d
     latest, earlier = slot, 0
     while earlier < MISSED_COUNT_CAP:
         nxt = schedule.next_after(latest)
-        if nxt > now:
+        if nxt is None or nxt > now:  # None: the schedule ended
             break
         latest, earlier = nxt, earlier + 1
     return latest, earlier
+
+
+def _due_by(slot: datetime | None, now: datetime) -> bool:
+    return slot is not None and slot <= now
 
 
 class MissedNotifier:
@@ -117,7 +127,7 @@ class MissedNotifier:
         scheduled: datetime,
         now: datetime,
         missed_ticks: int,
-        next_due: datetime,
+        next_due: datetime | None,
     ) -> None:
         if self._publish is None:
             return

@@ -20,6 +20,10 @@ ours and applied. The row keeps its local schedule, adopts the stored etag,
 and the newest update is written on top of it. Only a row that holds someone
 else's schedule counts as moved by another writer.
 
+Removals. A row whose schedule ended (``ScheduleUpdate.remove``) is removed
+against its etag in the same pipeline, so it supersedes and is rebased like any
+update of the row, and is written only after the tick it follows.
+
 Under a stream of ticks a partial batch is not written before ``LINGER_S``
 (real time) has passed since the previous write ended: ticks finish a few at a
 time, and a round trip per handful of rows costs more than the rows themselves.
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
@@ -43,9 +47,9 @@ from orleanspy.clock import Clock, to_ms
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import ScheduleUpdate, row_key
-from orleanspy.reminders.table import BatchingReminderTable, ReminderTable
+from orleanspy.reminders.table import BatchingReminderTable, EndingReminderTable, ReminderTable
 
-__all__ = ["LINGER_S", "Persister", "update_key"]
+__all__ = ["LINGER_S", "REMOVED", "Persister", "update_key"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,8 @@ _UNCERTAIN_PER_ROW = 8
 
 #: How long a partial batch waits for more updates before it is written.
 LINGER_S = 0.025
+#: The "etag" a removal (``ScheduleUpdate.remove``) reports when it took place.
+REMOVED = ""
 
 
 def update_key(update: ScheduleUpdate) -> str:
@@ -70,6 +76,8 @@ class Persister:
     ``on_result`` gets the new etag, or ``None`` for a lost CAS (row gone or
     moved by another writer), and the row's key (``update_key(update)``). It is
     not called for updates that are still pending when the persister stops.
+    ``before_removals`` (the fire history's flush) is awaited before a batch
+    that removes ended rows, so their final records are in before they go.
     """
 
     def __init__(
@@ -80,8 +88,10 @@ class Persister:
         on_result: Callable[[ScheduleUpdate, str | None, str], None],
         *,
         metrics: ReminderMetrics | None = None,
+        before_removals: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._table = table
+        self._before_removals = before_removals
         self.metrics = metrics or ReminderMetrics()
         self._batching = isinstance(table, BatchingReminderTable)
         self._clock = clock
@@ -298,6 +308,8 @@ class Persister:
         return ok
 
     async def _write(self, batch: list[ScheduleUpdate]) -> Sequence[str | BaseException | None]:
+        if any(u.remove for u in batch):
+            return await self._write_with_removals(batch)
         if self._batching:
             table: BatchingReminderTable = self._table  # type: ignore[assignment]
             return await table.update_schedule_many(batch)
@@ -308,6 +320,35 @@ class Persister:
             ),
             return_exceptions=True,
         )
+
+    async def _write_with_removals(
+        self, batch: list[ScheduleUpdate]
+    ) -> Sequence[str | BaseException | None]:
+        """A batch holding removals (rows whose schedule ended): the CASes as usual,
+        each removal as ``end`` (``remove`` on a table that cannot end rows) against
+        its etag. A removal that took place
+        reports ``REMOVED`` as its etag, a lost one ``None``, as a lost CAS."""
+        if self._before_removals is not None:
+            # The fire history's buffered records first (the final ticks' among
+            # them): records of a row that is gone are dropped.
+            await self._before_removals()
+        cas = [u for u in batch if not u.remove]
+        gone = [u for u in batch if u.remove]
+        # An ending table keeps the ended row's history readable.
+        table = self._table
+        end = table.end if isinstance(table, EndingReminderTable) else table.remove
+        removed, written = await asyncio.gather(
+            asyncio.gather(
+                *(end(u.grain_id, u.name, u.etag) for u in gone), return_exceptions=True
+            ),
+            self._write(cas) if cas else _nothing(),
+        )
+        by_update: dict[int, str | BaseException | None] = {}
+        for u, ok in zip(gone, removed, strict=True):
+            by_update[id(u)] = ok if isinstance(ok, BaseException) else (REMOVED if ok else None)
+        for u, etag in zip(cas, written, strict=True):
+            by_update[id(u)] = etag
+        return [by_update[id(u)] for u in batch]
 
     def _requeue(self, batch: list[ScheduleUpdate]) -> None:
         for update in batch:
@@ -335,6 +376,10 @@ class Persister:
                 self._pending[key] = replace(newer, etag=etag)
         self.written += etag is not None
         self._on_result(update, etag, key)
+
+
+async def _nothing() -> Sequence[str | BaseException | None]:
+    return []
 
 
 def _ms(t: datetime | None) -> int | None:

@@ -93,6 +93,7 @@ class Row:
         "key",
         "last_fire",
         "next_due",
+        "retry",
         "retry_at",
         "schedule",
         "seq",
@@ -120,6 +121,9 @@ class Row:
         # Set when the row must not be ticked or re-queued any more (ownership
         # moved, the row was removed or moved by another writer).
         self.dropped = False
+        # The retry waiting for this row (a ``RetryPolicy`` retry after a grain
+        # error), owned by delivery; ``next_due`` is its time meanwhile.
+        self.retry: object | None = None
         self.retry_at: datetime | None = None
         self.attempts = 0
         # The tick call's deadline in seconds, worked out at the first tick (a
