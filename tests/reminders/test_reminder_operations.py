@@ -5,9 +5,10 @@ operator's changes until the code changes."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -24,11 +25,16 @@ from orleanspy import (
 )
 from orleanspy import grain as grain_module
 from orleanspy._cli_reminders import entry_json, export_line, parse_export
+from orleanspy.cli import _status_text
+from orleanspy.cluster_status import cluster_from, published_types
+from orleanspy.grain import DeclaredReminder
 from orleanspy.identity import GrainId
+from orleanspy.membership.model import MembershipSnapshot, TableVersion
 from orleanspy.options import ReminderOptions
+from orleanspy.remindable.declarations import fingerprint
 from orleanspy.remindable.operations import ReminderOperations, grain_target, parse_grain_id
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.model import ReminderEntry, RetryPolicy
 from orleanspy.reminders.spec import new_entry
 from orleanspy.testing.clock import ManualClock
 
@@ -254,3 +260,156 @@ async def test_operator_changes_to_declared_rows_survive_restarts_until_the_code
     warnings = [r.getMessage() for r in caplog.records if "overrode" in r.getMessage()]
     assert len(warnings) == 1 and "priority 100 -> 5" in warnings[0]
     grain_module._registry.pop(TYPE, None)
+
+
+def test_the_fingerprint_follows_every_field_a_declaration_sets() -> None:
+    base = DeclaredReminder("beat", due=S, period=60 * S, cron=None, tz=None, priority=0,
+                            action=MissedReminderAction.SKIP)  # fmt: skip
+    at = datetime(2031, 1, 1, tzinfo=UTC)
+    variants = [
+        dataclasses.replace(base, jitter=5 * S),
+        dataclasses.replace(base, starts_at=at),
+        dataclasses.replace(base, ends_at=at),
+        dataclasses.replace(base, grace=9 * S),
+        dataclasses.replace(base, payload={"order": 1}),
+        dataclasses.replace(base, payload={"order": 2}),
+        dataclasses.replace(base, retry=RetryPolicy(3, S)),
+        dataclasses.replace(base, retry=RetryPolicy(4, S)),
+    ]
+    prints = {fingerprint(d) for d in [base, *variants]}
+    assert len(prints) == len(variants) + 1, "a declared field left the fingerprint unchanged"
+    # A declaration that sets none of the new fields keeps the fingerprint it had
+    # before they existed (rows written then are not re-applied on upgrade).
+    assert fingerprint(base).count(":") == 3
+
+
+async def test_a_changed_payload_or_retry_re_applies_without_moving_the_row(
+    clock: ManualClock,
+) -> None:
+    table = InMemoryReminderTable("default")
+    gid = GrainId(TYPE, "")
+
+    def declared(payload: object, retry: RetryPolicy | None) -> type[Grain]:
+        grain_module._registry.pop(TYPE, None)
+
+        @register_reminder("beat", due=5, period=60, payload=payload, retry=retry)
+        class Declared(Grain, Remindable, type_name=TYPE):
+            async def receive_reminder(self, name: str, status: TickStatus) -> None:
+                pass
+
+        return Declared
+
+    async def boot(cls: type[Grain]) -> ReminderEntry:
+        options = SiloOptions(grain_types=(cls,), reminders=REMINDERS)
+        async with Silo.local(options, clock=clock, reminder_table=table):
+            pass
+        row = await table.read(gid, "beat")
+        assert row is not None
+        return row
+
+    first = await boot(declared({"v": 1}, None))
+    await clock.advance(10 * S)
+    same = await boot(declared({"v": 1}, None))
+    assert same.etag == first.etag, "an unchanged declaration rewrote its row"
+    changed = await boot(declared({"v": 2}, RetryPolicy(3, S)))
+    assert (changed.payload, changed.retry) == ({"v": 2}, RetryPolicy(3, S))
+    assert changed.next_due == first.next_due, "a payload change re-anchored the row"
+    assert changed.fingerprint != first.fingerprint
+
+
+async def test_a_declaration_past_its_end_keeps_its_row(clock: ManualClock) -> None:
+    table = InMemoryReminderTable("default")
+    gid = GrainId(TYPE, "")
+    ends = clock.now() + 3600 * S
+
+    def declared() -> type[Grain]:
+        grain_module._registry.pop(TYPE, None)
+
+        @register_reminder("beat", due=5, period=60, ends_at=ends)
+        class Declared(Grain, Remindable, type_name=TYPE):
+            async def receive_reminder(self, name: str, status: TickStatus) -> None:
+                pass
+
+        return Declared
+
+    options = SiloOptions(grain_types=(declared(),), reminders=REMINDERS)
+    async with Silo.local(options, clock=clock, reminder_table=table):
+        pass
+    assert await table.read(gid, "beat") is not None
+    await clock.advance(7200 * S)
+    # The row is still in the table (no silo ran its last tick): a start-up
+    # past ends_at neither creates nor removes it.
+    options = SiloOptions(grain_types=(declared(),), reminders=REMINDERS)
+    async with Silo.local(options, clock=clock, reminder_table=table):
+        pass
+    assert await table.read(gid, "beat") is not None, (
+        "a start-up removed the row of a declaration that ended"
+    )
+
+
+async def test_import_accepts_one_shot_rows_and_schedule_fields(clock: ManualClock) -> None:
+    at = clock.now() + 3600 * S
+    rows = [
+        new_entry(
+            service_id="default",
+            grain_id=GrainId("T", "once"),
+            name="r",
+            now=clock.now(),
+            options=REMINDERS,
+            at=at,
+            payload=["x", 1],
+        ),
+        new_entry(
+            service_id="default",
+            grain_id=GrainId("T", "shaped"),
+            name="r",
+            now=clock.now(),
+            options=REMINDERS,
+            period=60 * S,
+            jitter=5 * S,
+            starts_at=clock.now(),
+            ends_at=at + 86400 * S,
+            max_ticks=20,
+            retry=RetryPolicy(3, S),
+            grace=30 * S,
+        ),
+    ]
+    lines = [export_line(r) for r in rows]
+    target = InMemoryReminderTable("default")
+    ops = ReminderOperations(target, service_id="default", clock=clock, options=REMINDERS)
+    done = await ops.import_rows(parse_export(lines))
+    assert done.created == 2
+    for row in rows:
+        got = await target.read(row.grain_id, row.name)
+        assert got is not None and dataclasses.replace(got, etag=None) == row
+    bad = dataclasses.replace(rows[1], name="bad", jitter=120 * S)  # longer than the period
+    with pytest.raises(ReminderError, match="jitter"):
+        await ops.import_rows([bad])
+
+
+class _Records:
+    """A status store holding fixed records (``StatusStore.read``)."""
+
+    def __init__(self, records: dict[str, dict[str, object]]) -> None:
+        self.records = records
+
+    async def read(self) -> dict[str, dict[str, object]]:
+        return self.records
+
+
+async def test_status_records_carry_hosted_types_and_the_newest_orphan_count() -> None:
+    store = _Records(
+        {
+            "a": {"grain_types": ["A", "B"], "orphaned_rows": 7, "updated_ms": 1},
+            "b": {"grain_types": ["C", 5], "orphaned_rows": 2, "updated_ms": 2},
+            "c": {"grain_types": "not a list"},
+        }
+    )
+    assert await published_types(store) == {"A", "B", "C"}  # type: ignore[arg-type]
+    snap = MembershipSnapshot({}, TableVersion(1, "1"))
+    status = cluster_from(snap, store.records, cluster_id="dev", service_id="default")
+    assert status.orphaned_rows == 2, "not the newest record's count"
+    assert status.to_json()["orphaned_reminder_rows"] == 2
+    assert "orphaned reminder rows: 2" in _status_text(status)
+    quiet = cluster_from(snap, {}, cluster_id="dev", service_id="default")
+    assert quiet.orphaned_rows is None and "orphaned" not in _status_text(quiet)
