@@ -1,66 +1,73 @@
 """The reminder commands of ``orleanspy``: the same operations through a gateway
 (the management grain of a running cluster) or directly on the Redis or
-PostgreSQL table (both keep paused rows and fire history).
+PostgreSQL table when no silo of the cluster is up.
+
+Both paths run ``ReminderOperations`` (the gateway's management grain runs it
+in a silo; the direct path runs it here), so they validate alike and write
+alike: every change of a row is guarded by the etag it was read with
+(``ReminderTable.upsert_if``), and a silo that moves the row meanwhile makes
+the change re-read and re-apply instead of being overwritten.
 
 ``open_reminders`` tries a gateway first and falls back to the table when no
-silo of the cluster is up; the returned ``ReminderAccess.via`` says which. The
-direct path applies the same validation as the management grain and writes
-through the table's own compare-and-swap, so a silo that starts later sees
-the rows as if the grain had written them.
+silo of the cluster is up; the returned ``ReminderAccess.via`` says which.
+
+Export and import move rows as JSON lines, one row a line, in the storage form
+of ``ReminderEntry.to_record`` (every field: schedule, ``next_due``,
+``last_fire``, paused, declared and its fingerprint) plus the line's format
+``"v"``. The etag is exported for reference and never imported: etags belong
+to the table that made them.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import AsyncIterator
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from orleanspy.clock import SystemClock
 from orleanspy.errors import AuthenticationError, ReminderError, SiloUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import MessagingOptions, ReminderOptions
+from orleanspy.remindable.operations import (
+    ImportResult,
+    ReminderOperations,
+    ReminderPage,
+    parse_grain_id,
+)
+from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry, TickStatus
-from orleanspy.reminders.schedule import next_slot
-from orleanspy.reminders.spec import check_grace, new_entry
+from orleanspy.reminders.table import ReminderTable
 
 __all__ = [
+    "EXPORT_FORMAT",
     "ReminderAccess",
     "entry_json",
+    "export_line",
     "fire_json",
     "json_value",
     "open_reminders",
+    "parse_export",
     "parse_grain_id",
 ]
 
-#: How far ahead ``reminders list`` looks: every row, in due order.
-_FOREVER = timedelta(days=365 * 200)
+#: How far ahead ``reminders list`` looks: every row, in the due order.
+FOREVER = timedelta(days=365 * 200)
+#: The ``"v"`` of an export line.
+EXPORT_FORMAT = 1
 
 
-def parse_grain_id(text: str) -> GrainId:
-    """``Type/key`` (a string key) or the canonical ``Type/s:key``, ``Type/i:42``,
-    ``Type/u:<uuid>``; ``ValueError`` saying the forms otherwise."""
-    try:
-        return GrainId.parse(text)
-    except ValueError:
-        pass
-    type_name, sep, key = text.partition("/")
-    if not sep or not type_name or not key:
-        raise ValueError(
-            f"not a grain id: {text!r}; write TYPE/KEY (a string key) or TYPE/i:42, TYPE/u:UUID"
-        )
-    return GrainId(type_name, key)
-
-
-def entry_json(entry: ReminderEntry) -> dict[str, Any]:
-    """A row for ``--json``: times in ISO 8601 UTC, the period in seconds."""
+def entry_json(entry: ReminderEntry, *, orphaned: bool | None = None) -> dict[str, Any]:
+    """A row for ``--json``: times in ISO 8601 UTC, the period in seconds.
+    ``orphaned`` is included when known (no silo hosts the row's grain type)."""
 
     def iso(t: datetime | None) -> str | None:
         return None if t is None else t.astimezone(UTC).isoformat()
 
-    return {
+    doc: dict[str, Any] = {
         "grain_id": entry.grain_id.canonical,
         "grain": str(entry.grain_id),
         "name": entry.name,
@@ -74,6 +81,7 @@ def entry_json(entry: ReminderEntry) -> dict[str, Any]:
         "action": entry.action.name,
         "paused": entry.paused,
         "grace_seconds": None if entry.grace is None else entry.grace.total_seconds(),
+        "declared": entry.declared,
         "one_shot": entry.one_shot,
         "jitter_seconds": None if entry.jitter is None else entry.jitter.total_seconds(),
         "starts_at": iso(entry.starts_at),
@@ -88,6 +96,9 @@ def entry_json(entry: ReminderEntry) -> dict[str, Any]:
             "backoff_seconds": entry.retry.backoff.total_seconds(),
         },
     }
+    if orphaned is not None:
+        doc["orphaned"] = orphaned
+    return doc
 
 
 def json_value(value: Any) -> Any:
@@ -128,15 +139,66 @@ def fire_json(rec: FireRecord) -> dict[str, Any]:
     }
 
 
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"$b64": base64.b64encode(value).decode()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _from_jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {"$b64"}:
+            return base64.b64decode(value["$b64"])
+        return {k: _from_jsonable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_jsonable(v) for v in value]
+    return value
+
+
+def export_line(entry: ReminderEntry) -> str:
+    """One row as an export line (module docstring)."""
+    return json.dumps({"v": EXPORT_FORMAT, "row": _jsonable(entry.to_record())}, sort_keys=True)
+
+
+def parse_export(lines: Iterable[str]) -> Iterator[ReminderEntry]:
+    """The rows of export lines (blank lines skipped); ``ReminderError`` naming
+    the line number of the first line that is not an export line."""
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            if not isinstance(doc, dict) or doc.get("v") != EXPORT_FORMAT:
+                raise ValueError(f"not format {EXPORT_FORMAT}")
+            row = ReminderEntry.from_record(_from_jsonable(doc["row"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ReminderError(f"line {n} is not a reminder export line: {exc}") from None
+        yield row
+
+
 class ReminderAccess(Protocol):
-    """The reminder operations of the CLI; ``via`` names the path taken."""
+    """The reminder operations of the CLI (``ReminderOperations``' names);
+    ``via`` names the path taken."""
 
     via: str
 
-    async def rows(self, grain: GrainId | None, limit: int) -> list[ReminderEntry]: ...
+    async def list_for_grain(self, grain: GrainId) -> list[ReminderEntry]: ...
     async def get(self, grain: GrainId, name: str) -> ReminderEntry: ...
     async def upcoming(self, horizon: timedelta, limit: int) -> list[ReminderEntry]: ...
-    async def count(self) -> int: ...
+    async def count_all(self) -> int: ...
+    async def count(self, type_name: str | None, key_prefix: str | None) -> int: ...
+    async def orphans(self) -> dict[str, int]: ...
+    async def page(
+        self, cursor: str | None, limit: int, type_name: str | None, key_prefix: str | None
+    ) -> ReminderPage: ...
+    async def delete_where(self, type_name: str, key_prefix: str | None, dry_run: bool) -> int: ...
+    async def import_rows(
+        self, rows: list[ReminderEntry], replace_existing: bool, dry_run: bool
+    ) -> ImportResult: ...
     async def set_priority(self, grain: GrainId, name: str, priority: int) -> ReminderEntry: ...
     async def set_action(
         self, grain: GrainId, name: str, action: MissedReminderAction
@@ -153,135 +215,34 @@ class ReminderAccess(Protocol):
 
 
 class _ViaGateway:
+    """The management grain of a running cluster; every call is the grain's."""
+
     def __init__(self, mgmt: Any, endpoint: str) -> None:
         self._m = mgmt
         self.via = f"gateway {endpoint}"
 
-    async def rows(self, grain: GrainId | None, limit: int) -> list[ReminderEntry]:
-        if grain is not None:
-            rows: list[ReminderEntry] = await self._m.list_for_grain(grain)
-            return rows[:limit]
-        return list(await self._m.upcoming(_FOREVER, limit))
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._m, name)
 
-    async def get(self, grain: GrainId, name: str) -> ReminderEntry:
-        for row in await self._m.list_for_grain(grain):
-            if row.name == name:
-                return row  # type: ignore[no-any-return]
-        raise ReminderError(f"{grain} has no reminder {name!r}")
+    async def count(self, type_name: str | None, key_prefix: str | None) -> int:
+        return int(await self._m.count(type_name, key_prefix))
 
-    async def upcoming(self, horizon: timedelta, limit: int) -> list[ReminderEntry]:
-        return list(await self._m.upcoming(horizon, limit))
-
-    async def count(self) -> int:
-        return int(await self._m.count_all())
-
-    async def set_priority(self, grain: GrainId, name: str, priority: int) -> ReminderEntry:
-        return await self._m.set_priority(grain, name, priority)  # type: ignore[no-any-return]
-
-    async def set_action(
-        self, grain: GrainId, name: str, action: MissedReminderAction
-    ) -> ReminderEntry:
-        return await self._m.set_action(grain, name, action)  # type: ignore[no-any-return]
-
-    async def set_grace(self, grain: GrainId, name: str, grace: timedelta | None) -> ReminderEntry:
-        return await self._m.set_grace(grain, name, grace)  # type: ignore[no-any-return]
-
-    async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
-        return await self._m.repair(grain, name)  # type: ignore[no-any-return]
-
-    async def delete(self, grain: GrainId, name: str) -> bool:
-        return bool(await self._m.delete(grain, name))
-
-    async def pause(self, grain: GrainId, name: str) -> ReminderEntry:
-        return await self._m.pause(grain, name)  # type: ignore[no-any-return]
-
-    async def resume(self, grain: GrainId, name: str) -> ReminderEntry:
-        return await self._m.resume(grain, name)  # type: ignore[no-any-return]
-
-    async def trigger(self, grain: GrainId, name: str) -> TickStatus:
-        return await self._m.trigger(grain, name)  # type: ignore[no-any-return]
-
-    async def history(self, grain: GrainId, name: str) -> list[FireRecord]:
-        return list(await self._m.history(grain, name))
+    async def page(
+        self, cursor: str | None, limit: int, type_name: str | None, key_prefix: str | None
+    ) -> ReminderPage:
+        page: ReminderPage = await self._m.page(cursor, limit, type_name, key_prefix)
+        return page
 
 
-class _Direct:
-    """The table itself (no silo up). Writes use the row's etag, so a silo that
-    moved the row meanwhile makes the write fail instead of being overwritten."""
+class _Direct(ReminderOperations):
+    """``ReminderOperations`` on the table itself (no silo is up, so no silo's
+    hosted types are known and nothing is called orphaned)."""
 
-    def __init__(self, table: Any, service_id: str, url: str, kind: str = "Redis") -> None:
-        self._t = table
-        self._service_id = service_id
-        self.via = f"the {kind} table at {url} (no silo is up)"
-
-    @staticmethod
-    def _now() -> datetime:
-        return datetime.now(UTC)
-
-    async def rows(self, grain: GrainId | None, limit: int) -> list[ReminderEntry]:
-        if grain is not None:
-            rows: list[ReminderEntry] = await self._t.read_grain(grain)
-            return rows[:limit]
-        return list(await self._t.upcoming(self._now() + _FOREVER, limit))
-
-    async def get(self, grain: GrainId, name: str) -> ReminderEntry:
-        row: ReminderEntry | None = await self._t.read(grain, name)
-        if row is None:
-            raise ReminderError(f"{grain} has no reminder {name!r}")
-        return row
-
-    async def upcoming(self, horizon: timedelta, limit: int) -> list[ReminderEntry]:
-        return list(await self._t.upcoming(self._now() + horizon, limit))
-
-    async def count(self) -> int:
-        return int(await self._t.count())
-
-    async def _store(self, row: ReminderEntry) -> ReminderEntry:
-        return row.with_etag(await self._t.upsert(row))
-
-    async def set_priority(self, grain: GrainId, name: str, priority: int) -> ReminderEntry:
-        row = await self.get(grain, name)
-        new_entry(  # validation only, as the management grain does it
-            service_id=row.service_id,
-            grain_id=grain,
-            name=name,
-            now=self._now(),
-            options=ReminderOptions(),
-            period=timedelta(days=1),
-            priority=priority,
+    def __init__(self, table: ReminderTable, service_id: str, via: str) -> None:
+        super().__init__(
+            table, service_id=service_id, clock=SystemClock(), options=ReminderOptions()
         )
-        return await self._store(replace(row, priority=int(priority)))
-
-    async def set_action(
-        self, grain: GrainId, name: str, action: MissedReminderAction
-    ) -> ReminderEntry:
-        row = await self.get(grain, name)
-        return await self._store(replace(row, action=action))
-
-    async def set_grace(self, grain: GrainId, name: str, grace: timedelta | None) -> ReminderEntry:
-        row = await self.get(grain, name)
-        return await self._store(replace(row, grace=check_grace(grace)))
-
-    async def repair(self, grain: GrainId, name: str) -> ReminderEntry:
-        row = await self.get(grain, name)
-        return await self._store(replace(row, next_due=next_slot(row, self._now())))
-
-    async def delete(self, grain: GrainId, name: str) -> bool:
-        row: ReminderEntry | None = await self._t.read(grain, name)
-        if row is None or row.etag is None:
-            return False
-        return bool(await self._t.remove(grain, name, row.etag))
-
-    async def pause(self, grain: GrainId, name: str) -> ReminderEntry:
-        row = await self.get(grain, name)
-        return row if row.paused else await self._store(replace(row, paused=True))
-
-    async def resume(self, grain: GrainId, name: str) -> ReminderEntry:
-        row = await self.get(grain, name)
-        return await self._store(replace(row, paused=False)) if row.paused else row
-
-    async def history(self, grain: GrainId, name: str) -> list[FireRecord]:
-        return list(await self._t.read_history(grain, name))
+        self.via = via
 
     async def trigger(self, grain: GrainId, name: str) -> TickStatus:
         await self.get(grain, name)
@@ -299,11 +260,13 @@ async def open_reminders(
     messaging: MessagingOptions,
     *,
     table_url: str | None = None,
+    create: bool = False,
 ) -> AsyncIterator[ReminderAccess]:
     """A gateway's management grain if a silo of the cluster answers (found in
     the membership table at ``membership_url``), else the reminder table at
     ``table_url`` (default ``membership_url``) directly: Redis (its shard count
-    read from the table's own metadata) or PostgreSQL."""
+    read from the table's own metadata) or PostgreSQL. A Redis table that does
+    not exist yet reads as empty, or with ``create`` is created (an import)."""
     from orleanspy.client import ClusterClient
 
     async with AsyncExitStack() as stack:
@@ -313,52 +276,33 @@ async def open_reminders(
         except SiloUnavailableError as exc:
             if isinstance(exc.__cause__, AuthenticationError):
                 raise
-            yield await _direct(stack, table_url or membership_url, service_id)
+            yield await _direct(stack, table_url or membership_url, service_id, create)
             return
         stack.push_async_callback(client.aclose)
         yield _ViaGateway(client.reminders, ", ".join(client.gateways))
 
 
-async def _direct(stack: AsyncExitStack, url: str, service_id: str) -> ReminderAccess:
+async def _direct(stack: AsyncExitStack, url: str, service_id: str, create: bool) -> ReminderAccess:
     from orleanspy._redis import key_prefix, redacted, translate_errors
     from orleanspy.tables import TableConnections, table_backend
 
     connections = TableConnections(stack)
+    shown = redacted(url)
     if table_backend(url) == "postgres":
         table = await connections.reminder_table(url, service_id=service_id, shards=1)
         await table.start(stack)
-        return _Direct(table, service_id, redacted(url), "PostgreSQL")
+        return _Direct(table, service_id, f"the PostgreSQL table at {shown} (no silo is up)")
     client = connections.redis(url)
     with translate_errors("reminder table lookup"):
         shards = await client.hget(f"{key_prefix(service_id)}rem:meta", "shards")
-    if shards is None:
-        return _Empty(service_id, redacted(url))
-    table = await connections.reminder_table(url, service_id=service_id, shards=int(shards))
+    via = f"the Redis table at {shown} (no silo is up)"
+    if shards is None and not create:
+        # Nothing to read: an empty table stands in, so reads are empty and
+        # writes find nothing, without creating the service's keys.
+        empty = InMemoryReminderTable(service_id)
+        await empty.start(stack)
+        return _Direct(empty, service_id, f"{via[:-1]}; service {service_id!r} has none)")
+    count = ReminderOptions().shards if shards is None else int(shards)
+    table = await connections.reminder_table(url, service_id=service_id, shards=count)
     await table.start(stack)
-    return _Direct(table, service_id, redacted(url))
-
-
-class _Empty(_Direct):
-    """No reminder table exists for the service: reads are empty, writes find nothing."""
-
-    def __init__(self, service_id: str, url: str) -> None:
-        super().__init__(None, service_id, url)
-        self.via = f"the Redis table at {url} (no silo is up; service {service_id!r} has none)"
-
-    async def rows(self, grain: GrainId | None, limit: int) -> list[ReminderEntry]:
-        return []
-
-    async def get(self, grain: GrainId, name: str) -> ReminderEntry:
-        raise ReminderError(f"{grain} has no reminder {name!r}")
-
-    async def upcoming(self, horizon: timedelta, limit: int) -> list[ReminderEntry]:
-        return []
-
-    async def count(self) -> int:
-        return 0
-
-    async def delete(self, grain: GrainId, name: str) -> bool:
-        return False
-
-    async def history(self, grain: GrainId, name: str) -> list[FireRecord]:
-        return []
+    return _Direct(table, service_id, via)

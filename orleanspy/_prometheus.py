@@ -190,6 +190,14 @@ class SiloCollector:
                 "Times the change feed was lost and resubscribed.",
                 rec.feed_reconnects,
             )
+            yield _labelled(
+                "gauge",
+                "orleanspy_reminder_orphaned_rows",
+                "Reminder rows whose grain type no silo of the cluster hosts, by grain type "
+                "(at the last orphan check).",
+                "grain_type",
+                rec.orphaned,
+            )
         service = self._silo.reminder_service
         if service is None:
             return

@@ -51,7 +51,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -234,12 +234,17 @@ def _parser() -> argparse.ArgumentParser:
 
     rem = sub(commands, "reminders", "inspect and change reminder rows")
     ops = rem.add_subparsers(dest="what", metavar="WHAT", required=True)
-    p = sub(ops, "list", "rows in due order, or every row of one grain")
+    p = sub(ops, "list", "rows in the due order: priority first (higher first), then next "
+            "due time; paused rows are left out. With --type or --all: every row (paused "
+            "too) in the table's order, orphaned rows flagged; with --grain: that grain's "
+            "rows")  # fmt: skip
     p.add_argument(
         "--grain",
         metavar="GRAIN",
-        help="only this grain's rows, TYPE/KEY (default: every row; no env)",
+        help="only this grain's rows, TYPE/KEY (TYPE/ for the empty key; no env)",
     )
+    _filter_args(p)
+    p.add_argument("--all", action="store_true", help="every row in the table's order (no env)")
     p.add_argument("--limit", type=int, metavar="N",
                    **_env_help("at most this many rows", 100, "ORLEANSPY_LIMIT"))  # fmt: skip
     p = sub(ops, "get", "one row in full")
@@ -249,7 +254,23 @@ def _parser() -> argparse.ArgumentParser:
                    **_env_help("horizon", 10.0, "ORLEANSPY_MINUTES"))  # fmt: skip
     p.add_argument("--limit", type=int, metavar="N",
                    **_env_help("at most this many rows", 100, "ORLEANSPY_LIMIT"))  # fmt: skip
-    sub(ops, "count", "how many rows the table holds")
+    p = sub(ops, "count", "how many rows the table holds (of --type, --prefix)")
+    _filter_args(p)
+    sub(ops, "orphans", "rows per grain type that no silo of the cluster hosts (needs a silo)")
+    p = sub(ops, "delete-many",
+            "remove every row of a grain type (and key prefix), a page at a time")  # fmt: skip
+    _filter_args(p, required=True)
+    p.add_argument("--dry-run", action="store_true", help="count what would go; remove nothing")
+    p = sub(ops, "export", "write rows as JSON lines (of --type, --prefix) to stdout or --output")
+    _filter_args(p)
+    p.add_argument("--output", metavar="FILE", help="write here instead of stdout (no env)")
+    p = sub(ops, "import", "write exported JSON lines into the table, keeping their schedules")
+    p.add_argument("input", metavar="FILE", help="an export file, or - for stdin")
+    p.add_argument("--dry-run", action="store_true",
+                   help="say what would be written; write nothing")  # fmt: skip
+    p.add_argument("--replace", action="store_true",
+                   help="replace rows that exist (each on the etag read); "
+                        "default: keep them")  # fmt: skip
     p = sub(ops, "set-priority", "change a row's priority (-128..127)")
     _row_args(p)
     p.add_argument("priority", type=_priority, help="a number, or critical, normal, background")
@@ -280,6 +301,13 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _filter_args(p: argparse.ArgumentParser, *, required: bool = False) -> None:
+    p.add_argument("--type", dest="type_name", metavar="TYPE", required=required,
+                   help="only rows of this grain type (no env)")  # fmt: skip
+    p.add_argument("--prefix", dest="key_prefix", metavar="PREFIX",
+                   help="only string keys starting with this (needs --type; no env)")  # fmt: skip
+
+
 def _dashboard_args(p: argparse.ArgumentParser, port: str, host: str, token: str) -> None:
     standalone = port == "--port"
     p.add_argument(port, dest="dashboard_port", type=int, metavar="PORT", **_env_help(
@@ -294,7 +322,11 @@ def _dashboard_args(p: argparse.ArgumentParser, port: str, host: str, token: str
 
 
 def _row_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("grain", metavar="GRAIN", help="TYPE/KEY (string key), TYPE/i:42, TYPE/u:UUID")
+    p.add_argument(
+        "grain",
+        metavar="GRAIN",
+        help="TYPE/KEY (string key; TYPE/ is the empty key), TYPE/i:42, TYPE/u:UUID",
+    )
     p.add_argument("name", metavar="NAME", help="the reminder's name")
 
 
@@ -518,7 +550,16 @@ def _schedule(row: ReminderEntry) -> str:
     return text
 
 
-def _rows_table(rows: Sequence[ReminderEntry]) -> str:
+def _state(row: ReminderEntry, orphaned: bool = False) -> str:
+    parts = ["paused" if row.paused else "active"]
+    if row.declared:
+        parts.append("declared")
+    if orphaned:
+        parts.append("orphaned")
+    return ",".join(parts)
+
+
+def _rows_table(rows: Sequence[ReminderEntry], orphaned: Container[str] = ()) -> str:
     return _table(
         ("NEXT DUE", "GRAIN", "NAME", "SCHEDULE", "PRIORITY", "ACTION", "STATE"),
         [
@@ -529,7 +570,7 @@ def _rows_table(rows: Sequence[ReminderEntry]) -> str:
                 _schedule(r),
                 int(r.priority),
                 r.action.name.lower(),
-                "paused" if r.paused else "active",
+                _state(r, r.key in orphaned),
             )
             for r in rows
         ],
@@ -628,6 +669,9 @@ def _status_text(status: Any) -> str:
         for e in status.events[-10:]
     ]
     tail = "\n\nrecent membership events:\n" + "\n".join(events) if events else ""
+    if status.orphaned_rows:
+        tail += (f"\n\norphaned reminder rows: {status.orphaned_rows} (their grain types are "
+                 "hosted by no silo: orleanspy reminders orphans)")  # fmt: skip
     return f"{head}\n{_table(headers, rows)}{tail}"
 
 
@@ -689,7 +733,7 @@ async def _run_dashboard(args: argparse.Namespace) -> int:
 
 
 async def _reminders(args: argparse.Namespace) -> int:
-    from orleanspy._cli_reminders import entry_json, fire_json, open_reminders, parse_grain_id
+    from orleanspy._cli_reminders import open_reminders, parse_grain_id
 
     gateway_url = membership_url(args)
     table_url = reminders_url(args)
@@ -699,61 +743,152 @@ async def _reminders(args: argparse.Namespace) -> int:
             grain = parse_grain_id(args.grain)
         except (ValueError, TypeError) as exc:
             raise UsageError(str(exc)) from None
+    if getattr(args, "key_prefix", None) is not None and not args.type_name:
+        raise UsageError("--prefix needs --type")
     async with open_reminders(
-        gateway_url, args.cluster_id, args.service_id, _messaging(args), table_url=table_url
+        gateway_url,
+        args.cluster_id,
+        args.service_id,
+        _messaging(args),
+        table_url=table_url,
+        create=args.what == "import",
     ) as access:
         print(f"orleanspy: via {access.via}", file=sys.stderr)
-        what = args.what
-        if what == "count":
-            n = await access.count()
-            _print_json({"count": n}) if args.json else print(n)
-            return 0
-        if what in ("list", "upcoming"):
-            if what == "list":
-                rows = await access.rows(grain, args.limit)
-            else:
-                rows = await access.upcoming(timedelta(minutes=args.minutes), args.limit)
-            if args.json:
-                _print_json([entry_json(r) for r in rows])
-            else:
-                print(_rows_table(rows))
-            return 0
-        assert grain is not None
-        if what == "delete":
-            if not await access.delete(grain, args.name):
-                print(f"orleanspy: {grain} has no reminder {args.name!r}", file=sys.stderr)
-                return 1
-            print(f"deleted {grain} {args.name}")
-            return 0
-        if what == "trigger":
-            status = await access.trigger(grain, args.name)
-            at = status.delivered_at.isoformat()
-            _print_json({"triggered": True, "delivered_at": at}) if args.json else print(
-                f"triggered {grain} {args.name} at {at}"
-            )
-            return 0
-        ops: dict[str, Callable[[], Any]] = {
-            "get": lambda: access.get(grain, args.name),
-            "set-priority": lambda: access.set_priority(grain, args.name, args.priority),
-            "set-action": lambda: access.set_action(grain, args.name, args.action),
-            "set-grace": lambda: access.set_grace(grain, args.name, args.grace),
-            "repair": lambda: access.repair(grain, args.name),
-            "pause": lambda: access.pause(grain, args.name),
-            "resume": lambda: access.resume(grain, args.name),
-        }
-        row = await ops[what]()
-        history = await access.history(grain, args.name) if what == "get" else None
-        if args.json:
-            doc = entry_json(row)
-            if history is not None:
-                doc["history"] = [fire_json(r) for r in history]
-            _print_json(doc)
-        else:
-            print(_row_detail(row))
-            if history:
-                print()
-                print(_history_table(history))
+        return await _reminder_command(args, access, grain)
+
+
+def _open_text(path: str, mode: str) -> Any:
+    # A CLI command is the only task of its loop: a blocking open costs nobody.
+    try:
+        return open(path, mode, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot open {path!r}: {exc.strerror}") from None
+
+
+async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -> int:
+    from orleanspy._cli_reminders import FOREVER, entry_json, export_line, fire_json, parse_export
+    from orleanspy.errors import ReminderError
+
+    what = args.what
+    if what == "count":
+        n = await access.count(args.type_name, args.key_prefix)
+        _print_json({"count": n}) if args.json else print(n)
         return 0
+    if what == "orphans":
+        orphans = await access.orphans()
+        if args.json:
+            _print_json(orphans)
+        else:
+            print(_table(("GRAIN TYPE", "ROWS"), sorted(orphans.items())))
+        return 0
+    if what == "delete-many":
+        n = await access.delete_where(args.type_name, args.key_prefix, args.dry_run)
+        verb = "would delete" if args.dry_run else "deleted"
+        _print_json({"deleted": n, "dry_run": args.dry_run}) if args.json else print(
+            f"{verb} {n} rows"
+        )
+        return 0
+    if what == "export":
+        out = sys.stdout if not args.output else _open_text(args.output, "w")
+        n = 0
+        try:
+            cursor = None
+            while True:
+                page = await access.page(cursor, 500, args.type_name, args.key_prefix)
+                for row in page.rows:
+                    out.write(export_line(row) + "\n")
+                    n += 1
+                cursor = page.cursor
+                if cursor is None:
+                    break
+        finally:
+            if out is not sys.stdout:
+                out.close()
+        print(f"orleanspy: exported {n} rows", file=sys.stderr)
+        return 0
+    if what == "import":
+        src = sys.stdin if args.input == "-" else _open_text(args.input, "r")
+        try:
+            rows = list(parse_export(src))
+        except ReminderError as exc:
+            raise UsageError(f"{args.input}: {exc}") from None
+        finally:
+            if src is not sys.stdin:
+                src.close()
+        done = {"created": 0, "exist": 0, "replaced": 0, "conflicts": 0}
+        for i in range(0, len(rows), 500):
+            result = await access.import_rows(rows[i : i + 500], args.replace, args.dry_run)
+            for k in done:
+                done[k] += getattr(result, k)
+        if args.json:
+            _print_json(dict(done, dry_run=args.dry_run))
+        else:
+            head = "would import" if args.dry_run else "imported"
+            print(f"{head}: " + ", ".join(f"{k} {v}" for k, v in done.items()))
+        return 0
+    if what in ("list", "upcoming"):
+        orphaned: Container[str] = ()
+        if what == "upcoming":
+            rows = await access.upcoming(timedelta(minutes=args.minutes), args.limit)
+        elif grain is not None:
+            rows = (await access.list_for_grain(grain))[: args.limit]
+        elif args.type_name or args.all:
+            rows, keys = [], set()
+            cursor = None
+            while len(rows) < args.limit:
+                page = await access.page(
+                    cursor, min(500, args.limit - len(rows)), args.type_name, args.key_prefix
+                )
+                rows.extend(page.rows)
+                keys.update(page.orphaned)
+                cursor = page.cursor
+                if cursor is None:
+                    break
+            orphaned = keys
+        else:
+            rows = await access.upcoming(FOREVER, args.limit)
+        if args.json:
+            flag = (lambda r: r.key in orphaned) if what == "list" and orphaned else None
+            _print_json([entry_json(r, orphaned=None if flag is None else flag(r)) for r in rows])
+        else:
+            print(_rows_table(rows, orphaned))
+        return 0
+    assert grain is not None
+    if what == "delete":
+        if not await access.delete(grain, args.name):
+            print(f"orleanspy: {grain} has no reminder {args.name!r}", file=sys.stderr)
+            return 1
+        print(f"deleted {grain} {args.name}")
+        return 0
+    if what == "trigger":
+        status = await access.trigger(grain, args.name)
+        at = status.delivered_at.isoformat()
+        _print_json({"triggered": True, "delivered_at": at}) if args.json else print(
+            f"triggered {grain} {args.name} at {at}"
+        )
+        return 0
+    ops: dict[str, Callable[[], Any]] = {
+        "get": lambda: access.get(grain, args.name),
+        "set-priority": lambda: access.set_priority(grain, args.name, args.priority),
+        "set-action": lambda: access.set_action(grain, args.name, args.action),
+        "set-grace": lambda: access.set_grace(grain, args.name, args.grace),
+        "repair": lambda: access.repair(grain, args.name),
+        "pause": lambda: access.pause(grain, args.name),
+        "resume": lambda: access.resume(grain, args.name),
+    }
+    row = await ops[what]()
+    history = await access.history(grain, args.name) if what == "get" else None
+    if args.json:
+        doc = entry_json(row)
+        if history is not None:
+            doc["history"] = [fire_json(r) for r in history]
+        _print_json(doc)
+    else:
+        print(_row_detail(row))
+        if history:
+            print()
+            print(_history_table(history))
+    return 0
 
 
 # -- entry point ----------------------------------------------------------------------

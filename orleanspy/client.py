@@ -36,7 +36,7 @@ from orleanspy.messaging.pending import PendingCalls
 from orleanspy.messaging.remote_errors import result_of
 from orleanspy.options import MessagingOptions
 from orleanspy.reference import GrainFactory
-from orleanspy.remindable.management import ReminderManagementGrain
+from orleanspy.remindable.management import ReminderManagementGrain, management
 from orleanspy.serialization import Codec, DecodeLimits
 from orleanspy.tables import TableConnections, table_backend
 
@@ -250,8 +250,9 @@ class ClusterClient:
 
     @property
     def reminders(self) -> ReminderManagementGrain:
-        """The reminder management grain."""
-        return self.get_grain(ReminderManagementGrain, "")
+        """The reminder management grain (its one-grain methods also take a
+        ``(grain class, key)`` pair: ``remindable.management.ReminderManagement``)."""
+        return management(self.get_grain(ReminderManagementGrain, ""))
 
     @property
     def membership_url(self) -> str | None:

@@ -51,6 +51,7 @@ __all__ = [
     "StatusStore",
     "explain_no_gateway",
     "open_status_reader",
+    "published_types",
     "read_cluster",
     "read_status",
     "status_key",
@@ -310,11 +311,15 @@ class MembershipEvent:
 
 @dataclass(frozen=True, slots=True)
 class ClusterStatus:
+    """``orphaned_rows``: reminder rows whose grain type no silo hosts, from the
+    newest status record that has the figure (``None``: no silo reported it)."""
+
     cluster_id: str
     service_id: str
     table_version: int
     silos: tuple[SiloRow, ...]
     events: tuple[MembershipEvent, ...] = ()
+    orphaned_rows: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -323,7 +328,18 @@ class ClusterStatus:
             "table_version": self.table_version,
             "silos": [s.to_json() for s in self.silos],
             "events": [e.to_json() for e in self.events],
+            "orphaned_reminder_rows": self.orphaned_rows,
         }
+
+
+async def published_types(store: StatusStore) -> set[str]:
+    """The grain types named by the silos' status records (``grain_types``)."""
+    found: set[str] = set()
+    for rec in (await store.read()).values():
+        types = rec.get("grain_types")
+        if isinstance(types, list):
+            found.update(t for t in types if isinstance(t, str))
+    return found
 
 
 def cluster_from(
@@ -375,7 +391,16 @@ def cluster_from(
             )
         )
     events.sort(key=lambda e: e.at)
-    return ClusterStatus(cluster_id, service_id, snap.version.version, tuple(rows), tuple(events))
+    # Every silo counts the same table: the newest count is the cluster's.
+    reported = [
+        (_num(rec, "updated_ms"), rec["orphaned_rows"])
+        for rec in records.values()
+        if isinstance(rec.get("orphaned_rows"), int)
+    ]
+    orphaned = cast(int | None, max(reported)[1] if reported else None)
+    return ClusterStatus(
+        cluster_id, service_id, snap.version.version, tuple(rows), tuple(events), orphaned
+    )
 
 
 async def read_cluster(

@@ -13,7 +13,8 @@ Counters that a component already keeps as attributes (the reminder service's
 transport's ``WireStats``) are not recorded twice: the exposition reads them
 at scrape time.
 
-Label sets are bounded: grain types are the types a silo hosts, priorities
+Label sets are bounded: grain types are the types a silo hosts (and, for
+orphaned reminder rows, the types of the table that no silo hosts), priorities
 are -128..127, actions are the three ``MissedReminderAction`` members.
 """
 
@@ -106,6 +107,10 @@ class ReminderMetrics:
     def feed_reconnect(self) -> None:
         """The change feed was lost and is being resubscribed."""
 
+    def orphans(self, rows_by_type: dict[str, int]) -> None:
+        """The last orphan check found these rows per grain type that no silo
+        hosts (``remindable.orphans``)."""
+
 
 class RecordingReminderMetrics(ReminderMetrics):
     """Keeps what ``ReminderMetrics`` is told, for the exposition to read."""
@@ -116,6 +121,7 @@ class RecordingReminderMetrics(ReminderMetrics):
         "grain_errors",
         "lateness",
         "missed_by_action",
+        "orphaned",
         "persist_batches",
         "reads",
         "refill_rows",
@@ -132,6 +138,7 @@ class RecordingReminderMetrics(ReminderMetrics):
         self.reads = 0
         self.feed_events = 0
         self.feed_reconnects = 0
+        self.orphaned: dict[str, int] = {}
 
     def tick(self, priority: int, lateness: float, grain_error: bool) -> None:
         label = priority_label(priority)
@@ -160,6 +167,9 @@ class RecordingReminderMetrics(ReminderMetrics):
 
     def feed_reconnect(self) -> None:
         self.feed_reconnects += 1
+
+    def orphans(self, rows_by_type: dict[str, int]) -> None:
+        self.orphaned = dict(rows_by_type)
 
 
 class GrainMetrics:

@@ -324,6 +324,12 @@ class ReminderOptions:
     ``look_ahead`` must be at least twice
     ``poll_interval`` so a poll always sees rows before they fall due.
     ``history_size``: fire records kept per row in the table (``0``: none).
+    ``catch_up_rate``, ``catch_up_ceiling``, ``catch_up_lateness``: herd control
+    after an outage (``reminders/_service/herd.py``). Grain calls of ticks whose slot
+    is more than ``catch_up_lateness`` old start at ``catch_up_rate`` per
+    second per silo, doubling every second up to ``catch_up_ceiling``
+    (``0``: no ceiling), critical rows first. ``catch_up_rate = 0`` (the
+    default): no ramp, every overdue tick goes as fast as permits allow.
     """
 
     look_ahead: timedelta = timedelta(minutes=5)
@@ -341,6 +347,9 @@ class ReminderOptions:
     retry_max: timedelta = timedelta(seconds=10)
     adaptive: bool = True
     history_size: int = 20
+    catch_up_rate: float = 0.0
+    catch_up_ceiling: float = 0.0
+    catch_up_lateness: timedelta = timedelta(seconds=1)
     tick_timeout: timedelta = timedelta(seconds=10)
     minimum_tick_timeout: timedelta = timedelta(seconds=2)
 
@@ -365,6 +374,9 @@ class ReminderOptions:
             retry_max: timedelta | float = ...,
             adaptive: bool = ...,
             history_size: int = ...,
+            catch_up_rate: float = ...,
+            catch_up_ceiling: float = ...,
+            catch_up_lateness: timedelta | float = ...,
             tick_timeout: timedelta | float = ...,
             minimum_tick_timeout: timedelta | float = ...,
         ) -> None: ...
@@ -378,6 +390,7 @@ class ReminderOptions:
             "minimum_period",
             "retry_initial",
             "retry_max",
+            "catch_up_lateness",
             "tick_timeout",
             "minimum_tick_timeout",
         )
@@ -397,6 +410,18 @@ class ReminderOptions:
             )
         if self.shards < 1 or self.shards > 65536 or self.shards & (self.shards - 1):
             raise ConfigurationError("ReminderOptions.shards must be a power of two in 1..65536")
+        for name in ("catch_up_rate", "catch_up_ceiling"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+                raise ConfigurationError(
+                    f"ReminderOptions.{name} must be a number of deliveries per second >= 0, "
+                    f"got {value!r}"
+                )
+        if 0 < self.catch_up_ceiling < self.catch_up_rate:
+            raise ConfigurationError(
+                "ReminderOptions.catch_up_ceiling must be 0 (none) or >= catch_up_rate "
+                f"(got {self.catch_up_ceiling} < {self.catch_up_rate})"
+            )
         if self.look_ahead < 2 * self.poll_interval:
             raise ConfigurationError(
                 "ReminderOptions.look_ahead must be >= 2 x poll_interval "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Container, Sequence
@@ -28,6 +29,7 @@ from typing import Any, Final, cast
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
+from orleanspy.reminders.table import grain_prefix
 from orleanspy.ring import HASH_SPACE, RingRange
 
 __all__ = ["InMemoryReminderTable"]
@@ -114,6 +116,14 @@ class InMemoryReminderTable:
     async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
         """``upsert`` each entry in order; their etags in order."""
         return [await self.upsert(e) for e in entries]
+
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        return [await self.upsert_if(e, etag) for e, etag in writes]
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        return [await self.read_grain(g) for g in grain_ids]
 
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
         """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
@@ -253,6 +263,41 @@ class InMemoryReminderTable:
 
     async def count(self) -> int:
         return len(self._rows)
+
+    async def read_page(
+        self,
+        cursor: str | None,
+        limit: int,
+        *,
+        type_name: str | None = None,
+        key_prefix: str | None = None,
+    ) -> tuple[list[ReminderEntry], str | None]:
+        """Rows in key order (grain canonical, then name) after ``cursor`` (the
+        last key returned, as JSON). Sorts the grains on each call: this table is
+        for tests and embedding."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        prefix = grain_prefix(type_name, key_prefix)
+        after: _Key = ("", "") if cursor is None else _parse_cursor(cursor)
+        grains = sorted(g for g in self._by_grain if g.startswith(prefix) and g >= after[0])
+        out: list[ReminderEntry] = []
+        for g in grains:
+            rows = self._by_grain[g]
+            for name in sorted(rows):
+                if (g, name) <= after:
+                    continue
+                out.append(rows[name])
+                if len(out) == limit:
+                    last = out[-1]
+                    return out, json.dumps([last.grain_id.canonical, last.name])
+        return out, None
+
+    async def count_types(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for g, rows in self._by_grain.items():
+            t = g.partition("/")[0]
+            counts[t] = counts.get(t, 0) + len(rows)
+        return {t: n for t, n in counts.items() if n}
 
     def changes(self) -> _MemoryChanges:
         """A new subscription, live from this call on (not from the first ``anext``)."""
@@ -432,6 +477,14 @@ class _WriterView:
 
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
         return await self._table.update_schedule_many_as(self.writer, updates)
+
+
+def _parse_cursor(cursor: str) -> _Key:
+    try:
+        grain, name = json.loads(cursor)
+        return (str(grain), str(name))
+    except (ValueError, TypeError):
+        raise ValueError(f"not a page cursor of this table: {cursor!r}") from None
 
 
 def _shards_of(r: RingRange | None) -> range | list[int]:

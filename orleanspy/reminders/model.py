@@ -115,6 +115,9 @@ class ReminderEntry:
     ``False`` and are never removed that way.
     ``paused``: the row is kept but out of the due index, so nothing is delivered
     until it is resumed; ``next_due`` keeps the slot it stopped at.
+    ``fingerprint`` (declared rows): the declaration that last wrote the row
+    (``remindable.declarations.fingerprint``), so a silo re-applies a
+    declaration only when the code changed it; ``None`` on other rows.
     ``grace``: how late a tick may be reached and still count as on time (see
     ``MissedReminderAction``); ``None`` means ``ReminderOptions.missed_tick_grace``.
 
@@ -145,6 +148,7 @@ class ReminderEntry:
     etag: str | None = None
     declared: bool = False
     paused: bool = False
+    fingerprint: str | None = None
     grace: timedelta | None = None
     jitter: timedelta | None = None
     starts_at: datetime | None = None
@@ -213,6 +217,7 @@ class ReminderEntry:
             etag=etag,
             declared=self.declared,
             paused=self.paused,
+            fingerprint=self.fingerprint,
             grace=self.grace,
             jitter=self.jitter,
             starts_at=self.starts_at,
@@ -226,9 +231,11 @@ class ReminderEntry:
     def to_record(self) -> dict[str, Any]:
         """Storage form: plain msgpack types, times as integer ms since the epoch.
         ``"u"`` (paused) is present only on paused rows, ``"gr"`` (grace, ms) only
-        on rows with a grace of their own, and the optional schedule fields
-        (``extras_record``) only when set, so rows without them are stored as
-        before and rows written before them read unchanged."""
+        on rows with a grace of their own, ``"f"`` (fingerprint) only on declared
+        rows that have one, and the optional schedule fields (``extras_record``)
+        only when set, so rows without them are stored as before and rows
+        written before them read unchanged. (A fire record's ``"f"``, *final*, is
+        another record with its own decoder, ``FireRecord``.)"""
         rec: dict[str, Any] = {
             "s": self.service_id,
             "g": self.grain_id.canonical,
@@ -246,6 +253,8 @@ class ReminderEntry:
         }
         if self.paused:
             rec["u"] = True
+        if self.fingerprint is not None:
+            rec["f"] = self.fingerprint
         if self.grace is not None:
             rec["gr"] = self.grace // _MS
         extras = self.extras_record()
@@ -296,6 +305,7 @@ class ReminderEntry:
             # Absent in records written before the field existed.
             declared=bool(rec.get("o")),
             paused=bool(rec.get("u", False)),
+            fingerprint=rec.get("f"),
             grace=None if rec.get("gr") is None else timedelta(milliseconds=rec["gr"]),
             **extras_from_record(rec),
         )

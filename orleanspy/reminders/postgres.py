@@ -13,11 +13,13 @@ One table holds every service's rows (``service_id`` leads every key)::
         grace_ms    bigint             the row's missed-tick grace, NULL: the default
         extras      bytea              the optional schedule fields, msgpack of
                                        ``ReminderEntry.extras_record`` (NULL: none)
+        fingerprint text               a declared row's declaration (NULL: none)
         version     bigint             the etag; every write takes a fresh value
                                        from the sequence orleanspy_reminder_version
     index (service_id, priority, bucket, next_due) WHERE NOT paused   read_due
     index (service_id, priority, next_due) WHERE NOT paused           upcoming
     index (service_id, grain_hash)                                    read_range
+    index (service_id, grain_id "C", name "C")             read_page, count_types
 
     orleanspy_reminder_history         fire history, newest ``keep`` per row
         service_id, grain_id, name     the row (FOREIGN KEY ... ON DELETE CASCADE)
@@ -38,8 +40,8 @@ version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
 the history table; version 4 added ``grace_ms`` and the history's ``error``;
 version 5 added ``extras`` (jitter, bounds, payload, retry: one column, since
 only the service reads them and no index needs them), the history's
-``attempt`` and ``final``, and the ended histories; version 6 is reserved
-(another line of work's column); version 7 added the fence table.
+``attempt`` and ``final``, and the ended histories; version 6 added
+``fingerprint`` and the grain index in byte order; version 7 added the fence table.
 
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
@@ -87,6 +89,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
@@ -105,7 +108,7 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
     extras_from_record,
 )
-from orleanspy.reminders.table import ENDED_HISTORY_KEPT
+from orleanspy.reminders.table import ENDED_HISTORY_KEPT, grain_prefix
 from orleanspy.ring import RingRange
 from orleanspy.serialization import pack, unpack
 
@@ -245,12 +248,16 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX IF NOT EXISTS orleanspy_reminder_ended_history_at "
         "ON orleanspy_reminder_ended_history (service_id, ended_at)",
     ),
-    # v6: reserved for the row fingerprint column, which lands from another
-    # line of work; merging it puts its statements here. Every step is
-    # idempotent (IF NOT EXISTS), so the order of v6 and v7 does not matter.
-    (),
+    # v6: declared rows keep the fingerprint of their declaration; paging and
+    # per-type counts walk an index of the grain id in byte order ("C"), so a
+    # type or key prefix is a range whatever the database's collation.
+    (
+        "ALTER TABLE orleanspy_reminders ADD COLUMN IF NOT EXISTS fingerprint text",
+        "CREATE INDEX IF NOT EXISTS orleanspy_reminders_grain "
+        'ON orleanspy_reminders (service_id, grain_id COLLATE "C", name COLLATE "C")',
+    ),
     # v7: fenced writers (``FencingReminderTable``): a schedule CAS from a
-    # writer listed here for the service changes nothing. v5/v6 silos still
+    # writer listed here for the service changes nothing. v6 silos still
     # running during an upgrade neither read nor write it (they are not fenced).
     (
         """CREATE TABLE IF NOT EXISTS orleanspy_reminder_fences (
@@ -264,22 +271,29 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
 
 _COLUMNS: Final = (
     "service_id, grain_id, name, start_at, next_due, period_ms, cron, tz, "
-    "last_fire, priority, action, declared, paused, grace_ms, extras, version"
+    "last_fire, priority, action, declared, paused, grace_ms, extras, fingerprint, version"
 )
 
-# The columns a whole-row write sets, in the order of its parameters $2..$17.
+# The columns a whole-row write sets, in the order of its parameters $2..$18.
 _ROW_COLUMNS: Final = (
     "grain_id, name, grain_hash, bucket, priority, start_at, next_due, "
-    "period_ms, cron, tz, last_fire, action, declared, paused, grace_ms, extras"
+    "period_ms, cron, tz, last_fire, action, declared, paused, grace_ms, extras, fingerprint"
 )
-_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17"
+_ROW_VALUES: Final = "$2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18"
+#: The channel parameter of a whole-row write, after the row's; then the etag
+#: parameter of a conditional one.
+_CH: Final = "$19"
+_ETAG: Final = "$20"
+#: How many parameters a row takes ($2..$18).
+_ROW_WIDTH: Final = 17
 _SET_ROW: Final = """
         grain_hash = EXCLUDED.grain_hash, bucket = EXCLUDED.bucket,
         priority = EXCLUDED.priority, start_at = EXCLUDED.start_at,
         next_due = EXCLUDED.next_due, period_ms = EXCLUDED.period_ms,
         cron = EXCLUDED.cron, tz = EXCLUDED.tz, last_fire = EXCLUDED.last_fire,
         action = EXCLUDED.action, declared = EXCLUDED.declared, paused = EXCLUDED.paused,
-        grace_ms = EXCLUDED.grace_ms, extras = EXCLUDED.extras, version = EXCLUDED.version"""
+        grace_ms = EXCLUDED.grace_ms, extras = EXCLUDED.extras,
+        fingerprint = EXCLUDED.fingerprint, version = EXCLUDED.version"""
 # A paused row left the schedule: its changes are told as removals (no next_due,
 # no priority), whatever the write.
 _DUE_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.next_due END"
@@ -288,14 +302,14 @@ _PRIORITY_OR_NULL: Final = "CASE WHEN w.paused THEN NULL ELSE w.priority END"
 # row's priority, for the rows written (none when a condition failed).
 _NOTIFY_ROWS: Final = f"""
 SELECT w.version, orleanspy_reminder_notify(
-    $18, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    {_CH}, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 _RETURNING_ROW: Final = (
     "RETURNING t.version, t.grain_hash, t.next_due, t.grain_id, t.name, t.priority, t.paused"
 )
 
-# $1 service, $2..$17 the row (_ROW_COLUMNS), $18 channel.
+# $1 service, $2..$18 the row (_ROW_COLUMNS), $19 channel.
 _UPSERT: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -318,20 +332,20 @@ WITH w AS (
 {_NOTIFY_ROWS}
 """
 
-# upsert_if with an etag: replace the row only while its version is $19.
+# upsert_if with an etag: replace the row only while its version is $20.
 _REPLACE_IF: Final = f"""
 WITH w AS (
     UPDATE orleanspy_reminders AS t
     SET ({_ROW_COLUMNS}, version) =
         ({_ROW_VALUES}, nextval('orleanspy_reminder_version'))
-    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = $19
+    WHERE t.service_id = $1 AND t.grain_id = $2 AND t.name = $3 AND t.version = {_ETAG}
     {_RETURNING_ROW}
 )
 {_NOTIFY_ROWS}
 """
 
-# upsert_many: $2..$17 parallel arrays of the rows' columns (no key twice), in
-# key order so two batches lock shared rows in one order; $18 channel.
+# upsert_many: $2..$18 parallel arrays of the rows' columns (no key twice), in
+# key order so two batches lock shared rows in one order; $19 channel.
 _UPSERT_MANY: Final = f"""
 WITH w AS (
     INSERT INTO orleanspy_reminders AS t (service_id, {_ROW_COLUMNS}, version)
@@ -339,13 +353,47 @@ WITH w AS (
     FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
                 $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
                 $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
-                $16::bigint[], $17::bytea[]) AS u
+                $16::bigint[], $17::bytea[], $18::text[]) AS u
     ORDER BY 2, 3
     ON CONFLICT (service_id, grain_id, name) DO UPDATE SET {_SET_ROW}
     {_RETURNING_ROW}
 )
 SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
-    $18, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+    {_CH}, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
+FROM w
+"""
+
+# upsert_if_many, rows that must be absent: _UPSERT_MANY that does nothing on
+# a conflict (a row written first by another writer stays; this one is refused).
+_INSERT_MANY_IF_ABSENT: Final = _UPSERT_MANY.replace(f"DO UPDATE SET {_SET_ROW}", "DO NOTHING")
+
+# upsert_if_many, rows that must have an etag: $2..$18 the rows' columns as in
+# _UPSERT_MANY, $19 channel, $20 the versions they must have; only rows still
+# at their version are replaced.
+_REPLACE_MANY_IF: Final = f"""
+WITH u AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::smallint[], $6::smallint[],
+                         $7::bigint[], $8::bigint[], $9::bigint[], $10::text[], $11::text[],
+                         $12::bigint[], $13::smallint[], $14::boolean[], $15::boolean[],
+                         $16::bigint[], $17::bytea[], $18::text[], {_ETAG}::bigint[])
+        AS u(grain_id, name, grain_hash, bucket, priority, start_at, next_due, period_ms,
+             cron, tz, last_fire, action, declared, paused, grace_ms, extras, fingerprint,
+             expected)
+), w AS (
+    UPDATE orleanspy_reminders AS t
+    SET grain_hash = u.grain_hash, bucket = u.bucket, priority = u.priority,
+        start_at = u.start_at, next_due = u.next_due, period_ms = u.period_ms, cron = u.cron,
+        tz = u.tz, last_fire = u.last_fire, action = u.action, declared = u.declared,
+        paused = u.paused, grace_ms = u.grace_ms, extras = u.extras,
+        fingerprint = u.fingerprint,
+        version = nextval('orleanspy_reminder_version')
+    FROM u
+    WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
+        AND t.version = u.expected
+    {_RETURNING_ROW}
+)
+SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
+    {_CH}, w.grain_hash, {_DUE_OR_NULL}, w.grain_id, w.name, {_PRIORITY_OR_NULL})
 FROM w
 """
 
@@ -546,6 +594,39 @@ SELECT slot, at, outcome, silo, triggered, error, attempt, final FROM (
 ORDER BY batch DESC, i DESC
 """
 
+# read_page: rows in byte order of (grain_id, name) from the "C" index; $2, $3
+# the last key of the previous page, $4 <= grain_id < $5 the filter's prefix
+# range, $6 rows. Without a filter, $4 is '' and the upper bound is dropped.
+_PAGE_WHERE: Final = """
+WHERE service_id = $1
+    AND (grain_id COLLATE "C", name COLLATE "C") > ($2::text COLLATE "C", $3::text COLLATE "C")
+    AND grain_id COLLATE "C" >= $4::text COLLATE "C"
+"""
+_PAGE_ORDER: Final = 'ORDER BY grain_id COLLATE "C", name COLLATE "C" LIMIT $6'
+_READ_PAGE: Final = f"""SELECT {_COLUMNS} FROM orleanspy_reminders {_PAGE_WHERE}
+    AND grain_id COLLATE "C" < $5::text COLLATE "C" {_PAGE_ORDER}"""
+_READ_PAGE_ALL: Final = f"""SELECT {_COLUMNS} FROM orleanspy_reminders {_PAGE_WHERE}
+    AND $5::text IS NULL {_PAGE_ORDER}"""
+
+# count_types: a loose index scan of the "C" grain index for the types present
+# (one descent each), then per type an index-only count of its range.
+_COUNT_TYPES: Final = """
+WITH RECURSIVE t(g) AS (
+    SELECT min(grain_id COLLATE "C") FROM orleanspy_reminders WHERE service_id = $1
+    UNION ALL
+    SELECT (SELECT min(grain_id COLLATE "C") FROM orleanspy_reminders
+            WHERE service_id = $1
+                AND grain_id COLLATE "C" >= (split_part(t.g, '/', 1) || '0') COLLATE "C")
+    FROM t WHERE t.g IS NOT NULL
+)
+SELECT split_part(t.g, '/', 1) AS type_name,
+    (SELECT count(*) FROM orleanspy_reminders
+     WHERE service_id = $1
+        AND grain_id COLLATE "C" >= (split_part(t.g, '/', 1) || '/') COLLATE "C"
+        AND grain_id COLLATE "C" < (split_part(t.g, '/', 1) || '0') COLLATE "C") AS n
+FROM t WHERE t.g IS NOT NULL
+"""
+
 _READ_RANGE: Final = f"""
 SELECT {_COLUMNS}, grain_hash FROM orleanspy_reminders
 WHERE service_id = $1 AND grain_hash BETWEEN $2 AND $3
@@ -606,6 +687,7 @@ def _row_values(entry: ReminderEntry) -> tuple[Any, ...]:
         entry.paused,
         None if entry.grace is None else entry.grace // timedelta(milliseconds=1),
         _extras(entry),
+        entry.fingerprint,
     )
 
 
@@ -635,6 +717,7 @@ def _row(rec: Any) -> ReminderEntry:
             declared=bool(rec["declared"]),
             paused=bool(rec["paused"]),
             grace=None if rec["grace_ms"] is None else timedelta(milliseconds=rec["grace_ms"]),
+            fingerprint=rec["fingerprint"],
             **({} if extras is None else extras_from_record(unpack(extras))),
         )
     except (KeyError, TypeError, ValueError, SerializationError) as exc:
@@ -727,6 +810,65 @@ class PostgresReminderTable:
             )
         return None if new is None else str(new)
 
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        """Two statements per ``_MANY_CHUNK`` rows: the inserts of rows that must
+        be absent (``ON CONFLICT DO NOTHING``) and the replaces of rows that must
+        have an etag (an ``UPDATE ... FROM unnest`` checked against ``version``).
+        Keys are unique within a batch (the contract), so each returned row
+        names its write."""
+        out: list[str | None] = [None] * len(writes)
+        for start in range(0, len(writes), _MANY_CHUNK):
+            absent: list[int] = []
+            present: list[int] = []
+            for i in range(start, min(start + _MANY_CHUNK, len(writes))):
+                etag = writes[i][1]
+                if etag is None:
+                    absent.append(i)
+                elif _version(etag) is not None:
+                    present.append(i)  # an etag that is no version of ours never matches
+            for indices, statement in (
+                (absent, _INSERT_MANY_IF_ABSENT),
+                (present, _REPLACE_MANY_IF),
+            ):
+                if not indices:
+                    continue
+                columns: list[list[Any]] = [[] for _ in range(_ROW_WIDTH)]
+                for i in indices:
+                    for column, value in zip(columns, _row_values(writes[i][0]), strict=True):
+                        column.append(value)
+                extra: list[Any] = []
+                if statement is _REPLACE_MANY_IF:
+                    extra.append([_version(writes[i][1] or "") for i in indices])
+                with translate_errors("reminder upsert_if_many"):
+                    records = await self._p.fetch(
+                        statement, self.service_id, *columns, self._channel, *extra
+                    )
+                at = {(writes[i][0].grain_id.canonical, writes[i][0].name): i for i in indices}
+                for rec in records:
+                    out[at[(rec["grain_id"], rec["name"])]] = str(rec["version"])
+        return out
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        """One statement: the rows of every grain (primary-key prefix scans)."""
+        if not grain_ids:
+            return []
+        with translate_errors("reminder read_grains"):
+            records = await self._p.fetch(
+                f"SELECT {_COLUMNS} FROM orleanspy_reminders "
+                "WHERE service_id = $1 AND grain_id = ANY($2::text[])",
+                self.service_id,
+                [g.canonical for g in grain_ids],
+            )
+        found: dict[str, list[ReminderEntry]] = {}
+        for rec in records:
+            found.setdefault(rec["grain_id"], []).append(_row(rec))
+        out = [found.get(g.canonical, []) for g in grain_ids]
+        for rows in out:
+            rows.sort(key=lambda row: row.name)
+        return out
+
     async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
         """``upsert`` each entry, in order; their new etags in order.
 
@@ -753,7 +895,7 @@ class PostgresReminderTable:
     async def _upsert_round(
         self, entries: Sequence[ReminderEntry], indices: list[int], etags: list[str]
     ) -> None:
-        columns: list[list[Any]] = [[] for _ in range(16)]
+        columns: list[list[Any]] = [[] for _ in range(_ROW_WIDTH)]
         for i in indices:
             for column, value in zip(columns, _row_values(entries[i]), strict=True):
                 column.append(value)
@@ -971,6 +1113,43 @@ class PostgresReminderTable:
         rows = [_row(rec) for rec in records]
         rows.sort(key=lambda row: row.name)
         return rows
+
+    async def read_page(
+        self,
+        cursor: str | None,
+        limit: int,
+        *,
+        type_name: str | None = None,
+        key_prefix: str | None = None,
+    ) -> tuple[list[ReminderEntry], str | None]:
+        """Rows in byte order of (grain id, name), one index range scan of the
+        "C" grain index from the cursor (the last key, as JSON)."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        prefix = grain_prefix(type_name, key_prefix)
+        after = ("", "")
+        if cursor is not None:
+            try:
+                grain, name = json.loads(cursor)
+                after = (str(grain), str(name))
+            except (ValueError, TypeError):
+                raise ValueError(f"not a page cursor of this table: {cursor!r}") from None
+        # The first string after every string with the prefix: its last char + 1.
+        upper = prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else None
+        statement = _READ_PAGE if upper is not None else _READ_PAGE_ALL
+        with translate_errors("reminder read_page"):
+            records = await self._p.fetch(
+                statement, self.service_id, after[0], after[1], prefix, upper, limit + 1
+            )
+        rows = [_row(rec) for rec in records[:limit]]
+        if len(records) <= limit:
+            return rows, None
+        return rows, json.dumps([rows[-1].grain_id.canonical, rows[-1].name])
+
+    async def count_types(self) -> dict[str, int]:
+        with translate_errors("reminder count_types"):
+            records = await self._p.fetch(_COUNT_TYPES, self.service_id)
+        return {rec["type_name"]: int(rec["n"]) for rec in records if rec["n"]}
 
     async def read_range(self, r: RingRange) -> list[ReminderEntry]:
         """Every row in ``r``, ordered by hash then key (index range scans)."""

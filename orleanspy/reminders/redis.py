@@ -84,7 +84,7 @@ from orleanspy.reminders.model import (
     ScheduleUpdate,
     row_key,
 )
-from orleanspy.reminders.table import ENDED_HISTORY_KEPT, FeedScope
+from orleanspy.reminders.table import ENDED_HISTORY_KEPT, FeedScope, grain_prefix
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.serialization import pack, pack_lua, unpack
 
@@ -188,6 +188,48 @@ for i = 1, #rows do
     redis.call('SPUBLISH', ARGV[2], head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
   end
   out[i] = etag
+end
+return out
+"""
+)
+
+# Conditional upserts into one shard in one call: as _UPSERT_MANY, each row
+# [key, due member, score, record map, paused, condition] with condition '-'
+# (only if absent) or the etag the row must have. Returns per row the new
+# etag, or false where the condition did not hold (nothing written or published).
+_UPSERT_IF_MANY: Final = (
+    _LUA_REMOVAL
+    + """
+local rows = cmsgpack.unpack(ARGV[3])
+local out = {}
+for i = 1, #rows do
+  local row = rows[i]
+  local raw = redis.call('HGET', KEYS[1], row[1])
+  local ok
+  if row[6] == '-' then
+    ok = not raw
+  else
+    ok = raw and cmsgpack.unpack(raw)['e'] == row[6]
+  end
+  if ok then
+    local etag = redis.call('INCR', KEYS[4]) .. ARGV[1]
+    local rec = row[4]
+    rec['e'] = etag
+    redis.call('HSET', KEYS[1], row[1], cmsgpack.pack(rec))
+    redis.call('ZADD', KEYS[3], 0, row[1])
+    local head = ARGV[4] .. string.sub(row[2], 1, 8)
+    if row[5] then
+      redis.call('ZREM', KEYS[2], row[2])
+      redis.call('SPUBLISH', ARGV[2], removal(head, rec))
+    else
+      redis.call('ZADD', KEYS[2], string.format('%.0f', row[3]), row[2])
+      redis.call('SPUBLISH', ARGV[2],
+        head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+    end
+    out[i] = etag
+  else
+    out[i] = false
+  end
 end
 return out
 """
@@ -339,6 +381,51 @@ return out
 """
 
 
+# count_types: the grain types of one shard's grain ZSET and their row counts,
+# by a skip scan: the first member at or after ``min`` names a type T; all of
+# T's members lie in [T/, T0) ('0' follows '/', and no type name holds '/');
+# count them there and jump to T0. One ZRANGEBYLEX and one ZLEXCOUNT per type.
+_TYPES: Final = """
+local out = {}
+local min = '-'
+while true do
+  local m = redis.call('ZRANGEBYLEX', KEYS[1], min, '+', 'LIMIT', 0, 1)
+  if #m == 0 then break end
+  local slash = string.find(m[1], '/', 1, true)
+  if not slash then break end
+  local t = string.sub(m[1], 1, slash - 1)
+  out[#out + 1] = t
+  out[#out + 1] = redis.call('ZLEXCOUNT', KEYS[1], '[' .. t .. '/', '(' .. t .. '0')
+  min = '[' .. t .. '0'
+end
+return out
+"""
+
+# read_grains: KEYS grain ZSET, rows HASH of one shard; ARGV the grains'
+# prefixes ("grain|"). Returns per grain its member count n, then n records
+# (nil for a member whose row went meanwhile). 0xff never occurs in UTF-8, so
+# it bounds every member with the prefix.
+_READ_GRAINS: Final = """
+local out = {}
+for i = 1, #ARGV do
+  local p = ARGV[i]
+  local keys = redis.call('ZRANGEBYLEX', KEYS[1], '[' .. p, '(' .. p .. '\\255')
+  out[#out + 1] = #keys
+  if #keys > 0 then
+    local raws = redis.call('HMGET', KEYS[2], unpack(keys))
+    for j = 1, #raws do out[#out + 1] = raws[j] end
+  end
+end
+return out
+"""
+
+#: Shards whose grain ZSETs one round trip of ``read_page`` asks at most, and
+#: the members it may move beyond the page (each shard is asked for the whole
+#: page, so a large page asks fewer shards at a time).
+_PAGE_SHARDS: Final = 32
+_PAGE_SPARE: Final = 4096
+
+
 def _intervals(r: RingRange | None) -> list[tuple[int, int]]:
     """``r`` as inclusive intervals of hashes (``None``: the whole ring)."""
     return [(0, _TOP)] if r is None else r.intervals()
@@ -447,10 +534,13 @@ class RedisReminderTable:
         for name, text in (
             ("upsert", _UPSERT),
             ("upsert_many", _UPSERT_MANY),
+            ("upsert_if_many", _UPSERT_IF_MANY),
             ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
             ("history", _APPEND_HISTORY),
+            ("types", _TYPES),
+            ("read_grains", _READ_GRAINS),
         ):
             self._scripts[name] = client.register_script(text)
 
@@ -528,6 +618,82 @@ class RedisReminderTable:
             for i, etag in zip(indexes, reply, strict=True):
                 etags[i] = str(etag.decode())
         return etags
+
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        """``upsert_if`` of each pair in one pipelined round trip: one script call
+        per shard touched (``_UPSERT_IF_MANY``), its rows packed in one argument."""
+        if not writes:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        packed: list[list[Any]] = []
+        for i, (entry, etag) in enumerate(writes):
+            h = entry.hash
+            by_shard.setdefault(self.shard_of(h), []).append(i)
+            record = {k: v for k, v in entry.to_record().items() if v is not None}
+            score = lane_score(int(entry.priority), to_ms(entry.next_due))
+            cond = "-" if etag is None else etag
+            packed.append(
+                [entry.key, self._member(h, entry.key), score, record, entry.paused, cond]
+            )
+        script = self._script("upsert_if_many")
+        calls = [
+            (
+                [self._key(s, k) for k in ("rows", "due", "grain", "etag")],
+                [
+                    self._etag_suffix,
+                    self._channel(s),
+                    pack([packed[i] for i in indexes]),
+                    self._writer,
+                ],
+            )
+            for s, indexes in by_shard.items()
+        ]
+        with translate_errors("reminder upsert_if_many"):
+            replies = await run_script_calls(
+                self._c, _UPSERT_IF_MANY, script.sha, calls, wait=self._options
+            )
+        out: list[str | None] = [None] * len(writes)
+        for indexes, reply in zip(by_shard.values(), replies, strict=True):
+            for i, etag in zip(indexes, reply, strict=True):
+                out[i] = None if etag is None else str(etag.decode())
+        return out
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        """``read_grain`` of each grain in one pipelined round trip: per shard
+        touched, one script call (``_READ_GRAINS``) that scans each grain's lex
+        prefix and fetches its rows."""
+        if not grain_ids:
+            return []
+        by_shard: dict[int, list[int]] = {}
+        for i, g in enumerate(grain_ids):
+            by_shard.setdefault(self.shard_of(g.uniform_hash()), []).append(i)
+        script = self._script("read_grains")
+        calls = [
+            (
+                [self._key(s, "grain"), self._key(s, "rows")],
+                [f"{grain_ids[i].canonical}|" for i in indexes],
+            )
+            for s, indexes in by_shard.items()
+        ]
+        with translate_errors("reminder read_grains"):
+            replies = await run_script_calls(self._c, _READ_GRAINS, script.sha, calls)
+        out: list[list[ReminderEntry]] = [[] for _ in grain_ids]
+        for indexes, flat in zip(by_shard.values(), replies, strict=True):
+            at = 0
+            for i in indexes:
+                n = int(flat[at])
+                raws = flat[at + 1 : at + 1 + n]
+                at += 1 + n
+                g = grain_ids[i]
+                # A str key may hold '|', so the prefix can match another grain's rows.
+                rows = [
+                    r for raw in raws if raw is not None and (r := _decode_row(raw)).grain_id == g
+                ]
+                rows.sort(key=lambda row: row.name)
+                out[i] = rows
+        return out
 
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
         """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
@@ -853,6 +1019,85 @@ class RedisReminderTable:
             for s in range(self.shards):
                 pipe.hlen(self._key(s, "rows"))
             return sum(int(n) for n in await pipe.execute())
+
+    async def read_page(
+        self,
+        cursor: str | None,
+        limit: int,
+        *,
+        type_name: str | None = None,
+        key_prefix: str | None = None,
+    ) -> tuple[list[ReminderEntry], str | None]:
+        """Rows shard by shard, each shard in member order of its grain ZSET
+        (``grain|name``, a lex range for the filter). One round trip asks up to
+        ``_PAGE_SHARDS`` shards (fewer for a large page: ``_PAGE_SPARE``) for
+        the members still wanted, a second fetches the
+        rows taken. The cursor is ``"<shard>|<last member>"``."""
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        prefix = grain_prefix(type_name, key_prefix).encode()
+        shard, last = 0, b""
+        if cursor is not None:
+            head, sep, tail = cursor.partition("|")
+            if not sep or not head.isdigit() or int(head) >= self.shards:
+                raise ValueError(f"not a page cursor of this table: {cursor!r}")
+            shard, last = int(head), tail.encode()
+        # 0xff never occurs in UTF-8, so it bounds every member with the prefix.
+        top = b"(" + prefix + b"\xff" if prefix else b"+"
+        taken: list[tuple[int, list[bytes]]] = []
+        need = limit
+        with translate_errors("reminder read_page"):
+            while need and shard < self.shards:
+                fan_out = max(1, min(_PAGE_SHARDS, _PAGE_SPARE // need))
+                batch = range(shard, min(shard + fan_out, self.shards))
+                pipe = self._c.pipeline(transaction=False)
+                for s in batch:
+                    low = b"(" + last if s == shard and last else b"[" + prefix
+                    if low == b"[":
+                        low = b"-"
+                    pipe.zrangebylex(self._key(s, "grain"), low, top, start=0, num=need)
+                answers = await pipe.execute()
+                for s, members in zip(batch, answers, strict=True):
+                    shard, last = s, b""
+                    if members:
+                        got = members[:need]
+                        taken.append((s, got))
+                        need -= len(got)
+                        last = got[-1]
+                    if not need:
+                        break
+                else:
+                    shard, last = batch[-1] + 1, b""
+            pipe = self._c.pipeline(transaction=False)
+            for s, members in taken:
+                pipe.hmget(self._key(s, "rows"), members)
+            raws = await pipe.execute() if taken else []
+        want = prefix.decode()
+        rows = [
+            row
+            for chunk in raws
+            for raw in chunk
+            if raw is not None and (row := _decode_row(raw)).grain_id.canonical.startswith(want)
+        ]
+        if shard >= self.shards:
+            return rows, None
+        return rows, f"{shard}|{last.decode()}" if last else f"{shard}|"
+
+    async def count_types(self) -> dict[str, int]:
+        """Per shard, a skip scan of its grain ZSET (``_TYPES``), all shards in one
+        pipelined round trip: the cost follows shards x types, never rows."""
+        script = self._script("types")
+        calls: list[tuple[list[str], list[Any]]] = [
+            ([self._key(s, "grain")], []) for s in range(self.shards)
+        ]
+        with translate_errors("reminder count_types"):
+            answers = await run_script_calls(self._c, _TYPES, script.sha, calls)
+        counts: dict[str, int] = {}
+        for flat in answers:
+            for i in range(0, len(flat), 2):
+                t = flat[i].decode() if isinstance(flat[i], bytes) else str(flat[i])
+                counts[t] = counts.get(t, 0) + int(flat[i + 1])
+        return counts
 
     def _plan(self, r: RingRange | None) -> list[tuple[int, list[tuple[int, int]]]]:
         """The shards overlapping ``r``, each with ``r``'s part of it as intervals."""

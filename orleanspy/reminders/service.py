@@ -14,6 +14,7 @@ in batches. The parts live in the private package ``_service/``, one job each:
 - ``ticker``: the one sleeper, moving due rows into their lanes;
 - ``lanes``: priority lanes and the lane drainer with its permits;
 - ``delivery``: one due row's tick (the grain call, retries, next slot);
+- ``herd``: catch-up grain calls ramped after an outage;
 - ``missed``: the missed-tick rule and NOTIFY publishing;
 - ``persist``: batched, retried CAS writes;
 - ``adaptive``: the bucket-size formula.

@@ -24,6 +24,30 @@ order: no row left out comes before a row returned. Ties in
 what lets the service hold the highest-priority rows first when the due
 backlog is larger than its window, without reading the whole backlog.
 
+Conditional writes. ``upsert_if(entry, expected_etag)`` is ``upsert`` guarded
+by the row's etag: it writes only if the row is absent (``expected_etag`` is
+``None``) or still has ``expected_etag``, and otherwise writes and publishes
+nothing and returns ``None``. Every read-modify-write of a whole row (the
+management operations, ``@register_reminder`` at start-up) goes through it, so
+a write based on a row that another writer has moved since (a tick's schedule
+CAS, an operator, another silo) loses instead of undoing the other write. Of
+concurrent ``upsert_if`` calls with one condition exactly one wins.
+
+Paging. ``read_page(cursor, limit, type_name=..., key_prefix=...)`` walks the
+table's rows in a stable order of the table's choosing (Redis: shard by shard,
+each shard in key order; SQL: key order), at most ``limit`` rows a call, and
+returns the cursor of the next page (``None`` when the walk is done). The
+cursor is an opaque string; a walk holds nothing in the table or the client
+between pages, and one page costs what it returns (plus, on Redis, the empty
+shards it steps over), never the table. A row present for the whole walk is
+returned exactly once; a row written or removed during the walk may or may not
+be. ``type_name`` keeps the rows of one grain type; ``key_prefix`` (with
+``type_name``) those whose string key starts with it (int and UUID keys never
+match a prefix). Both are answered from an index (Redis: the shard's grain
+ZSET by lex range; SQL: an index on the grain id in byte order).
+``count_types()`` says how many rows each grain type holds, without reading
+rows (Redis: ``ZLEXCOUNT`` per type and shard; SQL: a loose index scan).
+
 Scoped change feeds (optional). A table may also offer
 ``scoped_changes(scope: FeedScope) -> ChangeFeed`` (``ScopedChangesTable``):
 a feed that may leave out what the reader said it does not want, so that it is
@@ -123,6 +147,7 @@ __all__ = [
     "ReminderTable",
     "ScopedChangesTable",
     "SkippingReminderTable",
+    "grain_prefix",
     "subscribe",
 ]
 
@@ -161,6 +186,14 @@ class ReminderTable(Protocol):
         """
         ...
 
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``upsert`` if the row is absent (``expected_etag`` is ``None``) or its
+        etag is ``expected_etag``; returns the new etag, or ``None`` (nothing
+        written, nothing published) when the condition does not hold. Publishes
+        like ``upsert`` on success. Atomic: of concurrent calls whose condition
+        holds when they start, exactly one writes."""
+        ...
+
     async def read(self, grain_id: GrainId, name: str) -> ReminderEntry | None:
         """The row with its current etag, or ``None``."""
         ...
@@ -172,6 +205,27 @@ class ReminderTable(Protocol):
     async def read_range(self, r: RingRange) -> list[ReminderEntry]:
         """Every row whose grain hash lies in ``r``. For tools and tests: it reads
         the whole range, so the service never calls it on a hot path."""
+        ...
+
+    async def read_page(
+        self,
+        cursor: str | None,
+        limit: int,
+        *,
+        type_name: str | None = None,
+        key_prefix: str | None = None,
+    ) -> tuple[list[ReminderEntry], str | None]:
+        """One page of the walk over every row (module docstring, "Paging"):
+        at most ``limit`` (>= 1) rows after ``cursor`` (``None``: from the
+        start), only of ``type_name`` when given, and of string keys starting
+        with ``key_prefix`` when given (needs ``type_name``: ``ValueError``
+        otherwise). Returns the rows and the next cursor, ``None`` when no row
+        is left; a short page does not by itself mean the end."""
+        ...
+
+    async def count_types(self) -> dict[str, int]:
+        """How many rows each grain type that has any holds (from the index,
+        never by reading rows)."""
         ...
 
     async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
@@ -309,35 +363,33 @@ class FencingReminderTable(ReminderTable, Protocol):
 
 
 @runtime_checkable
-class ConditionalReminderTable(ReminderTable, Protocol):
-    """A table that can write a whole row on a condition (optional).
-
-    Start-up registration of ``@register_reminder`` declarations uses it so
-    that silos starting together create or update each row exactly once; on
-    a table without it they fall back to ``upsert`` (the rows still end up as
-    declared, possibly written once per silo).
-    """
-
-    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
-        """``upsert`` if the row is absent (``expected_etag`` is ``None``) or its
-        etag is ``expected_etag``; returns the new etag, or ``None`` (nothing
-        written, nothing published) when the condition does not hold. Publishes
-        like ``upsert`` on success."""
-        ...
-
-
-@runtime_checkable
 class BulkReminderTable(ReminderTable, Protocol):
     """A table that can upsert many rows in one round trip (optional).
 
-    ``ReminderRegistry.register_many`` uses it to seed or migrate a table; it
-    falls back to concurrent ``upsert`` calls otherwise.
+    ``ReminderRegistry.register_many`` uses it to seed or migrate a table, the
+    registry to write concurrent registrations in one round trip, and start-up
+    to read and write ``@register_reminder`` rows in bulk; each falls back to
+    concurrent single calls otherwise.
     """
 
     async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
         """``upsert`` each entry, in order, as one batch; the new etags in order.
         Not a transaction: after a ``StorageUnavailableError`` some may have been
         written (upserting them again is harmless)."""
+        ...
+
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        """``upsert_if(entry, expected_etag)`` for each pair, in order, as one
+        batch; each result is what the single call would return (a row's own
+        condition decides it alone). No key twice in one batch. Not a
+        transaction, as ``upsert_many``."""
+        ...
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        """``read_grain`` of each grain, in order, as one batch (Redis: two
+        pipelined round trips whatever the number of grains)."""
         ...
 
 
@@ -429,6 +481,25 @@ class ScopedChangesTable(Protocol):
         through this table instance; it must deliver every other change that
         ``changes()`` would. It follows later ``scope.set_ranges`` calls."""
         ...
+
+
+#: Former name of the optional protocol that offered ``upsert_if``; every
+#: ``ReminderTable`` offers it now.
+ConditionalReminderTable = ReminderTable
+
+
+def grain_prefix(type_name: str | None, key_prefix: str | None) -> str:
+    """What the canonical grain ids (``GrainId.canonical``) of the rows a page
+    filter selects start with: ``""`` for every row, ``"T/"`` for type ``T``,
+    ``"T/s:P"`` for its string keys starting with ``P``. ``ValueError`` for a
+    prefix without a type, or a type with ``/`` in it."""
+    if type_name is None:
+        if key_prefix is not None:
+            raise ValueError("a key prefix needs a grain type")
+        return ""
+    if not type_name or "/" in type_name:
+        raise ValueError(f"not a grain type name: {type_name!r}")
+    return f"{type_name}/" if key_prefix is None else f"{type_name}/s:{key_prefix}"
 
 
 def subscribe(table: ReminderTable, scope: FeedScope) -> ChangeFeed:

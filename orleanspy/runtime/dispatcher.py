@@ -79,7 +79,19 @@ _VERDICT_POLL = 0.1
 # beyond it they are dropped, so made-up senders cannot pile up work.
 _MAX_STRANGERS = 1000
 # What gateway clients may always call on the reminder management grain.
-_MANAGEMENT_READS = frozenset({"upcoming", "list_for_grain", "count_all", "history"})
+_MANAGEMENT_READS = frozenset(
+    {
+        "upcoming",
+        "list_for_grain",
+        "get",
+        "count_all",
+        "count",
+        "count_types",
+        "orphans",
+        "page",
+        "history",
+    }
+)
 # Local calls run inline (in the caller's task) this many in a row between yields.
 _INLINE_STREAK = 64
 

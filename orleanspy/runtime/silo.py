@@ -35,7 +35,12 @@ from orleanspy.observability import reset_current_silo, set_current_silo
 from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.remindable.declarations import register_declared_reminders
-from orleanspy.remindable.management import MANAGEMENT_TYPE, ReminderManagementGrain
+from orleanspy.remindable.management import (
+    MANAGEMENT_TYPE,
+    ReminderManagementGrain,
+    management,
+)
+from orleanspy.remindable.orphans import OrphanWatch
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders._service.adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
@@ -86,7 +91,7 @@ class SiloClient:
     @property
     def reminders(self) -> ReminderManagementGrain:
         """The reminder management grain (``upcoming``, ``count_all``, ...)."""
-        return self._silo._factory().get_grain(ReminderManagementGrain, "")
+        return management(self._silo._factory().get_grain(ReminderManagementGrain, ""))
 
 
 def _hosted_types(options: SiloOptions) -> dict[str, GrainDefinition]:
@@ -127,6 +132,8 @@ class Silo:
         self._directory = directory
         self._transport = transport
         self.reminder_service: ReminderService | None = None
+        self._type_names: frozenset[str] = frozenset()
+        self._orphans: OrphanWatch | None = None
         self.reminder_table: ReminderTable | None = None
         """The reminder table, once started (tools read it; the service owns it)."""
         self.membership: MembershipService | None = None
@@ -584,6 +591,8 @@ class Silo:
             definitions=types.get,
         )
         dispatcher.set_reminders(registry)
+        self._type_names = frozenset(types)
+        registry.hosted_types = self._cluster_types
 
         # A tick gives up well before a plain call would (ReminderOptions.tick_timeout).
         tick_cap = self.options.messaging.response_timeout.total_seconds() / 2
@@ -630,6 +639,36 @@ class Silo:
         registry.add_listener(service.notify_change)
         self.reminder_service = service
         self.streams = streams
+        self._orphans = watch = OrphanWatch(registry.operations, self.metrics.reminders)
+        task = asyncio.get_running_loop().create_task(watch.run(), name=f"orphans-{self.name}")
+
+        async def stop_watch() -> None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        stack.push_async_callback(stop_watch)
+
+    async def _cluster_types(self) -> set[str]:
+        """The grain types this silo hosts and, in a cluster, those the other
+        silos publish in their status records (a crashed silo's stale record
+        counts: an orphan is only called so when no record names its type)."""
+        found = set(self._type_names)
+        if self.status_store is not None:
+            from orleanspy.cluster_status import published_types
+
+            found |= await published_types(self.status_store)
+        return found
+
+    @property
+    def hosted_types(self) -> frozenset[str]:
+        """The grain types this silo hosts (its status record's ``grain_types``)."""
+        return self._type_names
+
+    @property
+    def orphaned_rows(self) -> int | None:
+        """Reminder rows of types no silo hosts, at the last orphan check
+        (``None`` before one)."""
+        return None if self._orphans is None else self._orphans.orphaned_rows
 
     # -- operations endpoint ------------------------------------------------------------
 

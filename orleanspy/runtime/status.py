@@ -59,6 +59,9 @@ class StatusRecorder:
             "loop_lag": None if self._heartbeat is None else round(self._heartbeat.lag, 4),
             "activations": silo.activation_count,
             "reminders_held": 0 if service is None else service.stats.resident,
+            # Read by the other silos' orphan checks (``published_types``).
+            "grain_types": sorted(silo.hosted_types),
+            "orphaned_rows": silo.orphaned_rows,
         }
         dispatcher = silo._dispatcher
         if dispatcher is not None:

@@ -23,8 +23,9 @@ A failed check raises ``AssertionError`` saying what was expected. The checks
 cover Orleans' ``ReminderTableTestsBase`` (parallel upserts, remove with stale,
 wrong and right etag, range reads with random bounds over 1,000 rows including
 wrap-around) and the parts orleanspy adds: the due index, schedule CAS (single
-and batched, when the table is a ``BatchingReminderTable``), ``upsert_if`` (when
-the table is a ``ConditionalReminderTable``), ``upsert_many`` (when it is a
+and batched, when the table is a ``BatchingReminderTable``), ``upsert_if``
+(conditional writes and their races), paging with ``read_page`` and
+``count_types`` against brute force, ``upsert_many`` (when it is a
 ``BulkReminderTable``), ``read_due_skipping`` (when it is a
 ``SkippingReminderTable``), paused rows and fire history (when it is a
 ``PausableReminderTable``), ``upcoming``,
@@ -66,7 +67,6 @@ from orleanspy.reminders.table import (
     BatchingReminderTable,
     BulkReminderTable,
     ChangeFeed,
-    ConditionalReminderTable,
     EndingReminderTable,
     FencingReminderTable,
     PausableReminderTable,
@@ -361,6 +361,14 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
             _entry(table, GrainId("RoundTrip", "decl"), "declared", due=at, declared=True),
             _entry(
                 table,
+                GrainId("RoundTrip", "fp"),
+                "fingerprinted",
+                due=at,
+                declared=True,
+                fingerprint="0123456789ab:100:1:",
+            ),
+            _entry(
+                table,
                 GrainId("RoundTrip", "grace"),
                 "own grace",
                 due=at,
@@ -394,12 +402,10 @@ async def check_round_trip_every_field(factory: TableFactory) -> None:
 
 
 async def check_upsert_if(factory: TableFactory) -> None:
-    """``upsert_if`` (a ``ConditionalReminderTable``) writes only on its condition:
-    absent for ``None``, else the current etag; concurrent inserts of one row
-    make exactly one winner. Skipped for tables without it."""
+    """``upsert_if`` writes only on its condition: absent for ``None``, else the
+    current etag; concurrent inserts of one row, and concurrent replaces on one
+    etag, each make exactly one winner, and the row is the winner's."""
     async with factory() as table:
-        if not isinstance(table, ConditionalReminderTable):
-            return
         gid = GrainId("ContractGrain", "cond")
         first = _entry(table, gid, "c", due=_T0)
         etag = await table.upsert_if(first, None)
@@ -416,6 +422,72 @@ async def check_upsert_if(factory: TableFactory) -> None:
         racers = [replace(first, name="race", priority=p) for p in range(5)]
         results = await asyncio.gather(*(table.upsert_if(e, None) for e in racers))
         assert sum(r is not None for r in results) == 1, f"{results}: not exactly one insert"
+        row = await table.read(gid, "race")
+        assert row is not None and row.etag is not None
+        writers = [replace(row, priority=10 + p) for p in range(5)]
+        results = await asyncio.gather(*(table.upsert_if(e, row.etag) for e in writers))
+        won = [w for w, r in zip(writers, results, strict=True) if r is not None]
+        assert len(won) == 1, f"{results}: not exactly one replace on one etag"
+        after = await table.read(gid, "race")
+        assert after is not None and after.priority == won[0].priority, "not the winner's row"
+
+
+async def _read_many(
+    table: BulkReminderTable, keys: list[tuple[GrainId, str]]
+) -> list[ReminderEntry | None]:
+    grains = list(dict.fromkeys(g for g, _ in keys))
+    by_grain = dict(zip(grains, await table.read_grains(grains), strict=True))
+    return [next((r for r in by_grain[g] if r.name == n), None) for g, n in keys]
+
+
+async def check_upsert_if_many_and_read_grains(factory: TableFactory) -> None:
+    """``upsert_if_many`` (a ``BulkReminderTable``) decides each row by its own
+    condition, as single ``upsert_if`` calls would, across shards; ``read_grains``
+    returns what ``read_grain`` returns for each grain, in order (grains without
+    rows, and str keys holding ``|``, included). Skipped for tables without them."""
+    async with factory() as table:
+        if not isinstance(table, BulkReminderTable):
+            return
+        gids = [GrainId("ContractBulkIf", i) for i in range(40)]
+        first = [_entry(table, g, priority=i % 3) for i, g in enumerate(gids)]
+        etags = await table.upsert_if_many([(e, None) for e in first[:20]])
+        assert all(etags), f"inserts into empty slots failed: {etags}"
+        stored = await _read_many(table, [(e.grain_id, e.name) for e in first])
+        assert stored[:20] == [
+            _stored(e, t) for e, t in zip(first[:20], etags, strict=True) if t is not None
+        ]
+        assert stored[20:] == [None] * 20, "read_grains invented rows"
+        tricky = [GrainId("ContractBulkIf", "a|b"), GrainId("ContractBulkIf", "a")]
+        for g in tricky:
+            for name in ("x", "y"):
+                await table.upsert(_entry(table, g, name))
+        singles = [await table.read_grain(g) for g in [*tricky, GrainId("None", 1)]]
+        assert await table.read_grains([*tricky, GrainId("None", 1)]) == singles
+        moved = [replace(e, priority=50, paused=i % 4 == 0) for i, e in enumerate(first)]
+        writes: list[tuple[ReminderEntry, str | None]] = []
+        want: list[bool] = []
+        for i, e in enumerate(moved):
+            if i < 20:
+                # The right etag on even rows; on odd ones a stale etag, or an
+                # insert-if-absent of a row that exists.
+                cond = etags[i] if i % 2 == 0 else None if i % 3 == 0 else "stale"
+                writes.append((e, cond))
+                want.append(i % 2 == 0)
+            else:
+                writes.append((e, None))
+                want.append(True)
+        results = await table.upsert_if_many(writes)
+        assert [r is not None for r in results] == want, f"{results}: wrong rows decided"
+        after = await _read_many(table, [(e.grain_id, e.name) for e in first])
+        for i, (row, result) in enumerate(zip(after, results, strict=True)):
+            assert row is not None
+            if result is None:
+                assert row == stored[i], f"row {i}: a refused write changed it"
+            else:
+                assert row == _stored(moved[i], result), f"row {i}: not the written row"
+        paused = [r for r in after if r is not None and r.paused]
+        due = await table.upcoming(_T0 + timedelta(days=1), 1000)
+        assert not {r.key for r in paused} & {r.key for r in due}, "a paused row is due"
 
 
 async def check_upsert_many(factory: TableFactory) -> None:
@@ -931,6 +1003,78 @@ async def check_fire_history(factory: TableFactory) -> None:
         assert await table.read_history(gid, "r") == [], "a new row inherited a history"
 
 
+async def _walk(
+    table: ReminderTable, limit: int, type_name: str | None = None, key_prefix: str | None = None
+) -> list[ReminderEntry]:
+    out: list[ReminderEntry] = []
+    cursor: str | None = None
+    for _ in range(10_000):
+        rows, cursor = await table.read_page(
+            cursor, limit, type_name=type_name, key_prefix=key_prefix
+        )
+        assert len(rows) <= limit, f"a page of {len(rows)} rows for limit {limit}"
+        out.extend(rows)
+        if cursor is None:
+            return out
+    raise AssertionError("read_page never ended the walk")
+
+
+async def check_read_page_against_brute_force(factory: TableFactory) -> None:
+    """``read_page`` walks every row exactly once (paused ones too, with their
+    etags), whatever the page size; ``type_name`` and ``key_prefix`` select what
+    brute force selects (string keys only for a prefix, keys holding ``|``
+    included); ``count_types`` agrees; a prefix without a type is refused."""
+    async with factory() as table:
+        rng = random.Random(7)
+        expected: dict[str, ReminderEntry] = {}
+        keys: list[object] = []
+        for i in range(120):
+            keys.append(rng.choice([f"t{i % 7}-{i}", f"a|b{i}", i, uuid.UUID(int=i)]))
+        for i, key in enumerate(keys):
+            type_name = ("PageGrain", "PageGrainB", "Page")[i % 3]
+            gid = GrainId(type_name, key)  # type: ignore[arg-type]
+            for name in ("r", "s")[: 1 + i % 2]:
+                e = _entry(table, gid, name, paused=i % 5 == 0)
+                expected[e.key] = _stored(e, await table.upsert(e))
+        for limit in (1, 7, 500):
+            walked = await _walk(table, limit)
+            got = [r.key for r in walked]
+            assert len(got) == len(set(got)), f"limit {limit}: a row came back twice"
+            assert set(got) == set(expected), f"limit {limit}: rows missing or extra"
+            assert {r.key: r for r in walked} == expected, "a paged row differs from its write"
+        for type_name, prefix in (
+            ("PageGrain", None),
+            ("Page", None),
+            ("PageGrainB", "t3"),
+            ("PageGrain", "a|"),
+            ("PageGrain", "a|b1"),
+            ("PageGrain", "1"),
+            ("Nothing", None),
+        ):
+            want = {
+                k
+                for k, r in expected.items()
+                if r.grain_id.type_name == type_name
+                and (
+                    prefix is None
+                    or (isinstance(r.grain_id.key, str) and r.grain_id.key.startswith(prefix))
+                )
+            }
+            got = [r.key for r in await _walk(table, 5, type_name, prefix)]
+            assert len(got) == len(set(got)), f"{type_name} {prefix!r}: a row twice"
+            assert set(got) == want, f"{type_name} {prefix!r}: {len(got)} rows, want {len(want)}"
+        brute: dict[str, int] = {}
+        for r in expected.values():
+            brute[r.grain_id.type_name] = brute.get(r.grain_id.type_name, 0) + 1
+        assert await table.count_types() == brute, "count_types differs from the rows"
+        try:
+            await table.read_page(None, 10, key_prefix="x")
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a key prefix without a type was accepted")
+
+
 async def check_schedule_fields(factory: TableFactory) -> None:
     """The optional schedule fields round-trip and survive every write that does
     not set them: a one-shot row (neither period nor cron), jitter, ``starts_at``,
@@ -1124,6 +1268,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_remove_checks_the_etag,
     check_upsert_if,
     check_upsert_many,
+    check_upsert_if_many_and_read_grains,
     check_update_schedule_cas,
     check_update_schedule_many,
     check_update_schedule_many_keeps_lanes_and_fields,
@@ -1133,6 +1278,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_due_index_follows_rewrites,
     check_upcoming,
     check_count,
+    check_read_page_against_brute_force,
     check_changes_feed,
     check_paused_rows_leave_the_due_index,
     check_fire_history,

@@ -188,3 +188,39 @@ async def test_three_silos_starting_at_once_write_each_declared_row_exactly_once
         }, writes
         assert removals == {("eu", "cleanup"): 1, ("us", "cleanup"): 1}, removals
         assert await table.count() == 5 + 1
+
+
+async def test_an_operators_changes_survive_restarts_until_the_code_changes_on_redis(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id="default")
+        await table.start(stack)
+        eu = GrainId(TYPE, "eu")
+        silo = Silo(_options(redis_url, _v1(), "first"))
+        await silo.start()
+        mgmt = silo.client.reminders
+        await mgmt.set_priority(eu, "report", 90)
+        await mgmt.pause(eu, "cleanup")
+        declared = await mgmt.get(eu, "report")
+        await silo.stop()
+        assert declared.declared and declared.fingerprint
+
+        silo = Silo(_options(redis_url, _v1(), "again"))
+        await silo.start()
+        await silo.stop()
+        kept = await _rows(table, "eu")
+        assert kept["report"].priority == 90, "a restart undid set-priority"  # type: ignore[attr-defined]
+        assert kept["cleanup"].paused, "a restart undid pause"  # type: ignore[attr-defined]
+
+        # v2 changes report's period (not its priority) and drops cleanup.
+        with caplog.at_level("WARNING"):
+            silo = Silo(_options(redis_url, _v2(), "v2"))
+            await silo.start()
+            await silo.stop()
+        after = await _rows(table, "eu")
+        report = after["report"]
+        assert report.period == timedelta(seconds=60)  # type: ignore[attr-defined]
+        assert report.priority == 90, "a period change undid the operator's priority"  # type: ignore[attr-defined]
+        assert "cleanup" not in after
+        assert not [r for r in caplog.records if "overrode" in r.getMessage()]

@@ -35,8 +35,11 @@ from orleanspy.testing.reminder_table import (
     check_ended_rows_keep_their_history,
     check_fenced_writer_loses_its_schedule_writes,
     check_read_due_against_brute_force,
+    check_read_page_against_brute_force,
     check_reminder_table,
     check_schedule_fields,
+    check_upsert_if,
+    check_upsert_if_many_and_read_grains,
 )
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -134,6 +137,41 @@ async def test_contract_suite_catches_a_table_that_ignores_the_range() -> None:
         await check_read_due_against_brute_force(make)
 
 
+class _EtagBlindTable(InMemoryReminderTable):
+    """Breaks the contract: upsert_if writes whatever the etag."""
+
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        return await self.upsert(entry)
+
+
+class _PageDroppingTable(InMemoryReminderTable):
+    """Breaks the contract: every full page loses its last row."""
+
+    async def read_page(self, cursor: str | None, limit: int, **kw: Any) -> Any:
+        rows, nxt = await super().read_page(cursor, limit, **kw)
+        return (rows[:-1], nxt) if nxt is not None else (rows, nxt)
+
+
+class _PrefixBlindTable(InMemoryReminderTable):
+    """Breaks the contract: a key prefix matches int keys' text too."""
+
+    async def read_page(
+        self, cursor: str | None, limit: int, *, type_name: str | None = None,
+        key_prefix: str | None = None,
+    ) -> Any:  # fmt: skip
+        rows, nxt = await super().read_page(cursor, limit, type_name=type_name)
+        if key_prefix is not None:
+            rows = [r for r in rows if str(r.grain_id.key).startswith(key_prefix)]
+        return rows, nxt
+
+
+class _NoCondTable(InMemoryReminderTable):
+    """Breaks the contract: upsert_if_many ignores the conditions."""
+
+    async def upsert_if_many(self, writes: Any) -> list[str | None]:
+        return [await self.upsert(e) for e, _ in writes]
+
+
 def _plain(entry: ReminderEntry) -> ReminderEntry:
     """``entry`` as a table that predates the optional schedule fields stores it."""
     return replace(
@@ -177,6 +215,23 @@ def _factory_of(cls: type[InMemoryReminderTable]) -> Factory:
             yield table
 
     return make
+
+
+@pytest.mark.parametrize(
+    ("broken", "check", "match"),
+    [
+        (_EtagBlindTable, check_upsert_if, "insert over an existing row"),
+        (_PageDroppingTable, check_read_page_against_brute_force, "missing or extra"),
+        (_PrefixBlindTable, check_read_page_against_brute_force, "rows, want"),
+        (_NoCondTable, check_upsert_if_many_and_read_grains, "wrong rows decided"),
+    ],
+    ids=lambda x: getattr(x, "__name__", ""),
+)
+async def test_contract_suite_catches_broken_conditional_writes_and_paging(
+    broken: type[InMemoryReminderTable], check: Any, match: str
+) -> None:
+    with pytest.raises(AssertionError, match=match):
+        await check(_factory_of(broken))
 
 
 class _EndForgetsHistoryTable(InMemoryReminderTable):

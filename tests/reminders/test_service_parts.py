@@ -408,6 +408,7 @@ def test_rescheduled_keeps_every_other_field() -> None:
         etag="e1",
         declared=True,
         paused=True,
+        fingerprint="abc:60:2",
         grace=timedelta(seconds=3),
         jitter=timedelta(seconds=2),
         starts_at=t,

@@ -30,6 +30,7 @@ from orleanspy.errors import (
 )
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders._service.herd import CatchUpThrottle
 from orleanspy.reminders._service.history import NoHistory, skip_outcome
 from orleanspy.reminders._service.missed import MissedNotifier, PublishMissed, TickPlan, plan_tick
 from orleanspy.reminders._service.persist import Persister
@@ -117,6 +118,8 @@ class Delivery:
       default: several passed slots, or one past the grace, are missed;
       FIRE_IMMEDIATELY delivers one catch-up tick (the latest slot), SKIP and
       NOTIFY deliver none; the grid resumes at the first slot after now;
+    - catch-up grain calls (slots older than ``catch_up_lateness``) wait
+      their turn on the ramp of ``herd`` first, in the order they came;
     - a dropped row is not ticked or re-queued again (a delivery already running
       finishes).
 
@@ -150,6 +153,12 @@ class Delivery:
         self.retries = 0
         self.missed = 0
         self.skipped = 0
+        self._herd = CatchUpThrottle(
+            clock,
+            rate=options.catch_up_rate,
+            ceiling=options.catch_up_ceiling,
+            lateness=options.catch_up_lateness,
+        )
         #: Retries queued under a RetryPolicy, and retries given up at the next slot.
         self.grain_retries = 0
         self.retries_given_up = 0
@@ -175,6 +184,12 @@ class Delivery:
         # None: the schedule has no slot after this one (the row ends with it).
         next_due = plan.resume if plan.missed else row.schedule.next_after(plan.slot)
         if plan.deliver:
+            if self._herd.enabled:
+                # A catch-up call waits for its turn on the ramp (``_herd``).
+                await self._herd.admit(now - plan.slot)
+                if row.dropped:
+                    return
+                now = self._clock.now()
             outcome = await self._call(row, plan, now, 1, next_due is None)
             if outcome is None:
                 return  # waits in the window for its retry, planned again then

@@ -1,0 +1,131 @@
+"""Concurrent registrations on one silo are coalesced into batched table writes,
+each caller still told its own result (``remindable.registry``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from orleanspy.clock import SystemClock
+from orleanspy.errors import StorageUnavailableError
+from orleanspy.identity import GrainId
+from orleanspy.options import ReminderOptions
+from orleanspy.remindable.registry import ReminderRegistry
+from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.model import ReminderEntry
+
+TYPE = "test_registry_coalescing.G"
+
+
+class _Remindable:
+    remindable = True
+
+
+class SlowTable(InMemoryReminderTable):
+    """Every write takes one loop round trip (as a store does); counts them."""
+
+    def __init__(self) -> None:
+        super().__init__("default")
+        self.single = 0
+        self.batches: list[int] = []
+        self.fail_next_batch = False
+
+    async def upsert(self, entry: ReminderEntry) -> str:
+        self.single += 1
+        await asyncio.sleep(0.001)
+        return await super().upsert(entry)
+
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        self.batches.append(len(entries))
+        await asyncio.sleep(0.001)
+        if self.fail_next_batch:
+            self.fail_next_batch = False
+            raise StorageUnavailableError("the store went away")
+        return [await InMemoryReminderTable.upsert(self, e) for e in entries]
+
+
+def _registry(table: SlowTable) -> ReminderRegistry:
+    def definitions(type_name: str) -> Any:
+        return _Remindable() if type_name == TYPE else None
+
+    return ReminderRegistry(
+        table,
+        service_id="default",
+        clock=SystemClock(),
+        options=ReminderOptions(),
+        definitions=definitions,
+    )
+
+
+async def test_64_concurrent_registrations_take_a_few_round_trips_and_each_gets_its_row() -> None:
+    table = SlowTable()
+    registry = _registry(table)
+    heard: list[str] = []
+    registry.add_listener(lambda change: heard.append(change.name))
+    entries = await asyncio.gather(
+        *(registry.register(GrainId(TYPE, i), "r", period=60 + i) for i in range(64))
+    )
+    assert table.single + len(table.batches) <= 3, (table.single, table.batches)
+    assert table.single == 1 and sum(table.batches) == 63
+    for i, entry in enumerate(entries):
+        stored = await table.read(GrainId(TYPE, i), "r")
+        assert stored is not None and entry.etag == stored.etag, "a caller got another's etag"
+        assert entry.period is not None and entry.period.total_seconds() == 60 + i
+    assert len(heard) == 64
+
+
+async def test_a_lone_registration_is_one_plain_upsert() -> None:
+    table = SlowTable()
+    registry = _registry(table)
+    for i in range(3):
+        await registry.register(GrainId(TYPE, i), "r", period=60)
+    assert (table.single, table.batches) == (3, [])
+
+
+async def test_a_failed_batch_fails_its_callers_only_and_later_ones_go_through() -> None:
+    table = SlowTable()
+    registry = _registry(table)
+    table.fail_next_batch = True
+    results = await asyncio.gather(
+        *(registry.register(GrainId(TYPE, i), "r", period=60) for i in range(10)),
+        return_exceptions=True,
+    )
+    failed = [r for r in results if isinstance(r, BaseException)]
+    assert len(failed) == 9 and all(isinstance(r, StorageUnavailableError) for r in failed)
+    assert isinstance(results[0], ReminderEntry), "the first caller's own write failed"
+    assert await table.count() == 1, "a failed batch wrote rows"
+    again = await asyncio.gather(
+        *(registry.register(GrainId(TYPE, i), "r", period=60) for i in range(10))
+    )
+    assert len(again) == 10 and await table.count() == 10
+
+
+async def test_two_registrations_of_one_row_end_as_the_later() -> None:
+    table = SlowTable()
+    registry = _registry(table)
+    gid = GrainId(TYPE, "same")
+    await asyncio.gather(
+        registry.register(GrainId(TYPE, "x"), "r", period=60),  # the lone writer
+        *(registry.register(gid, "r", period=60 + i) for i in range(5)),
+    )
+    stored = await table.read(gid, "r")
+    assert stored is not None and stored.period is not None
+    assert stored.period.total_seconds() == 64
+
+
+@pytest.mark.parametrize("rows", [1, 4500])
+async def test_register_many_writes_each_row_once_with_batches_in_flight(rows: int) -> None:
+    from orleanspy.remindable.registry import Registration
+
+    table = SlowTable()
+    registry = _registry(table)
+    regs = [Registration(GrainId(TYPE, i % 4000), "r", period=60 + i) for i in range(rows)]
+    assert await registry.register_many(regs, batch=1000) == rows
+    assert await table.count() == min(rows, 4000)
+    if rows > 4000:
+        last = await table.read(GrainId(TYPE, 7), "r")
+        assert last is not None and last.period is not None
+        assert last.period.total_seconds() == 60 + 4007, "not the last registration"
