@@ -1,7 +1,7 @@
 """The settings of ``orleanspy silo``: a TOML file, the environment and flags.
 
-Every option of ``SiloOptions`` and of its ``membership``, ``reminders`` and
-``messaging`` (``tls`` included) is a *key*, named as in the file::
+Every option of ``SiloOptions`` and of its ``membership``, ``reminders``,
+``messaging`` (``tls`` included) and ``redis`` is a *key*, named as in the file::
 
     cluster_id = "prod"
     host = "0.0.0.0"
@@ -19,6 +19,9 @@ Every option of ``SiloOptions`` and of its ``membership``, ``reminders`` and
     cert_file = "silo.pem"
     key_file = "silo.key"
     ca_file = "ca.pem"
+
+    [redis]
+    wait_replicas = 1                # writes that must survive wait for a replica
 
     [storage]                        # grain storage providers: name = URL
     default = "postgresql://app@db/app"
@@ -53,6 +56,7 @@ from orleanspy.errors import ConfigurationError
 from orleanspy.options import (
     MembershipOptions,
     MessagingOptions,
+    RedisOptions,
     ReminderOptions,
     SiloOptions,
     TlsOptions,
@@ -68,6 +72,7 @@ _SECTIONS: tuple[tuple[str, type[Any]], ...] = (
     ("reminders.", ReminderOptions),
     ("messaging.", MessagingOptions),
     ("messaging.tls.", TlsOptions),
+    ("redis.", RedisOptions),
 )
 _LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -369,6 +374,7 @@ def _options(values: Values) -> SiloOptions:
             membership=MembershipOptions(**_section(values, "membership.")),  # type: ignore[arg-type]
             reminders=ReminderOptions(**_section(values, "reminders.")),  # type: ignore[arg-type]
             messaging=_messaging(values),
+            redis=RedisOptions(**_section(values, "redis.")),  # type: ignore[arg-type]
             storage=_section(values, "storage.") or None,
         )
     except ConfigurationError as exc:

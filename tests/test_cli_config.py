@@ -15,6 +15,7 @@ from orleanspy.errors import ConfigurationError
 from orleanspy.options import (
     MembershipOptions,
     MessagingOptions,
+    RedisOptions,
     ReminderOptions,
     SiloOptions,
     TlsOptions,
@@ -31,11 +32,16 @@ def write(tmp_path: Path, text: str, name: str = "silo.toml") -> Path:
 
 def test_every_option_of_every_options_class_is_a_key() -> None:
     sections = [
-        ("", SiloOptions, {"membership", "reminders", "messaging", "grain_types", "storage"}),
+        (
+            "",
+            SiloOptions,
+            {"membership", "reminders", "messaging", "redis", "grain_types", "storage"},
+        ),
         ("membership.", MembershipOptions, set()),
         ("reminders.", ReminderOptions, set()),
         ("messaging.", MessagingOptions, {"tls"}),
         ("messaging.tls.", TlsOptions, set()),
+        ("redis.", RedisOptions, set()),
     ]
     for prefix, cls, not_scalar in sections:
         for f in dataclasses.fields(cls):
@@ -43,6 +49,7 @@ def test_every_option_of_every_options_class_is_a_key() -> None:
                 assert prefix + f.name in SETTINGS, prefix + f.name
     assert SETTINGS["membership.probe_interval"].env == "ORLEANSPY_MEMBERSHIP_PROBE_INTERVAL"
     assert SETTINGS["messaging.tls.ca_file"].env == "ORLEANSPY_MESSAGING_TLS_CA_FILE"
+    assert SETTINGS["redis.wait_replicas"].env == "ORLEANSPY_REDIS_WAIT_REPLICAS"
     # Variables that predate the file keep their names.
     assert SETTINGS["messaging.cluster_secret"].env == "ORLEANSPY_CLUSTER_SECRET"
     assert SETTINGS["advertised_host"].env == "ORLEANSPY_ADVERTISE_HOST"

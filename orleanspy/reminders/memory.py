@@ -21,12 +21,12 @@ import logging
 from collections import OrderedDict, deque
 from collections.abc import Container, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime
+from datetime import UTC, datetime
 from heapq import heapify, heappop, heappush
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from orleanspy.clock import from_ms, to_ms
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import HASH_SPACE, RingRange
 
@@ -85,6 +85,10 @@ class InMemoryReminderTable:
         # Histories of ended rows (``end``), oldest ending first, at most
         # ENDED_HISTORIES of them: this table has no clock to expire them by.
         self._ended: OrderedDict[_Key, deque[dict[str, Any]]] = OrderedDict()
+        #: The incarnation this instance writes for (``FencingReminderTable``).
+        self.writer: SiloAddress | None = None
+        # Fenced writers -> when fenced (ms). Shared with every ``writer_view``.
+        self._fenced: dict[SiloAddress, int] = {}
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Nothing to connect; on close, every open ``changes()`` stream ends."""
@@ -128,12 +132,42 @@ class InMemoryReminderTable:
         next_due: datetime,
         last_fire: datetime | None,
     ) -> str | None:
-        """CAS on the etag: the new etag, or ``None`` if the row is gone or moved on."""
-        return self._update(grain_id, name, etag, next_due, last_fire)
+        """CAS on the etag: the new etag, or ``None`` if the row is gone or moved on
+        (or this instance's writer is fenced)."""
+        update = ScheduleUpdate(grain_id, name, etag, next_due, last_fire)
+        return (await self.update_schedule_many_as(self.writer, [update]))[0]
 
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
         """``update_schedule`` for each update in order; results line up with ``updates``."""
+        return await self.update_schedule_many_as(self.writer, updates)
+
+    async def update_schedule_many_as(
+        self, writer: SiloAddress | None, updates: Sequence[ScheduleUpdate]
+    ) -> list[str | None]:
+        """``update_schedule_many`` written for ``writer`` (a ``writer_view``'s)."""
+        if writer is not None and writer in self._fenced:
+            return [None] * len(updates)
         return [self._update(u.grain_id, u.name, u.etag, u.next_due, u.last_fire) for u in updates]
+
+    async def fence(
+        self,
+        writer: SiloAddress,
+        *,
+        at: datetime | None = None,
+        prune_before: datetime | None = None,
+    ) -> None:
+        """Refuse ``writer``'s schedule writes from now on (``FencingReminderTable``)."""
+        at_ms = to_ms(at or datetime.now(UTC))
+        self._fenced[writer] = max(at_ms, self._fenced.get(writer, at_ms))
+        if prune_before is not None:
+            cutoff = to_ms(prune_before)
+            self._fenced = {w: t for w, t in self._fenced.items() if t >= cutoff or w == writer}
+
+    def writer_view(self, writer: SiloAddress) -> InMemoryReminderTable:
+        """This table as written by ``writer``: the same rows, feeds and fences;
+        only its schedule writes carry ``writer``. For several silos of one
+        process sharing one table, each with its own incarnation."""
+        return cast(InMemoryReminderTable, _WriterView(self, writer))
 
     async def remove(self, grain_id: GrainId, name: str, etag: str) -> bool:
         """Delete the row if its etag is ``etag``; ``False`` if missing or moved on."""
@@ -369,6 +403,35 @@ class InMemoryReminderTable:
     def _close_subscriptions(self) -> None:
         for sub in list(self._subscribers):
             sub.end()
+
+
+class _WriterView:
+    """``InMemoryReminderTable.writer_view``: every attribute is the table's,
+    except ``writer`` and the schedule writes, which carry this view's writer."""
+
+    def __init__(self, table: InMemoryReminderTable, writer: SiloAddress) -> None:
+        self._table = table
+        self.writer = writer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    async def start(self, stack: AsyncExitStack) -> None:
+        """Nothing to do: the table itself is started (and closed) by its owner."""
+
+    async def update_schedule(
+        self,
+        grain_id: GrainId,
+        name: str,
+        etag: str,
+        next_due: datetime,
+        last_fire: datetime | None,
+    ) -> str | None:
+        update = ScheduleUpdate(grain_id, name, etag, next_due, last_fire)
+        return (await self._table.update_schedule_many_as(self.writer, [update]))[0]
+
+    async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
+        return await self._table.update_schedule_many_as(self.writer, updates)
 
 
 def _shards_of(r: RingRange | None) -> range | list[int]:

@@ -28,6 +28,9 @@ One table holds every service's rows (``service_id`` leads every key)::
     orleanspy_reminder_ended_history   histories of ended rows (``end``), kept
         the history's columns, ended_at    ENDED_HISTORY_KEPT; no foreign key
 
+    orleanspy_reminder_fences          fenced writers (``FencingReminderTable``)
+        service_id, writer, fenced_at      PK (service_id, writer)
+
 The schema is versioned (``_SCHEMA``, one step per version, applied by
 ``start``): version 2 added ``declared``, the upcoming index (in place of
 v1's ``(service_id, next_due)``) and the notification with a priority;
@@ -35,7 +38,8 @@ version 3 added ``paused`` (both due indexes rebuilt as partial indexes) and
 the history table; version 4 added ``grace_ms`` and the history's ``error``;
 version 5 added ``extras`` (jitter, bounds, payload, retry: one column, since
 only the service reads them and no index needs them), the history's
-``attempt`` and ``final``, and the ended histories.
+``attempt`` and ``final``, and the ended histories; version 6 is reserved
+(another line of work's column); version 7 added the fence table.
 
 Paused rows. The due indexes hold only rows that are not paused, and every
 due query says ``NOT paused`` (so the planner can use them): a paused row costs
@@ -91,7 +95,7 @@ from typing import Any, Final
 from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import SerializationError, StorageError
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders._pg_feed import Listener, PostgresChanges
 from orleanspy.reminders.model import (
     FireOutcome,
@@ -241,6 +245,21 @@ _SCHEMA: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX IF NOT EXISTS orleanspy_reminder_ended_history_at "
         "ON orleanspy_reminder_ended_history (service_id, ended_at)",
     ),
+    # v6: reserved for the row fingerprint column, which lands from another
+    # line of work; merging it puts its statements here. Every step is
+    # idempotent (IF NOT EXISTS), so the order of v6 and v7 does not matter.
+    (),
+    # v7: fenced writers (``FencingReminderTable``): a schedule CAS from a
+    # writer listed here for the service changes nothing. v5/v6 silos still
+    # running during an upgrade neither read nor write it (they are not fenced).
+    (
+        """CREATE TABLE IF NOT EXISTS orleanspy_reminder_fences (
+            service_id text NOT NULL,
+            writer text NOT NULL,
+            fenced_at bigint NOT NULL,
+            PRIMARY KEY (service_id, writer)
+        )""",
+    ),
 )
 
 _COLUMNS: Final = (
@@ -330,8 +349,14 @@ SELECT w.grain_id, w.name, w.version, orleanspy_reminder_notify(
 FROM w
 """
 
+# A schedule CAS from a fenced writer changes nothing (``FencingReminderTable``);
+# a NULL writer (an instance without one) is never fenced.
+_NOT_FENCED: Final = """
+    AND NOT EXISTS (SELECT 1 FROM orleanspy_reminder_fences f
+        WHERE f.service_id = $1 AND f.writer = {writer}::text)"""
+
 # Parallel arrays, one element per update; the ordinal says which update won.
-_UPDATE_MANY: Final = """
+_UPDATE_MANY: Final = f"""
 WITH u AS (
     SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[])
         WITH ORDINALITY AS u(grain_id, name, version, next_due, last_fire, i)
@@ -341,15 +366,27 @@ SET next_due = u.next_due, last_fire = u.last_fire,
     version = nextval('orleanspy_reminder_version')
 FROM u
 WHERE t.service_id = $1 AND t.grain_id = u.grain_id AND t.name = u.name
-    AND t.version = u.version
+    AND t.version = u.version{_NOT_FENCED.format(writer="$7")}
 RETURNING u.i, t.version
 """
 
-_UPDATE_ONE: Final = """
+_UPDATE_ONE: Final = f"""
 UPDATE orleanspy_reminders
 SET next_due = $5, last_fire = $6, version = nextval('orleanspy_reminder_version')
-WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4
+WHERE service_id = $1 AND grain_id = $2 AND name = $3 AND version = $4{
+    _NOT_FENCED.format(writer="$7")
+}
 RETURNING version
+"""
+
+_FENCE: Final = """
+INSERT INTO orleanspy_reminder_fences (service_id, writer, fenced_at) VALUES ($1, $2, $3)
+ON CONFLICT (service_id, writer) DO UPDATE
+SET fenced_at = GREATEST(orleanspy_reminder_fences.fenced_at, EXCLUDED.fenced_at)
+"""
+
+_PRUNE_FENCES: Final = """
+DELETE FROM orleanspy_reminder_fences WHERE service_id = $1 AND fenced_at < $2 AND writer <> $3
 """
 
 _REMOVE: Final = """
@@ -632,6 +669,8 @@ class PostgresReminderTable:
         self._pool: Pool | None = None
         self._channel = _channel(service_id)
         self._listener: Listener | None = None
+        #: The incarnation this instance writes for (``FencingReminderTable``).
+        self.writer: SiloAddress | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -748,8 +787,30 @@ class PostgresReminderTable:
                 version,
                 to_ms(next_due),
                 _ms_or_none(last_fire),
+                self._writer_text,
             )
         return None if new is None else str(new)
+
+    @property
+    def _writer_text(self) -> str | None:
+        return None if self.writer is None else str(self.writer)
+
+    async def fence(
+        self,
+        writer: SiloAddress,
+        *,
+        at: datetime | None = None,
+        prune_before: datetime | None = None,
+    ) -> None:
+        """Insert ``writer`` into the fence table (its time raised if already
+        there); with ``prune_before``, delete the service's older fences (never
+        ``writer``'s), in the same transaction."""
+        member = str(writer)
+        with translate_errors("reminder fence"):
+            async with self._p.acquire() as conn, conn.transaction():
+                await conn.execute(_FENCE, self.service_id, member, to_ms(at or datetime.now(UTC)))
+                if prune_before is not None:
+                    await conn.execute(_PRUNE_FENCES, self.service_id, to_ms(prune_before), member)
 
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
         """``update_schedule`` for each update, in order: one statement over
@@ -798,6 +859,7 @@ class PostgresReminderTable:
                 [_version(updates[i].etag) for i in indices],
                 [to_ms(updates[i].next_due) for i in indices],
                 [_ms_or_none(updates[i].last_fire) for i in indices],
+                self._writer_text,
             )
         won: set[tuple[str, str]] = set()
         for rec in records:

@@ -11,6 +11,7 @@ hash tag ``{<service_id>:rem:<s>}``, so each shard can live on its own node)::
     P rem:T:etag    STRING  per-shard write counter (etags)
     P rem:T:changes sharded pub/sub channel (SPUBLISH) of the shard's changes
     P rem:T:hist:K  LIST  fire history of row K ("grain|name"), msgpack records, newest first
+    P rem:T:fenced  ZSET  fenced writers (``str(SiloAddress)``), score = ms fenced
     P rem:meta      HASH  "shards" -> the shard count the table was created with
 
 A change message is ``<writer: 8 hex><hash: 8 hex><msgpack [grain, name,
@@ -58,7 +59,7 @@ import logging
 import secrets
 from collections.abc import Container, Iterable, Sequence
 from contextlib import AsyncExitStack
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from orleanspy._redis import (
@@ -75,7 +76,7 @@ from orleanspy._redis import (
 )
 from orleanspy.clock import to_ms
 from orleanspy.errors import ConfigurationError, SerializationError, StorageError
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders._redis_feed import ClusterTopology, RedisChanges, change_payload
 from orleanspy.reminders.model import (
     FireRecord,
@@ -202,8 +203,10 @@ return out
 
 # ARGV[1]: etag suffix. ARGV[2]: shard key prefix. ARGV[3]: msgpack flat list,
 # six items per update: shard, key, due member, expected etag, next_due ms,
-# last_fire ms (-1: none). Returns per update the new etag, or false on a lost
-# race. The rows travel in one argument so the client encodes one string per
+# last_fire ms (-1: none). ARGV[4]: the writer (``str(SiloAddress)``, '' for
+# none); an update in a shard whose ``fenced`` set holds it loses, as a lost
+# CAS (``FencingReminderTable``). Returns per update the new etag, or false on a
+# lost race. The rows travel in one argument so the client encodes one string per
 # batch, not six per row. The due score is the lane of the row's stored
 # priority plus next_due (``lane_score``), formatted with %.0f because Lua
 # would print it with 14 digits; a paused row stays out of the index. Nothing
@@ -217,6 +220,9 @@ for i = 1, #u, 6 do
   local rows = shard .. 'rows'
   local raw = redis.call('HGET', rows, u[i + 1])
   local result = false
+  if raw and ARGV[4] ~= '' and redis.call('ZSCORE', shard .. 'fenced', ARGV[4]) then
+    raw = false
+  end
   if raw then
     local rec = cmsgpack.unpack(raw)
     if rec['e'] == u[i + 3] then
@@ -405,6 +411,8 @@ class RedisReminderTable:
         self._etag_suffix = f".{self.writer_id}"
         self._subscriptions: set[RedisChanges] = set()
         self._scripts: dict[str, Any] = {}
+        #: The incarnation this instance writes for (``FencingReminderTable``).
+        self.writer: SiloAddress | None = None
 
     # -- lifecycle ------------------------------------------------------------------
 
@@ -605,18 +613,28 @@ class RedisReminderTable:
                 -1 if u.last_fire is None else to_ms(u.last_fire),
             )
         with translate_errors("reminder update_schedule_many"):
+            # ARGV[4]: the writer, whom the script checks against each shard's
+            # fence set ('' for a table with no writer).
+            writer = "" if self.writer is None else str(self.writer)
             if self._cluster:
                 results = await self._per_node(
-                    "update_many", _UPDATE_MANY, flat, 6, [self._etag_suffix]
+                    "update_many", _UPDATE_MANY, flat, 6, [self._etag_suffix], tail=[writer]
                 )
             else:
                 results = await self._script("update_many")(
-                    args=[self._etag_suffix, self._shard_prefix, pack_lua(flat)]
+                    args=[self._etag_suffix, self._shard_prefix, pack_lua(flat), writer]
                 )
         return [None if r is None else r.decode() for r in results]
 
     async def _per_node(
-        self, name: str, text: str, flat: list[Any], width: int | None, head: list[Any]
+        self,
+        name: str,
+        text: str,
+        flat: list[Any],
+        width: int | None,
+        head: list[Any],
+        *,
+        tail: Sequence[Any] = (),
     ) -> list[Any]:
         """Run a batch script whose items (``flat``, each starting with its shard)
         span shards once per cluster node, over that node's items only, routed by
@@ -626,7 +644,8 @@ class RedisReminderTable:
         (shard, key, n, then ``_HISTORY_FIELDS`` fields per record). The script's ARGV stay
         ``head + [shard prefix, packed items]``: the routing key is the one
         declared key, and the other shards' keys it builds are local to the node
-        (a key whose slot moved meanwhile fails the call: unavailable, retried).
+        (a key whose slot moved meanwhile fails the call: unavailable, retried),
+        then ``tail``.
         """
         items: list[tuple[int, int]] = []  # (start, end) of each item in flat
         i = 0
@@ -648,7 +667,7 @@ class RedisReminderTable:
                 a, b = items[n]
                 sub += flat[a:b]
             routing = self._key(int(flat[items[members[0]][0]]), "rows")
-            calls.append(([routing], [*head, self._shard_prefix, pack_lua(sub)]))
+            calls.append(([routing], [*head, self._shard_prefix, pack_lua(sub), *tail]))
         replies = await run_script_calls(self._c, text, self._script(name).sha, calls)
         if width is None:
             return replies
@@ -657,6 +676,28 @@ class RedisReminderTable:
             for n, r in zip(members, reply, strict=True):
                 out[n] = r
         return out
+
+    async def fence(
+        self,
+        writer: SiloAddress,
+        *,
+        at: datetime | None = None,
+        prune_before: datetime | None = None,
+    ) -> None:
+        """Add ``writer`` to every shard's ``fenced`` set, in one pipelined round
+        trip (each shard's set lives under its own hash tag, beside the rows the
+        schedule script checks it for). The fence is set (or its time raised)
+        before pruning, so ``writer`` itself is never without one."""
+        at_ms = to_ms(at or datetime.now(UTC))
+        member = str(writer)
+        with translate_errors("reminder fence"):
+            pipe = self._c.pipeline(transaction=False)
+            for s in range(self.shards):
+                key = self._key(s, "fenced")
+                pipe.zadd(key, {member: at_ms}, gt=True)
+                if prune_before is not None and to_ms(prune_before) <= at_ms:
+                    pipe.zremrangebyscore(key, "-inf", f"({to_ms(prune_before)}")
+            await pipe.execute()
 
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
         """The whole batch in one script call, records packed in one argument;

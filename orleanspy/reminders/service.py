@@ -39,8 +39,10 @@ import logging
 from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from datetime import timedelta
 
 from orleanspy.clock import Clock
+from orleanspy.identity import SiloAddress
 from orleanspy.membership.lease import OwnershipLease, guard
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
@@ -81,8 +83,8 @@ class ReminderServiceStats:
     outside a full window. ``grain_retries``: attempts queued under a row's
     ``RetryPolicy``; ``retries_given_up``: retries dropped because the next slot
     came first; ``ended``: rows removed after their last slot (delivered or
-    skipped; the repair pass's ends are in ``repaired``).
-    """
+    skipped; the repair pass's ends are in ``repaired``); ``fenced``: Dead
+    incarnations fenced in the table (``fence``)."""
 
     bucket_size: int
     loaded: int
@@ -108,6 +110,7 @@ class ReminderServiceStats:
     grain_retries: int = 0
     retries_given_up: int = 0
     ended: int = 0
+    fenced: int = 0
 
 
 class ReminderService:
@@ -240,6 +243,16 @@ class ReminderService:
             len(self._window),
         )
 
+    def fence(self, silo: SiloAddress, *, keep: timedelta | None = None) -> None:
+        """``silo`` (that incarnation) is Dead: fence it in the table before the
+        next read, so the rows this service takes over from it are read only
+        once the table refuses its schedule writes (``FencingReminderTable``),
+        and no tick it still delivers is persisted as progress. Call it before
+        ``set_ranges`` of the ring change its death causes. ``keep``: fences
+        older than that may be pruned meanwhile. A no-op on a table that does
+        not fence."""
+        self._loader.fence(silo, keep)
+
     def notify_change(self, change: ReminderChange) -> None:
         """Take a change of the table into account (from the feed or a local hint).
 
@@ -329,6 +342,7 @@ class ReminderService:
             grain_retries=dl.grain_retries,
             retries_given_up=dl.retries_given_up,
             ended=dl.ended,
+            fenced=ld.fenced,
         )
 
     # -- wiring -----------------------------------------------------------------------

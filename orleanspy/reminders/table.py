@@ -76,6 +76,27 @@ readable (``read_history``) for a while afterwards (``ENDED_HISTORY_KEPT``, or
 as the backend bounds it), so the final delivery can be looked up. If a row is
 written again under the same key meanwhile, its history may continue the ended
 one. ``remove`` still deletes the history at once (an operator's delete).
+
+Fencing deposed owners (``FencingReminderTable``, optional). A table instance
+may know its *writer*, the incarnation of the silo it writes for
+(``SiloAddress`` with its generation), set once before the service starts.
+``fence(writer)`` refuses that incarnation's schedule writes from then on:
+an ``update_schedule`` (and each update of ``update_schedule_many``) from a
+table instance whose writer is fenced answers ``None``, as a lost CAS, and
+changes nothing, whatever the etag. Fencing is durable as the rows are,
+idempotent, and never affects another writer (another generation on the same
+host and port included) nor a table instance without a writer. A silo that
+sees another Dead fences it *before* it reads the rows it takes over, so a
+tick the deposed owner delivers late (it has not yet learnt it is Dead) is
+never persisted as progress, and the new owner's reads and writes are
+ordered after every schedule write the old one got in. Storage is up to the
+backend (Redis: per shard a sorted set ``fenced`` under the shard's own hash
+tag, writer -> time fenced, checked inside the schedule CAS script; SQL: a
+fence table checked in the CAS's ``UPDATE ... AND NOT EXISTS``). Entries fenced
+before ``prune_before`` (the caller's bound: a defunct incarnation's, e.g.
+``MembershipOptions.defunct_silo_expiration`` ago) may be dropped on a later
+``fence``. Only schedule writes are fenced: whole-row writes (registration,
+management) and removals stay any silo's.
 """
 
 from __future__ import annotations
@@ -85,7 +106,7 @@ from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
 
@@ -97,6 +118,7 @@ __all__ = [
     "ConditionalReminderTable",
     "EndingReminderTable",
     "FeedScope",
+    "FencingReminderTable",
     "PausableReminderTable",
     "ReminderTable",
     "ScopedChangesTable",
@@ -255,6 +277,34 @@ class BatchingReminderTable(ReminderTable, Protocol):
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
         """``update_schedule`` for each update, in order, as one batch; each result
         is the new etag or ``None`` (lost race), exactly as for single calls."""
+        ...
+
+
+@runtime_checkable
+class FencingReminderTable(ReminderTable, Protocol):
+    """A table that refuses the schedule writes of fenced writers (optional;
+    the module docstring). The service fences a silo it sees Dead before it
+    reads that silo's rows; on a table without it a deposed owner's late
+    ticks may be persisted (at least once, as before)."""
+
+    #: The incarnation this instance writes for, or ``None`` (never fenced).
+    #: Read at every schedule write; a silo sets its own before its service starts.
+    writer: SiloAddress | None
+
+    async def fence(
+        self,
+        writer: SiloAddress,
+        *,
+        at: datetime | None = None,
+        prune_before: datetime | None = None,
+    ) -> None:
+        """Refuse ``writer``'s schedule writes from now on (idempotent; fencing
+        again only raises the fence's time to ``at``). Returns once every part
+        of the store (every shard) holds the fence. ``at`` is the fence time
+        (the caller's clock; default: now); with ``prune_before``, fences whose
+        time is before it may be dropped (never ``writer``'s own). Raises
+        ``StorageUnavailableError`` if the store cannot be reached (the fence
+        may then be partly set: call again)."""
         ...
 
 

@@ -192,7 +192,9 @@ class RingFollower:
 
     On each snapshot: rebuild the ring over the Active silos; if it changed,
     pass this silo's ranges to ``on_ranges``. Silos that left (Dead or gone)
-    have their cached directory entries dropped and connections closed.
+    have their cached directory entries dropped and connections closed, and
+    are passed to ``on_dead`` once each, before the ring change their death
+    causes (the reminder service fences them before it reads their rows).
     """
 
     def __init__(
@@ -202,10 +204,12 @@ class RingFollower:
         directory: CachedDirectory,
         transport: Transport,
         on_ranges: Callable[[tuple[RingRange, ...]], None],
+        on_dead: Callable[[SiloAddress], None] | None = None,
         buckets_per_silo: int = 30,
         balanced: bool = False,
     ) -> None:
         self._address = address
+        self._on_dead = on_dead
         self._directory = directory
         self._transport = transport
         self._on_ranges = on_ranges
@@ -222,6 +226,8 @@ class RingFollower:
                 self._known_dead.add(silo)
                 self._directory.invalidate_silo(silo)
                 self._transport.disconnect(silo)
+                if self._on_dead is not None:
+                    self._on_dead(silo)
         active = snapshot.active_silos()
         ring = ConsistentRing.build(active, self._buckets, balanced=self._balanced)
         if ring != self.ring:

@@ -40,7 +40,7 @@ from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders._service.adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
 from orleanspy.reminders.service import ReminderService, ReminderServiceStats
-from orleanspy.reminders.table import ReminderTable
+from orleanspy.reminders.table import FencingReminderTable, ReminderTable
 from orleanspy.ring import RingRange
 from orleanspy.runtime.addresses import advertised_host
 from orleanspy.runtime.cluster import ClusterLocator, RingFollower
@@ -121,6 +121,8 @@ class Silo:
         self.options = options or SiloOptions()
         self.clock: Clock = clock or SystemClock()
         self._reminder_table = reminder_table
+        # Whether the silo opened the reminder table itself (from its URL).
+        self._reminder_table_opened = False
         self._streams = streams
         self._membership_table = membership_table
         self._directory = directory
@@ -328,6 +330,7 @@ class Silo:
                 url_of(o.directory_url), cluster_id=o.cluster_id, service_id=o.service_id
             )
         if self._reminder_table is None:
+            self._reminder_table_opened = True
             self._reminder_table = await connections.reminder_table(
                 url_of(o.reminders_url), service_id=o.service_id, shards=o.reminders.shards
             )
@@ -467,6 +470,7 @@ class Silo:
             transport=transport,
             on_ranges=self._reminders().set_ranges,
             balanced=self.options.membership.balanced_ring,
+            on_dead=self._fence_dead,
         )
         self.ring = follower
         await membership.start(stack)
@@ -527,6 +531,12 @@ class Silo:
         if not self._aborted:
             await membership.shutdown()
 
+    def _fence_dead(self, silo: SiloAddress) -> None:
+        """A silo is Dead: its reminder writes are fenced before its rows are
+        read here, for as long as the membership keeps defunct rows."""
+        keep = self.options.membership.defunct_silo_expiration
+        self._reminders().fence(silo, keep=keep)
+
     async def _leave_cluster(self, membership: MembershipService) -> None:
         """First step of a graceful stop: hand the reminders over (ticks in flight
         finished and persisted, nothing more delivered), then tell the cluster
@@ -559,6 +569,12 @@ class Silo:
         streams = self._streams or InMemoryStreamProvider()
         await streams.start(stack)
         table = self._reminder_table or InMemoryReminderTable(self.options.service_id)
+        opened = self._reminder_table is None or self._reminder_table_opened
+        if opened and isinstance(table, FencingReminderTable):
+            # Schedule writes carry this incarnation, so that peers can fence it
+            # once they see it Dead. A table passed in is the caller's to label
+            # (several silos of one process may share it: ``writer_view``).
+            table.writer = self.address
         await table.start(stack)
         self.reminder_table = table
         registry = ReminderRegistry(

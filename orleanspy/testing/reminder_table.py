@@ -30,10 +30,12 @@ the table is a ``ConditionalReminderTable``), ``upsert_many`` (when it is a
 ``PausableReminderTable``), ``upcoming``,
 ``count``, the change feed and a field-by-field round trip, including the
 optional schedule fields (one-shot rows, jitter, bounds, payload, retry policy:
-``check_schedule_fields``) and ended rows' history (when it is an
-``EndingReminderTable``). Then the race scenarios of ``reminder_races``: the
-reminder service over the table with reads held open (a registration or
-removal racing a read never lets a stale row tick). Rows are written with the
+``check_schedule_fields``), ended rows' history (when it is an
+``EndingReminderTable``) and fenced writers (when it is a
+``FencingReminderTable``: ``check_fenced_writer_loses_its_schedule_writes``).
+Then the race scenarios of ``reminder_races``: the reminder service over the
+table with reads held open (a registration or removal racing a read never lets
+a stale row tick). Rows are written with the
 table's ``service_id`` attribute when it has one.
 """
 
@@ -49,7 +51,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from orleanspy.clock import from_ms, to_ms
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders.model import (
     FireOutcome,
     FireRecord,
@@ -66,6 +68,7 @@ from orleanspy.reminders.table import (
     ChangeFeed,
     ConditionalReminderTable,
     EndingReminderTable,
+    FencingReminderTable,
     PausableReminderTable,
     ReminderTable,
     SkippingReminderTable,
@@ -1063,6 +1066,57 @@ async def check_ended_rows_keep_their_history(factory: TableFactory) -> None:
         assert await table.read_history(gid, "r") == [], "remove kept an ended history"
 
 
+async def check_fenced_writer_loses_its_schedule_writes(factory: TableFactory) -> None:
+    """A fenced writer's ``update_schedule`` and ``update_schedule_many`` answer
+    ``None`` and change nothing, whatever the etag; other writers (another
+    generation on the same endpoint too) and an instance without a writer are
+    unaffected; fencing again changes nothing (skipped when the table is not a
+    ``FencingReminderTable``)."""
+    async with factory() as table:
+        if not isinstance(table, FencingReminderTable):
+            return
+        deposed = SiloAddress("10.9.0.1", 11111, generation=1_000)
+        successor = SiloAddress("10.9.0.1", 11111, generation=2_000)
+        gid = GrainId("ContractGrain", "fenced")
+        first = await table.upsert(_entry(table, gid))
+        later = _T0 + timedelta(minutes=1)
+        table.writer = deposed
+        moved = await table.update_schedule(gid, "r", first, later, _T0)
+        assert moved is not None, "a writer not fenced lost its CAS"
+        etag = moved
+        await table.fence(deposed, at=_T0)
+        await table.fence(deposed, at=_T0 + timedelta(seconds=1))  # idempotent
+        before = await table.read(gid, "r")
+        late = later + timedelta(minutes=1)
+        lost = await table.update_schedule(gid, "r", etag, late, later)
+        assert lost is None, "a fenced writer's update_schedule won"
+        if isinstance(table, BatchingReminderTable):
+            many = await table.update_schedule_many([ScheduleUpdate(gid, "r", etag, late, later)])
+            assert many == [None], f"a fenced writer's update_schedule_many won: {many}"
+        assert await table.read(gid, "r") == before, "a fenced writer's CAS changed the row"
+        due = await table.read_due(RingRange.full(), late, 10)
+        assert [r.next_due for r in due] == [later], "a fenced writer's CAS moved the due index"
+        for writer in (successor, None):
+            table.writer = writer
+            new = await table.update_schedule(gid, "r", etag, late, later)
+            assert new is not None, f"writer {writer} lost its CAS to another's fence"
+            etag = new
+            if isinstance(table, BatchingReminderTable):
+                done = await table.update_schedule_many(
+                    [ScheduleUpdate(gid, "r", etag, late + timedelta(minutes=1), late)]
+                )
+                assert done[0] is not None, f"writer {writer} lost a batched CAS to a fence"
+                etag = done[0]
+        # Pruning drops old fences but never the one being set.
+        table.writer = deposed
+        await table.fence(
+            deposed, at=_T0 + timedelta(days=30), prune_before=_T0 + timedelta(days=9)
+        )
+        assert await table.update_schedule(gid, "r", etag, late, None) is None, (
+            "fencing with prune_before dropped the writer's own fence"
+        )
+
+
 REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_upsert_returns_distinct_etags,
     check_read_and_read_grain,
@@ -1084,6 +1138,7 @@ REMINDER_TABLE_CHECKS: Final[tuple[Check, ...]] = (
     check_fire_history,
     check_schedule_fields,
     check_ended_rows_keep_their_history,
+    check_fenced_writer_loses_its_schedule_writes,
     *REMINDER_RACE_CHECKS,
 )
 """Every check, each taking the factory; for one pytest case per check (the

@@ -14,7 +14,8 @@ import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -30,7 +31,9 @@ from orleanspy import (
     TickStatus,
 )
 from orleanspy.identity import GrainId
+from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.reminders.service import ReminderServiceStats
+from orleanspy.reminders.table import FencingReminderTable
 from orleanspy.runtime.silo import SiloState
 from orleanspy.testing.cluster import InProcessCluster, wait_for
 
@@ -264,7 +267,7 @@ async def test_ranges_move_on_join_and_graceful_leave_and_reminders_keep_firing(
 
 
 async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
-    cluster: tuple[list[Silo], Cluster],
+    redis_url: str, cluster: tuple[list[Silo], Cluster]
 ) -> None:
     silos, add = cluster
     opts = ReminderOptions(
@@ -310,6 +313,16 @@ async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
     await victim.abort()
     crashed = time.monotonic()
     await converged(silos, timeout=20)
+    # Each survivor fenced the victim's incarnation before it read the rows it
+    # took over: the table now refuses that incarnation's schedule writes.
+    await wait_for(
+        lambda: all(stats(s).fenced >= 1 for s in silos[:2]),
+        timeout=10,
+        what="the survivors fencing the crashed silo",
+    )
+    for survivor in silos[:2]:
+        assert isinstance(survivor.reminder_table, FencingReminderTable)
+        assert survivor.reminder_table.writer == survivor.address
     await wait_for(
         lambda: all(sum(1 for d in DELIVERIES if d.key == k and d.at > crashed) >= 3 for k in keys),
         timeout=10,
@@ -333,6 +346,33 @@ async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
     print(f"\ncatch-ups coalescing missed slots: {coalesced} of {len(keys)} reminders")
     survivors_missed = sum(stats(s).missed for s in silos[:2])
     assert survivors_missed >= coalesced
+    await _assert_fenced(redis_url, victim, opts, GrainId(TYPE, keys[0]))
+
+
+async def _assert_fenced(redis_url: str, victim: Silo, opts: ReminderOptions, gid: GrainId) -> None:
+    """The table refuses ``victim``'s schedule writes to ``gid``'s row, and takes
+    the same write (same etag) from another incarnation on its endpoint: the
+    refusal is the fence, not a stale etag. The row's owner keeps ticking, so a
+    write can lose to it; a few tries give the control one that does not."""
+    async with AsyncExitStack() as stack:
+        tables = []
+        later = replace(victim.address, generation=victim.address.generation + 1)
+        for writer in (victim.address, later):
+            table = RedisReminderTable(
+                redis_url, service_id=victim.options.service_id, shards=opts.shards
+            )
+            table.writer = writer
+            await table.start(stack)
+            tables.append(table)
+        deposed, control = tables
+        for _ in range(20):
+            row = await deposed.read(gid, "r")
+            assert row is not None and row.etag is not None
+            args = (gid, "r", row.etag, row.next_due, row.last_fire)
+            assert await deposed.update_schedule(*args) is None, "the crashed silo was not fenced"
+            if await control.update_schedule(*args) is not None:
+                return
+        raise AssertionError("no write of the control incarnation won in 20 tries")
 
 
 async def test_a_row_written_on_another_silo_is_picked_up_from_the_change_feed(

@@ -118,7 +118,7 @@ async def test_a_v4_table_migrates_and_keeps_its_rows_and_history(postgres_url: 
         assert replace(rewritten, priority=0, etag=None) == replace(shaped, etag=None)
         newest = (await table.read_history(old, "r"))[0]
         assert (newest.outcome, newest.attempt, newest.final) == (FireOutcome.RETRYING, 2, True)
-    assert version == len(pg_reminders._SCHEMA) == 5
+    assert version == len(pg_reminders._SCHEMA) >= 5
 
 
 async def test_a_one_shot_row_needs_neither_period_nor_cron(postgres_url: str) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -15,7 +15,7 @@ import redis.asyncio.client as redis_client
 
 from orleanspy._redis import connect
 from orleanspy.errors import StorageError, StorageUnavailableError
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.reminders.postgres import PostgresReminderTable
@@ -24,6 +24,7 @@ from orleanspy.reminders.table import (
     BatchingReminderTable,
     EndingReminderTable,
     FeedScope,
+    FencingReminderTable,
     ReminderTable,
     subscribe,
 )
@@ -32,6 +33,7 @@ from orleanspy.testing.redis_server import RedisServer
 from orleanspy.testing.reminder_table import (
     REMINDER_TABLE_CHECKS,
     check_ended_rows_keep_their_history,
+    check_fenced_writer_loses_its_schedule_writes,
     check_read_due_against_brute_force,
     check_reminder_table,
     check_schedule_fields,
@@ -196,6 +198,42 @@ async def test_every_backend_ends_rows_keeping_their_history() -> None:
     assert isinstance(
         PostgresReminderTable("postgresql://x/y", service_id="s"), EndingReminderTable
     )
+
+
+class _FenceIgnoredTable(InMemoryReminderTable):
+    """Breaks the contract: ``fence`` is accepted but schedule writes never check it."""
+
+    async def update_schedule_many_as(
+        self, writer: SiloAddress | None, updates: Sequence[ScheduleUpdate]
+    ) -> list[str | None]:
+        return await super().update_schedule_many_as(None, updates)
+
+
+async def test_contract_suite_catches_a_table_that_ignores_the_fence() -> None:
+    with pytest.raises(AssertionError, match="fenced writer's update_schedule won"):
+        await check_fenced_writer_loses_its_schedule_writes(_factory_of(_FenceIgnoredTable))
+
+
+async def test_every_backend_fences() -> None:
+    # So the kit's check runs on each, not skips.
+    assert isinstance(InMemoryReminderTable(), FencingReminderTable)
+    assert isinstance(RedisReminderTable("redis://x", service_id="s"), FencingReminderTable)
+    assert isinstance(
+        PostgresReminderTable("postgresql://x/y", service_id="s"), FencingReminderTable
+    )
+
+
+async def test_memory_writer_views_share_rows_and_fences() -> None:
+    table = InMemoryReminderTable("contract")
+    a, b = SiloAddress("h", 1, generation=1), SiloAddress("h", 1, generation=2)
+    view_a, view_b = table.writer_view(a), table.writer_view(b)
+    gid = GrainId("G", "view")
+    etag = await table.upsert(ReminderEntry("contract", gid, "r", T0, T0, timedelta(seconds=1)))
+    await view_b.fence(a, at=T0)
+    assert await view_a.update_schedule(gid, "r", etag, T0 + timedelta(seconds=1), T0) is None
+    assert await view_b.update_schedule(gid, "r", etag, T0 + timedelta(seconds=1), T0) is not None
+    row = await view_a.read(gid, "r")
+    assert row is not None and row.next_due == T0 + timedelta(seconds=1)
 
 
 async def test_contract_suite_catches_a_table_that_drops_the_optional_fields() -> None:

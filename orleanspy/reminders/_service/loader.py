@@ -52,7 +52,7 @@ from orleanspy._retry import Backoff
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock
 from orleanspy.errors import ReminderError
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._service.adaptive import LoadSignals, adapted_bucket_size
@@ -73,6 +73,7 @@ from orleanspy.reminders.model import (
 from orleanspy.reminders.schedule import schedule_for
 from orleanspy.reminders.table import (
     ChangeFeed,
+    FencingReminderTable,
     ReminderTable,
     SkippingReminderTable,
     subscribe,
@@ -128,6 +129,10 @@ class Loader:
         self._refill_wanted = True
         self._refill_waiters: list[asyncio.Future[None]] = []
         self._new_ranges: list[RingRange] = []
+        # Incarnations to fence before the next read (``fence``), with how long
+        # fences are kept.
+        self._fences: dict[SiloAddress, timedelta | None] = {}
+        self.fenced = 0
         self._hints: dict[str, tuple[GrainId, str]] = {}
         self._more_available = False
         # Keys whose stored state changed while a bulk read was running (None:
@@ -147,6 +152,28 @@ class Loader:
         if new:
             self._new_ranges.extend(new)
             self._wake.set()
+
+    def fence(self, silo: SiloAddress, keep: timedelta | None = None) -> None:
+        """Fence ``silo`` (an incarnation seen Dead) in the table before any
+        further read: the rows of the ranges taken over from it are read only
+        after the table refuses its schedule writes. On a table that is not a
+        ``FencingReminderTable`` nothing is fenced. ``keep``: fences older
+        than that may be pruned meanwhile."""
+        if isinstance(self._table, FencingReminderTable):
+            self._fences[silo] = keep
+            self._wake.set()
+
+    async def _fence_pending(self) -> None:
+        """Fence every incarnation asked for; one that fails stays pending, and
+        the read waits (the error is the loader's: logged, retried)."""
+        table = self._table
+        assert isinstance(table, FencingReminderTable)
+        for silo, keep in list(self._fences.items()):
+            now = self._clock.now()
+            await table.fence(silo, at=now, prune_before=None if keep is None else now - keep)
+            del self._fences[silo]
+            self.fenced += 1
+            log.info("reminder writer fenced name=%s silo=%s", self._name, silo)
 
     def notify_change(self, change: ReminderChange) -> None:
         """Take a change of the table into account (from the feed or a local hint).
@@ -228,6 +255,8 @@ class Loader:
             self._wake.clear()
             now = self._clock.now()
             try:
+                if self._fences:
+                    await self._fence_pending()
                 if self._refill_wanted or now >= next_poll:
                     await self._refill_all()
                     next_poll = now + opts.poll_interval
