@@ -4,7 +4,7 @@
 (``orleanspy.metrics``) and the counters its components keep (reminder service
 stats, catalog, health monitor, transport) into metric families. Every name
 orleanspy exposes is in this file; counters end in ``_total``, durations are
-in seconds. ``render(silo)`` is the ``/metrics`` body.
+in seconds. ``render(silo.readings())`` is the ``/metrics`` body.
 
 ``prometheus_client`` is the optional extra ``orleanspy[metrics]``; import
 this module only after ``available()`` said yes.
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
 
     from orleanspy.metrics import Histogram
-    from orleanspy.runtime.silo import Silo
+    from orleanspy.runtime.readings import SiloReadings
 
 __all__ = ["CONTENT_TYPE", "available", "render"]
 
@@ -76,9 +76,10 @@ def _labelled(kind: str, name: str, doc: str, label: str, values: Mapping[str, f
 
 
 class SiloCollector:
-    """A ``prometheus_client`` collector reading one silo when scraped."""
+    """A ``prometheus_client`` collector reading one silo's ``SiloReadings``
+    (``Silo.readings()``) when scraped."""
 
-    def __init__(self, silo: Silo) -> None:
+    def __init__(self, silo: SiloReadings) -> None:
         self._silo = silo
 
     def collect(self) -> Iterator[Metric]:
@@ -114,13 +115,10 @@ class SiloCollector:
                 "grain_type",
                 dict(by_type),
             )
-        dispatcher = silo._dispatcher
-        if dispatcher is None:
+        counts = silo.activations_by_type()
+        collected = silo.activations_collected
+        if counts is None or collected is None:
             return
-        counts: dict[str, int] = {}
-        for act in dispatcher.catalog.activations():
-            name = act.definition.type_name
-            counts[name] = counts.get(name, 0) + 1
         yield _labelled(
             "gauge", "orleanspy_activations", "Activations alive, by grain type.", "grain_type",
             counts,
@@ -128,7 +126,7 @@ class SiloCollector:
         yield _counter(
             "orleanspy_activations_collected_total",
             "Activations deactivated by idle collection.",
-            dispatcher.catalog.collected,
+            collected,
         )
 
     def _reminders(self) -> Iterator[Metric]:
@@ -198,10 +196,9 @@ class SiloCollector:
                 "grain_type",
                 rec.orphaned,
             )
-        service = self._silo.reminder_service
-        if service is None:
+        st = self._silo.reminder_stats
+        if st is None:
             return
-        st = service.stats
         for name, doc, value in (
             ("tick_retries", "Tick deliveries retried after a call-path failure.", st.retries),
             ("ticks_skipped", "Missed slots skipped (SKIP and NOTIFY).", st.skipped),
@@ -222,22 +219,19 @@ class SiloCollector:
             ("due_rows", "Due rows waiting for a delivery permit.", st.queued),
             ("in_flight", "Tick deliveries running.", st.in_flight),
             ("persist_pending", "Schedule updates waiting to be written.", st.persist_pending),
-            ("owned_ranges", "Ring ranges this silo owns.", len(service.ranges)),
+            ("owned_ranges", "Ring ranges this silo owns.", self._silo.owned_ranges),
         ):
             yield _gauge(f"orleanspy_reminder_{name}", doc, value)
 
     def _membership(self) -> Iterator[Metric]:
-        membership = self._silo.membership
-        if membership is None:
+        health = self._silo.membership()
+        if health is None:
             return
-        by_status: dict[str, int] = {}
-        for entry, _etag in membership.snapshot.entries.values():
-            by_status[entry.status.name] = by_status.get(entry.status.name, 0) + 1
+        by_status = health.by_status
         yield _labelled(
             "gauge", "orleanspy_membership_silos", "Silos in the membership table, by status.",
             "status", by_status,
         )  # fmt: skip
-        health = membership.health
         for name, doc, value in (
             ("probes_sent", "Probes this silo sent to peers.", health.probes_sent),
             ("probes_failed", "Probes that went unanswered.", health.probes_failed),
@@ -247,10 +241,12 @@ class SiloCollector:
             yield _counter(f"orleanspy_membership_{name}_total", doc, value)
 
     def _messaging(self) -> Iterator[Metric]:
+        from orleanspy.messaging.transport import PeerCounters, QueueDepths, WireCounters
+
         transport = self._silo.transport
-        stats = getattr(transport, "stats", None)
-        if stats is None:
+        if not isinstance(transport, WireCounters):
             return
+        stats = transport.stats
         for name, doc in (
             ("frames_sent", "Frames (batches of messages) written."),
             ("messages_sent", "Messages written; divided by frames_sent, the batch size."),
@@ -258,8 +254,8 @@ class SiloCollector:
             ("messages_received", "Messages read."),
         ):
             yield _counter(f"orleanspy_messaging_{name}_total", doc, getattr(stats, name))
-        peers = getattr(transport, "peer_stats", None)
-        if isinstance(peers, dict):
+        if isinstance(transport, PeerCounters):
+            peers = transport.peer_stats
             for name, doc in (
                 ("frames_sent", "Frames written to one peer silo."),
                 ("messages_sent", "Messages written to one peer silo."),
@@ -270,17 +266,16 @@ class SiloCollector:
                     "counter", f"orleanspy_messaging_peer_{name}_total", doc, "peer",
                     {str(peer): getattr(s, name) for peer, s in peers.items()},
                 )  # fmt: skip
-        depth = getattr(transport, "queue_depths", None)
-        if callable(depth):
+        if isinstance(transport, QueueDepths):
             yield _labelled(
                 "gauge", "orleanspy_messaging_queue_depth",
                 "Messages queued for a peer silo (or 'clients' for gateway clients).",
-                "peer", depth(),
+                "peer", transport.queue_depths(),
             )  # fmt: skip
 
 
-def render(silo: Silo) -> bytes:
-    """The silo's metrics in the Prometheus text format."""
+def render(silo: SiloReadings) -> bytes:
+    """The silo's metrics (read from ``Silo.readings()``) in the Prometheus text format."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)

@@ -71,12 +71,9 @@ RUNTIME_AND_GRAIN_API = r"orleanspy\.(runtime(\..+)?|client|cli|grain|reference|
 PROVIDER_PACKAGES = ("directory", "membership", "reminders", "storage", "streams")
 
 ALLOWED: dict[tuple[str, str], str] = {
-    # The exporter reads the silo it is given; the silo loads the exporter lazily,
-    # only when a metrics port is set (prometheus_client stays optional).
-    ("orleanspy._prometheus", "orleanspy.runtime.silo"): "typing only; circle",
-    # The same for the status record and the dashboard's silo source: the silo
-    # loads them lazily, only for a cluster silo or a dashboard port.
-    ("orleanspy.runtime.status", "orleanspy.runtime.silo"): "typing only; circle",
+    # The dashboard's silo source reads the silo it is given; the silo loads it
+    # lazily, only for a dashboard port. (The exporter and the status record
+    # read ``Silo.readings()``, a ``runtime.readings.SiloReadings``, instead.)
     ("orleanspy.dashboard._source", "orleanspy.runtime.silo"): "typing only; circle",
 }
 

@@ -94,7 +94,7 @@ class SiloSource:
         from orleanspy.runtime.status import StatusRecorder
 
         silo = self._silo
-        rec = StatusRecorder(silo).record()
+        rec = StatusRecorder(silo.readings()).record()
         started = datetime.fromtimestamp(silo.address.generation / 1000, UTC)
         row = SiloRow(
             name=silo.name, status="active", address=str(silo.address), gateway=None,

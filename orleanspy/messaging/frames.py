@@ -2,7 +2,7 @@
 
 Kept apart from ``grpc.py`` (which owns the connections) so the wire codec and
 the batching rule can be read, and measured, on their own. Imports the
-generated protobuf messages, never ``grpc``.
+generated protobuf messages (as does ``grpc.py``, for its pings), never ``grpc``.
 """
 
 from __future__ import annotations
@@ -449,6 +449,3 @@ class Outbox:
             self.in_flight = []
             if written is not None:
                 written(batch)
-
-
-# ------------------------------------------------------------ grpc plumbing

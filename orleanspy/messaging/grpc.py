@@ -1,6 +1,9 @@
 """The gRPC transport: silo-to-silo streams, the gateway for clients, pings.
 
-This is the only module that imports ``grpc`` and the generated protobuf code.
+This is the only module that imports ``grpc``: it holds the servers, channels
+and streams. The generated protobuf code is imported here (for pings) and by
+``frames.py``, the codec of the frames on the streams. The gateway's per-client
+state and the credit owed to peer silos live in ``gateway.py``, without gRPC.
 
 Wire shape
     Each silo opens one ``SiloService.Connect`` stream per peer, lazily on the
@@ -95,7 +98,8 @@ from orleanspy.messaging.frames import (
     parse,
     unencodable,
 )
-from orleanspy.messaging.message import Message, MessageKind, settle
+from orleanspy.messaging.gateway import ClientLink, ClientRegistry, PeerCredit
+from orleanspy.messaging.message import Message, MessageKind
 from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.messaging.transport import MessageSink, ProbeOutcome
 from orleanspy.options import MessagingOptions, TlsOptions
@@ -119,8 +123,6 @@ _CONNECT_TIMEOUT = 5.0
 _STOP_FLUSH_TIMEOUT = 2.0
 _MAX_CLIENT_ID = 256
 _BAD_FRAME = "malformed Batch frame, or more than max_frame_items envelopes and headers"
-# How often a paused client stream looks for expired requests to forget.
-_ROOM_RECHECK = 1.0
 # grpc-stubs lacks the aio EOF sentinel.
 _EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
 _Context = grpc.aio.ServicerContext[Any, Any]
@@ -316,7 +318,7 @@ class _PeerLink:
                 await self.outbox.pump(
                     call.write,
                     lambda: self._broken is not None,
-                    functools.partial(transport._answered, self.target),
+                    functools.partial(transport._credit.written, self.target),
                 )
             finally:
                 watcher.cancel()
@@ -373,124 +375,6 @@ async def _refused(target: SiloAddress, timeout: float) -> bool:
     return False
 
 
-# --------------------------------------------------------- gateway inbound
-
-
-class _Unanswered:
-    """Requests read from one sender and not answered yet, with their deadlines
-    (epoch ms, never 0). Counted per message, not per id: a hostile sender may
-    repeat ids, and a repeat waits in ``_repeats`` (empty but for such senders)."""
-
-    __slots__ = ("_by_id", "_repeats", "count")
-
-    def __init__(self) -> None:
-        self._by_id: dict[int, int] = {}
-        self._repeats: list[tuple[int, int]] = []
-        self.count = 0
-
-    def add(self, msg_id: int, deadline: int) -> None:
-        if msg_id in self._by_id:
-            self._repeats.append((msg_id, deadline))
-        else:
-            self._by_id[msg_id] = deadline
-        self.count += 1
-
-    def answered(self, msg_id: int) -> None:
-        if self._by_id.pop(msg_id, 0):
-            self.count -= 1
-            return
-        repeats = self._repeats
-        for i, (repeat_id, _deadline) in enumerate(repeats):
-            if repeat_id == msg_id:
-                del repeats[i]
-                self.count -= 1
-                return
-
-    def forget_expired(self) -> None:
-        """Drop requests whose deadline passed: the silo dropped them unanswered."""
-        now_ms = time.time() * 1000
-        by_id = self._by_id
-        for msg_id in [k for k, deadline in by_id.items() if deadline < now_ms]:
-            del by_id[msg_id]
-        self._repeats = [r for r in self._repeats if r[1] >= now_ms]
-        self.count = len(by_id) + len(self._repeats)
-
-
-class _ClientLink:
-    """The gateway's downstream half of one client's stream, and its flow control.
-
-    A request counts against ``max_in_flight`` from the moment it is read until
-    its response has been written to the client (or, unanswered, until its
-    deadline passed). A one-way message counts until its turn has run, or it
-    was dropped, or it was written to the silo that runs it (``settle``). While
-    the count is at the limit the gateway reads no more from this client, so
-    gRPC's flow control stops the client's writes.
-    """
-
-    def __init__(self, transport: GrpcTransport, client_id: str, context: Any) -> None:
-        self.client_id = client_id
-        self.outbox = Outbox(transport._codec, transport._options, transport.stats)
-        self._context = context
-        self._limit = transport._options.max_in_flight
-        self.waiting = _Unanswered()
-        # Responses queued and not written yet.
-        self.unwritten = 0
-        self._room = asyncio.Event()
-        self.task = asyncio.get_running_loop().create_task(
-            self._run(), name=f"orleanspy-grpc-client-{client_id}"
-        )
-
-    @property
-    def full(self) -> bool:
-        return self.waiting.count + self.unwritten >= self._limit
-
-    def request_read(self, message: Message) -> None:
-        self.waiting.add(message.id, message.expires_at_ms)
-
-    def one_way_read(self, message: Message) -> None:
-        msg_id = message.id
-        self.waiting.add(msg_id, message.expires_at_ms)
-        message.on_settled = functools.partial(self._one_way_done, msg_id)
-
-    def _one_way_done(self, msg_id: int) -> None:
-        self.waiting.answered(msg_id)
-        if not self.full:
-            self._room.set()
-
-    def response_queued(self, message: Message) -> None:
-        self.waiting.answered(message.correlation_id)
-        self.unwritten += 1
-
-    def _written(self, batch: list[Message]) -> None:
-        response = MessageKind.RESPONSE
-        for m in batch:
-            if m.kind is response:
-                self.unwritten -= 1
-        if not self.full:
-            self._room.set()
-
-    async def wait_for_room(self) -> None:
-        """Return once the client is below its in-flight limit."""
-        while self.full:
-            # Requests the silo dropped unanswered (expired) free their place.
-            self.waiting.forget_expired()
-            if not self.full:
-                return
-            self._room.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_ROOM_RECHECK):
-                    await self._room.wait()
-
-    async def _run(self) -> None:
-        try:
-            await self.outbox.pump(self._context.write, lambda: False, self._written)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.debug("gateway client write failed client=%s error=%r", self.client_id, exc)
-            self.outbox.take_all()
-
-
 # ---------------------------------------------------------------- transport
 
 
@@ -523,18 +407,18 @@ class GrpcTransport:
         self._codec = FrameCodec()
         self._sink: MessageSink | None = None
         self._links: dict[SiloAddress, _PeerLink] = {}
-        self._clients: dict[str, _ClientLink] = {}
+        self._clients = ClientRegistry()
         self._channels: dict[SiloAddress, grpc.aio.Channel] = {}
         self._stopped = False
         self._gossip_listener: Callable[[int], None] | None = None
         self._down: dict[SiloAddress, _Down] = {}
         self._may_answer: Callable[[SiloAddress], bool] | None = None
+        self._timeout_ms = int(options.response_timeout.total_seconds() * 1000)
         # Requests (and one-way messages whose turn has not run) from each peer silo.
-        self._owed: dict[SiloAddress, _Unanswered] = {}
+        self._credit = PeerCredit(options.max_in_flight, self._timeout_ms)
         #: One-way messages from peers dropped because their sender had
         #: ``max_in_flight`` unsettled messages here.
         self.one_way_refused = 0
-        self._timeout_ms = int(options.response_timeout.total_seconds() * 1000)
         self.stats = WireStats()
         #: Frames and messages written to and read from each peer silo (dropped
         #: on ``disconnect``); read counts come from streams that name their silo.
@@ -601,7 +485,7 @@ class GrpcTransport:
     async def _close_links(self) -> None:
         # Flush what is queued (responses above all), bounded, before cutting links.
         outboxes = [link.outbox for link in self._links.values()]
-        outboxes += [client.outbox for client in self._clients.values()]
+        outboxes += [client.outbox for client in self._clients.links()]
         pending = [box.idle.wait() for box in outboxes if not box.idle.is_set()]
         if pending:
             with contextlib.suppress(TimeoutError):
@@ -612,9 +496,10 @@ class GrpcTransport:
         stopped = SiloUnavailableError("transport stopped")
         for link in links:
             link.fail(stopped)
-        for client in list(self._clients.values()):
+        clients = self._clients.links()
+        for client in clients:
             client.task.cancel()
-        tasks = [link.task for link in links] + [c.task for c in self._clients.values()]
+        tasks = [link.task for link in links] + [c.task for c in clients]
         await asyncio.gather(*tasks, return_exceptions=True)
         channels = list(self._channels.values())
         self._channels.clear()
@@ -666,23 +551,18 @@ class GrpcTransport:
         membership table's members): the address a response goes to is named by
         the request, and a request may lie."""
         self._may_answer = predicate
+        self._credit.member = predicate
 
     def send_to_client(self, client_id: str, message: Message) -> None:
         """Queue ``message`` down a gateway client's stream; an unknown or
         disconnected client means the message is dropped (debug log)."""
-        client = self._clients.get(client_id)
-        if client is None or unencodable(message) is not None:
-            log.debug("dropping message for absent client client=%s id=%d", client_id, message.id)
-            return
-        if message.kind is MessageKind.RESPONSE:
-            client.response_queued(message)
-        client.outbox.push(message)
+        self._clients.send(client_id, message)
 
     def queue_depths(self) -> dict[str, int]:
         """Messages waiting to be written, per peer silo and for all gateway
         clients together (``"clients"``): read by the metrics exposition."""
         depths = {str(target): len(link.outbox.queue) for target, link in self._links.items()}
-        depths["clients"] = sum(len(client.outbox.queue) for client in self._clients.values())
+        depths["clients"] = self._clients.queued()
         return depths
 
     def on_gossip(self, listener: Callable[[int], None] | None) -> None:
@@ -851,12 +731,9 @@ class GrpcTransport:
             )
         assert client_id is not None
         await context.send_initial_metadata(((SILO_HEADER, self._codec.text(self.address)),))
-        link = _ClientLink(self, client_id, context)
-        previous = self._clients.get(client_id)
-        if previous is not None:
-            # The same client reconnected; the newer stream wins.
-            previous.task.cancel()
-        self._clients[client_id] = link
+        outbox = Outbox(self._codec, self._options, self.stats)
+        link = ClientLink(client_id, outbox, context.write, self._options.max_in_flight)
+        self._clients.add(link)
         log.debug("gateway client connected client=%s", client_id)
         try:
             while True:
@@ -872,8 +749,7 @@ class GrpcTransport:
                         await link.wait_for_room()
                     self._receive_envelope(env, link)
         finally:
-            if self._clients.get(client_id) is link:
-                del self._clients[client_id]
+            self._clients.remove(link)
             link.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await link.task
@@ -896,15 +772,12 @@ class GrpcTransport:
         self.stats.messages_received += len(envelopes)
         return envelopes
 
-    def _receive_envelope(self, env: Any, client: _ClientLink | None) -> None:
+    def _receive_envelope(self, env: Any, client: ClientLink | None) -> None:
         """Deliver one envelope, from a gateway ``client`` or (``None``) a peer silo.
 
-        From a client, nothing it says about the cluster is trusted: the gateway
-        stamps the client and itself as the sender, and drops the client's
-        headers (a forged call chain could interleave turns on a non-reentrant
-        grain), target silo (it would bypass the directory) and forward count;
-        the deadline is capped at the response timeout. From a peer, a request
-        beyond ``max_in_flight`` unanswered ones of its sender is rejected.
+        From a client, nothing it says about the cluster is trusted
+        (``ClientLink.admit``). From a peer, a request beyond ``max_in_flight``
+        unanswered ones of its sender is rejected (``PeerCredit``).
         """
         sink = self._sink
         assert sink is not None
@@ -917,24 +790,8 @@ class GrpcTransport:
             return
         target = message.target_silo
         if client is not None:
-            if message.kind is MessageKind.RESPONSE:
-                # Clients send calls; a "response" could only try to complete
-                # someone else's call.
-                log.debug("dropped a response from client=%s id=%d", client_id, message.id)
+            if not client.admit(message, me, self._timeout_ms):
                 return
-            message.sender_client = client.client_id
-            message.sender_silo = me
-            message.target_silo = None
-            message.forward_count = 0
-            if message.headers:
-                message.headers = {}
-            cap = int(time.time() * 1000) + self._timeout_ms
-            if not 0 < message.expires_at_ms <= cap:
-                message.expires_at_ms = cap
-            if message.kind is MessageKind.REQUEST:
-                client.request_read(message)
-            else:
-                client.one_way_read(message)
         elif target is not None and target.generation != me.generation:
             self._reject(
                 env,
@@ -948,7 +805,7 @@ class GrpcTransport:
         elif (
             message.kind is MessageKind.REQUEST
             and message.sender_silo is not None
-            and not self._owe(message.sender_silo, message)
+            and not self._credit.owe(message.sender_silo, message)
         ):
             self._reject(
                 env,
@@ -962,7 +819,7 @@ class GrpcTransport:
         elif (
             message.kind is MessageKind.ONE_WAY
             and message.sender_silo is not None
-            and not self._owe(message.sender_silo, message)
+            and not self._credit.owe(message.sender_silo, message)
         ):
             # Nobody waits for an answer; one-way delivery is at most once.
             self.one_way_refused += 1
@@ -974,52 +831,6 @@ class GrpcTransport:
             # The dispatcher's bug must not take the stream (and the peer's
             # other messages) down with it.
             log.exception("sink.receive raised id=%d", message.id)
-
-    def _owe(self, sender: SiloAddress, message: Message) -> bool:
-        """Count a request from peer ``sender``; ``False`` if it has too many
-        unanswered (after forgetting those whose deadline passed). A peer's
-        stream also carries the answers this silo waits for, so it is never
-        paused: the excess is refused instead."""
-        may_answer = self._may_answer
-        if may_answer is not None and not may_answer(sender):
-            # Not a member (yet): the dispatcher learns of it or drops the
-            # request; counting it would let made-up senders grow ``_owed``.
-            return True
-        owed = self._owed.get(sender)
-        if owed is None:
-            owed = self._owed[sender] = _Unanswered()
-        if owed.count >= self._options.max_in_flight:
-            owed.forget_expired()
-            if owed.count >= self._options.max_in_flight:
-                return False
-        cap = int(time.time() * 1000) + self._timeout_ms
-        deadline = message.expires_at_ms
-        owed.add(message.id, deadline if 0 < deadline <= cap else cap)
-        if message.kind is MessageKind.ONE_WAY:
-            message.on_settled = functools.partial(self._one_way_settled, sender, message.id)
-        return True
-
-    def _one_way_settled(self, sender: SiloAddress, msg_id: int) -> None:
-        owed = self._owed.get(sender)
-        if owed is not None:
-            owed.answered(msg_id)
-            if not owed.count:
-                del self._owed[sender]
-
-    def _answered(self, target: SiloAddress, batch: list[Message]) -> None:
-        """After a frame to ``target`` was written: its responses settle what
-        this silo owed ``target``; one-way messages read from a client or a peer
-        and passed on to ``target`` free their sender's slot."""
-        owed = self._owed.get(target)
-        response = MessageKind.RESPONSE
-        for m in batch:
-            if m.kind is response:
-                if owed is not None:
-                    owed.answered(m.correlation_id)
-            elif m.on_settled is not None:
-                settle(m)
-        if owed is not None and not owed.count and self._owed.get(target) is owed:
-            del self._owed[target]
 
     def _reject(self, env: Any, error: Exception, client_id: str | None) -> None:
         rejection = self._codec.rejection(env, pack(error_payload(error)))

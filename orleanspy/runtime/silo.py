@@ -44,7 +44,7 @@ from orleanspy.remindable.orphans import OrphanWatch
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders._service.adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
-from orleanspy.reminders.service import ReminderService
+from orleanspy.reminders.service import ReminderService, ReminderServiceStats
 from orleanspy.reminders.table import FencingReminderTable, ReminderTable
 from orleanspy.ring import RingRange
 from orleanspy.runtime.addresses import advertised_host
@@ -52,6 +52,7 @@ from orleanspy.runtime.cluster import ClusterLocator, RingFollower
 from orleanspy.runtime.collector import tune_collector
 from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
+from orleanspy.runtime.readings import MembershipReading, SiloReadings
 from orleanspy.storage.contract import GrainStorage
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
 from orleanspy.tables import TableConnections
@@ -494,7 +495,7 @@ class Silo:
                 cluster_id=o.cluster_id,
             )
             self.status_store = store
-            recorder = StatusRecorder(self, self._heartbeat)
+            recorder = StatusRecorder(self.readings(), self._heartbeat)
             await StatusPublisher(store, silo=self._current_address, read=recorder.record).start(
                 stack
             )
@@ -704,7 +705,7 @@ class Silo:
         from orleanspy import _prometheus
 
         def metrics() -> bytes | None:
-            return _prometheus.render(self) if self.metrics.enabled else None
+            return _prometheus.render(self.readings()) if self.metrics.enabled else None
 
         assert self._heartbeat is not None
         return make(metrics=metrics, readiness=self._readiness, heartbeat=self._heartbeat)
@@ -795,6 +796,80 @@ class Silo:
     def activation_count(self) -> int:
         """How many activations this silo holds right now."""
         return 0 if self._dispatcher is None else len(self._dispatcher.catalog)
+
+    def readings(self) -> SiloReadings:
+        """The read-only view that metrics and the status record read."""
+        return _Readings(self)
+
+
+class _Readings:
+    """``SiloReadings`` over one silo: every reading is taken when asked for."""
+
+    __slots__ = ("_silo",)
+
+    def __init__(self, silo: Silo) -> None:
+        self._silo = silo
+
+    @property
+    def metrics(self) -> SiloMetrics:
+        return self._silo.metrics
+
+    @property
+    def activation_count(self) -> int:
+        return self._silo.activation_count
+
+    def activations_by_type(self) -> dict[str, int] | None:
+        dispatcher = self._silo._dispatcher
+        if dispatcher is None:
+            return None
+        counts: dict[str, int] = {}
+        for act in dispatcher.catalog.activations():
+            name = act.definition.type_name
+            counts[name] = counts.get(name, 0) + 1
+        return counts
+
+    @property
+    def activations_collected(self) -> int | None:
+        dispatcher = self._silo._dispatcher
+        return None if dispatcher is None else dispatcher.catalog.collected
+
+    @property
+    def reminder_stats(self) -> ReminderServiceStats | None:
+        service = self._silo.reminder_service
+        return None if service is None else service.stats
+
+    @property
+    def owned_ranges(self) -> int:
+        service = self._silo.reminder_service
+        return 0 if service is None else len(service.ranges)
+
+    def membership(self) -> MembershipReading | None:
+        membership = self._silo.membership
+        if membership is None:
+            return None
+        by_status: dict[str, int] = {}
+        for entry, _etag in membership.snapshot.entries.values():
+            by_status[entry.status.name] = by_status.get(entry.status.name, 0) + 1
+        health = membership.health
+        return MembershipReading(
+            by_status=by_status,
+            probes_sent=health.probes_sent,
+            probes_failed=health.probes_failed,
+            suspicions=health.suspicions,
+            declared_dead=health.declared_dead,
+        )
+
+    @property
+    def transport(self) -> Transport | None:
+        return self._silo.transport
+
+    @property
+    def hosted_types(self) -> frozenset[str]:
+        return self._silo.hosted_types
+
+    @property
+    def orphaned_rows(self) -> int | None:
+        return self._silo.orphaned_rows
 
 
 def _warn_if_exposed(options: SiloOptions) -> None:

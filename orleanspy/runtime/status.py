@@ -16,7 +16,7 @@ from orleanspy.metrics import RecordingGrainMetrics, RecordingReminderMetrics
 
 if TYPE_CHECKING:
     from orleanspy.runtime.ops_http import LoopHeartbeat
-    from orleanspy.runtime.silo import Silo
+    from orleanspy.runtime.readings import SiloReadings
 
 __all__ = ["StatusRecorder"]
 
@@ -34,10 +34,10 @@ _VERSION = _version()
 
 
 class StatusRecorder:
-    """``record()`` reads one silo; the CPU share is the process's CPU time over
-    the wall time since the previous call."""
+    """``record()`` reads one silo (its ``SiloReadings``); the CPU share is the
+    process's CPU time over the wall time since the previous call."""
 
-    def __init__(self, silo: Silo, heartbeat: LoopHeartbeat | None = None) -> None:
+    def __init__(self, silo: SiloReadings, heartbeat: LoopHeartbeat | None = None) -> None:
         self._silo = silo
         self._heartbeat = heartbeat
         self._last = (time.monotonic(), time.process_time())
@@ -51,24 +51,20 @@ class StatusRecorder:
 
     def record(self) -> dict[str, object]:
         silo = self._silo
-        service = silo.reminder_service
+        st = silo.reminder_stats
         rec: dict[str, object] = {
             "version": _VERSION,
             "pid": os.getpid(),
             "cpu_percent": self._cpu_percent(),
             "loop_lag": None if self._heartbeat is None else round(self._heartbeat.lag, 4),
             "activations": silo.activation_count,
-            "reminders_held": 0 if service is None else service.stats.resident,
+            "reminders_held": 0 if st is None else st.resident,
             # Read by the other silos' orphan checks (``published_types``).
             "grain_types": sorted(silo.hosted_types),
             "orphaned_rows": silo.orphaned_rows,
         }
-        dispatcher = silo._dispatcher
-        if dispatcher is not None:
-            by_type: dict[str, int] = {}
-            for act in dispatcher.catalog.activations():
-                name = act.definition.type_name
-                by_type[name] = by_type.get(name, 0) + 1
+        by_type = silo.activations_by_type()
+        if by_type is not None:
             rec["activations_by_type"] = by_type
         grains = silo.metrics.grains
         if isinstance(grains, RecordingGrainMetrics):
@@ -82,8 +78,7 @@ class StatusRecorder:
             rec["tick_errors"] = dict(rem.grain_errors)
             rec["lateness"] = {p: list(h.counts) for p, h in rem.lateness.items()}
             rec["missed"] = dict(rem.missed_by_action)
-        if service is not None:
-            st = service.stats
+        if st is not None:
             rec["causes"] = {
                 "skipped": st.skipped,
                 "notified": st.notified,
