@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -73,6 +73,15 @@ def _row(clock: ManualClock, grain: GrainId, name: str = "r") -> ReminderEntry:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
+
+
+@pytest.fixture(autouse=True)
+def _forget_declared_classes() -> Iterator[None]:
+    """The declared classes these tests make stay out of the registry afterwards: an
+    embedded silo of a later test hosts every registered class, and would register
+    (and tick) their declarations."""
+    yield
+    grain_module._registry.pop(TYPE, None)
 
 
 @pytest.fixture
