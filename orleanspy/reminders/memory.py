@@ -479,6 +479,26 @@ class _WriterView:
         return await self._table.update_schedule_many_as(self.writer, updates)
 
 
+def _delegate(name: str) -> Any:
+    def method(self: _WriterView, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self._table, name)(*args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    return method
+
+
+# Every other public method is the table's, as a real attribute of the view: from
+# Python 3.12 on, ``isinstance`` against a runtime-checkable protocol (how the service
+# finds out a table can fence, page or batch) ignores ``__getattr__``.
+for _name in dir(InMemoryReminderTable):
+    if (
+        not _name.startswith("_")
+        and callable(getattr(InMemoryReminderTable, _name))
+        and _name not in _WriterView.__dict__
+    ):
+        setattr(_WriterView, _name, _delegate(_name))
+
+
 def _parse_cursor(cursor: str) -> _Key:
     try:
         grain, name = json.loads(cursor)
