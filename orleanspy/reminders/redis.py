@@ -596,7 +596,16 @@ class RedisReminderTable:
             if entry.paused:
                 row.append(True)
             packed.append(row)
-        script = self._script("upsert_many")
+        replies = await self._write_rows("upsert_many", _UPSERT_MANY, by_shard, packed)
+        return [str(etag.decode()) for etag in replies]
+
+    async def _write_rows(
+        self, name: str, text: str, by_shard: dict[int, list[int]], packed: list[list[Any]]
+    ) -> list[Any]:
+        """Run a whole-row batch script once per shard touched (``by_shard``: the
+        indexes of ``packed`` rows in each shard), all in one pipelined round trip
+        (per node on a cluster); the script's reply for each row, in ``packed``'s
+        order."""
         calls = [
             (
                 [self._key(s, k) for k in ("rows", "due", "grain", "etag")],
@@ -609,15 +618,15 @@ class RedisReminderTable:
             )
             for s, indexes in by_shard.items()
         ]
-        with translate_errors("reminder upsert_many"):
+        with translate_errors(f"reminder {name}"):
             replies = await run_script_calls(
-                self._c, _UPSERT_MANY, script.sha, calls, wait=self._options
+                self._c, text, self._script(name).sha, calls, wait=self._options
             )
-        etags: list[str] = [""] * len(entries)
+        out: list[Any] = [None] * len(packed)
         for indexes, reply in zip(by_shard.values(), replies, strict=True):
-            for i, etag in zip(indexes, reply, strict=True):
-                etags[i] = str(etag.decode())
-        return etags
+            for i, item in zip(indexes, reply, strict=True):
+                out[i] = item
+        return out
 
     async def upsert_if_many(
         self, writes: Sequence[tuple[ReminderEntry, str | None]]
@@ -637,28 +646,8 @@ class RedisReminderTable:
             packed.append(
                 [entry.key, self._member(h, entry.key), score, record, entry.paused, cond]
             )
-        script = self._script("upsert_if_many")
-        calls = [
-            (
-                [self._key(s, k) for k in ("rows", "due", "grain", "etag")],
-                [
-                    self._etag_suffix,
-                    self._channel(s),
-                    pack([packed[i] for i in indexes]),
-                    self._writer,
-                ],
-            )
-            for s, indexes in by_shard.items()
-        ]
-        with translate_errors("reminder upsert_if_many"):
-            replies = await run_script_calls(
-                self._c, _UPSERT_IF_MANY, script.sha, calls, wait=self._options
-            )
-        out: list[str | None] = [None] * len(writes)
-        for indexes, reply in zip(by_shard.values(), replies, strict=True):
-            for i, etag in zip(indexes, reply, strict=True):
-                out[i] = None if etag is None else str(etag.decode())
-        return out
+        replies = await self._write_rows("upsert_if_many", _UPSERT_IF_MANY, by_shard, packed)
+        return [None if etag is None else str(etag.decode()) for etag in replies]
 
     async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
         """``read_grain`` of each grain in one pipelined round trip: per shard
