@@ -3,35 +3,20 @@ certificate signed by the cluster's CA (so it may listen off loopback without a 
 
 from __future__ import annotations
 
-import shutil
 import ssl
-import subprocess
 
 import httpx
 import pytest
 
 from orleanspy import Silo, SiloOptions
 from orleanspy.options import MessagingOptions, TlsOptions
+from tests.certs import issue
 
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.fail("the TLS test needs the openssl command line tool")
-    d = tmp_path_factory.mktemp("dashtls")
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=d)
-
-    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-        "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
-    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=silo", "-keyout", "silo.key",
-        "-out", "silo.csr")  # fmt: skip
-    (d / "ext.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    run("x509", "-req", "-in", "silo.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", "silo.pem")  # fmt: skip
-    return str(d / "silo.pem"), str(d / "silo.key"), str(d / "ca.pem")
+    cert, key, ca = issue(tmp_path_factory.mktemp("dashtls"), dns_name="localhost")
+    return str(cert), str(key), str(ca)
 
 
 async def test_tls_dashboard_requires_a_client_certificate(tls_files: tuple[str, str, str]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import subprocess
 import time
@@ -36,6 +35,7 @@ from orleanspy.messaging.remote_errors import rebuild_error
 from orleanspy.options import MessagingOptions, TlsOptions
 from orleanspy.serialization import unpack
 from orleanspy.testing.cluster import wait_for
+from tests.certs import issue
 
 DEADLINE = 10.0
 
@@ -407,60 +407,7 @@ async def test_ping(stack: AsyncExitStack) -> None:
 
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.fail("the TLS test needs the openssl command line tool")
-    d = tmp_path_factory.mktemp("tls")
-
-    def run(*args: str) -> None:
-        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=d)
-
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    )
-    run(
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=silo",
-        "-keyout",
-        "silo.key",
-        "-out",
-        "silo.csr",
-    )
-    (d / "ext.cnf").write_text("subjectAltName=DNS:silo.test,IP:127.0.0.1\n")
-    run(
-        "x509",
-        "-req",
-        "-in",
-        "silo.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "ext.cnf",
-        "-out",
-        "silo.pem",
-    )
-    return d / "silo.pem", d / "silo.key", d / "ca.pem"
+    return issue(tmp_path_factory.mktemp("tls"), dns_name="silo.test")
 
 
 async def test_mutual_tls_round_trip(
