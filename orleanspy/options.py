@@ -258,7 +258,7 @@ class MembershipOptions:
     #: Move the ring's hashed points until every Active silo owns its fair share
     #: (``orleanspy.ring``): the busiest silo within 1.001x fair at p90 at 2-10
     #: silos, where the hashed points alone leave it 1.2-1.5x. The price: a join
-    #: or leave moves about 1.1-1.35x the minimal 1/N, some of it between silos
+    #: or leave moves a median 1.1-1.4x the minimal 1/N, some of it between silos
     #: that stay. ``False`` keeps the hashed ring, whose join moves hashes only
     #: to the joiner and a leave only from the leaver. Every silo of a cluster
     #: builds the same ring: a silo whose setting differs from the live

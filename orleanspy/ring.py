@@ -18,7 +18,7 @@ between two silos' arcs shifts by a part of their difference, never past half
 of either neighbouring arc, so the order of the points and the number of arcs
 stay as hashed. Thirty random points per silo leave the busiest silo of a
 3-silo ring 1.29x its fair share at p90 (1.45x at 10 silos); balanced, within
-1.01x at 2-10 silos. The price: a join or leave moves about 1.1-1.35x the
+1.01x at 2-10 silos. The price: a join or leave moves a median 1.1-1.4x the
 minimal 1/N, as boundaries between other silos shift too.
 
 Hashed (``balanced=False``): the points stay where they hash. Many small arcs

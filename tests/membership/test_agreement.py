@@ -195,3 +195,19 @@ async def test_two_silos_of_different_modes_joining_at_once_cannot_both_join() -
         assert len(snap.entries) == 1
         ((entry, _etag),) = snap.entries.values()
         assert entry.status is SiloStatus.ACTIVE
+
+
+@pytest.mark.parametrize("mode", [RING_BALANCED, RING_HASHED, None])
+def test_cluster_status_reports_the_shares_of_the_ring_the_silos_record(mode: str | None) -> None:
+    from orleanspy.cluster_status import cluster_from
+    from orleanspy.ring import HASH_SPACE, ConsistentRing, ranges_size
+
+    silos = [SiloAddress("10.0.0.1", p, 1) for p in (1, 2, 3)]
+    status = cluster_from(
+        snapshot(*(row(s, mode) for s in silos)), {}, cluster_id="c", service_id="s"
+    )
+    ring = ConsistentRing.build(silos, balanced=mode == RING_BALANCED)
+    other = ConsistentRing.build(silos, balanced=mode != RING_BALANCED)
+    want = {str(s): 100 * ranges_size(ring.ranges_of(s)) / HASH_SPACE for s in silos}
+    assert {r.address: r.ring_share for r in status.silos} == want
+    assert want != {str(s): 100 * ranges_size(other.ranges_of(s)) / HASH_SPACE for s in silos}
