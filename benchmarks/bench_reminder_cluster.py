@@ -2,14 +2,17 @@
 Redis Cluster).
 
 Run: ``python -m benchmarks.bench_reminder_cluster [--reminders 3000] [--silos 1 2 3]
-[--seconds 10] [--redis-cluster] [--balanced-ring]``.
+[--seconds 10] [--redis-cluster] [--hashed-ring]``.
 
 ``--redis-cluster`` runs every K-silo row again on a private 3-master Redis Cluster
 (a replica each) beside the one-Redis rows; its ``redis_cpu_us`` is the masters'
-CPU together. ``--balanced-ring`` runs the K-silo rows again with
-``MembershipOptions(balanced_ring=True)``. Every row reports the ticks each silo
-delivered as owner (``ticks_per_silo``) and their spread (busiest / mean): the
-busiest silo saturates first and caps the cluster.
+CPU together. The silos run the default, balanced ring; ``--hashed-ring`` runs
+the K-silo rows again with ``MembershipOptions(balanced_ring=False)``. Every row
+reports the ticks each silo delivered as owner (``ticks_per_silo``) and their
+spread (busiest / mean): the busiest silo saturates first and caps the cluster.
+Side by side, at no extra run, every row also gives the busiest silo's ring
+share over its fair share for the row's silo addresses on both rings
+(``busiest_balanced``, ``busiest_hashed``): the bound the spread follows.
 
 ``--reminders`` one-second reminders (first slots spread evenly over a period)
 are written into the Redis reminder table of a fresh service; then ``K`` silo
@@ -57,9 +60,10 @@ from benchmarks.bench_reminder_ticks import (
     timers_run,
 )
 from orleanspy import MembershipOptions, ReminderOptions, Silo, SiloOptions
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.redis import RedisReminderTable
+from orleanspy.ring import HASH_SPACE, ConsistentRing, ranges_size
 from orleanspy.testing.redis_server import RedisClusterServer, RedisServer
 
 PERIOD = timedelta(seconds=1)
@@ -105,7 +109,7 @@ async def _serve(
         async with asyncio.timeout(60):
             while len((await silo.membership.refresh()).active_silos()) < k:
                 await asyncio.sleep(0.05)
-        print(f"READY {time.time()}", flush=True)
+        print(f"READY {time.time()} {silo.address}", flush=True)
         meter = CpuMeter(silo=psutil.Process().pid)
         await asyncio.sleep(max(0.0, t0 + WARMUP_S - time.time()))
         meter.mark_start()
@@ -166,7 +170,7 @@ def _one(
     n: int,
     k: int,
     seconds: float,
-    balanced: bool = False,
+    balanced: bool = True,
 ) -> dict[str, Any]:
     service_id = f"bench-cluster-{k}-{time.monotonic_ns()}"
     t0 = time.time() + LEAD_S + n / 20000
@@ -195,12 +199,15 @@ def _one(
     ]
     results: list[dict[str, Any]] = []
     ready_at: list[float] = []
+    addresses: list[SiloAddress] = []
     try:
         for proc in procs:
             assert proc.stdout is not None
             for line in proc.stdout:
                 if line.startswith("READY "):
-                    ready_at.append(float(line.split()[1]))
+                    _, at, address = line.split()
+                    ready_at.append(float(at))
+                    addresses.append(SiloAddress.parse(address))
                     break
         time.sleep(max(0.0, t0 + WARMUP_S - time.time()))
         redis.mark_start()
@@ -228,6 +235,9 @@ def _one(
     share = ticks / k if k else 0
     return {
         "silos": k,
+        "ring": "balanced" if balanced else "hashed",
+        "busiest_balanced": _busiest(addresses, balanced=True),
+        "busiest_hashed": _busiest(addresses, balanced=False),
         "offered_per_s": n,
         "ticks_per_s": ticks / span,
         "lateness_p50_ms": p50,
@@ -243,6 +253,14 @@ def _one(
     }
 
 
+def _busiest(silos: list[SiloAddress], *, balanced: bool) -> float:
+    """The busiest silo's ring share over its fair share, on that ring."""
+    if not silos:
+        return float("nan")
+    ring = ConsistentRing.build(silos, balanced=balanced)
+    return max(ranges_size(ring.ranges_of(s)) for s in silos) * len(silos) / HASH_SPACE
+
+
 def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with RedisServer() as server:
@@ -250,10 +268,10 @@ def main(args: argparse.Namespace) -> list[dict[str, Any]]:
             row = _one(server, args.reminders, k, args.seconds)
             row["kind"] = f"{k} silo(s), N={args.reminders}"
             rows.append(row)
-        if args.balanced_ring:
+        if args.hashed_ring:
             for k in args.silos:
-                row = _one(server, args.reminders, k, args.seconds, balanced=True)
-                row["kind"] = f"{k} silo(s), balanced ring"
+                row = _one(server, args.reminders, k, args.seconds, balanced=False)
+                row["kind"] = f"{k} silo(s), hashed ring"
                 rows.append(row)
         if args.redis_cluster:
             with RedisClusterServer() as cluster:
@@ -303,7 +321,11 @@ if __name__ == "__main__":
         "--no-reference", dest="reference", action="store_false", help="skip the 1-silo N/K rows"
     )
     parser.add_argument("--redis-cluster", action="store_true")
-    parser.add_argument("--balanced-ring", action="store_true")
+    parser.add_argument(
+        "--hashed-ring",
+        action="store_true",
+        help="run the K-silo rows again on the hashed ring (balanced_ring=False)",
+    )
     args = parser.parse_args()
     rows = main(args)
     print_report(
@@ -311,6 +333,7 @@ if __name__ == "__main__":
         rows,
         [
             "kind",
+            "ring",
             "offered_per_s",
             "ticks_per_s",
             "ticks_vs_1",
@@ -322,6 +345,8 @@ if __name__ == "__main__":
             "redis_cpu_us",
             "ticks_per_silo",
             "spread",
+            "busiest_balanced",
+            "busiest_hashed",
             "ready_late_s",
         ],
         loop=loop_name(),

@@ -34,6 +34,7 @@ from typing import Any, Final, Protocol, cast
 from orleanspy._redis import Redis, connect, key_prefix, redacted, resolve, translate_errors
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
+from orleanspy.membership.agreement import ring_is_balanced
 from orleanspy.membership.model import MembershipSnapshot, SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.membership.table import MembershipTable
@@ -349,8 +350,9 @@ def cluster_from(
     cluster_id: str,
     service_id: str,
 ) -> ClusterStatus:
-    """The status of a membership snapshot and the silos' records."""
-    ring = ConsistentRing.build(snap.active_silos())
+    """The status of a membership snapshot and the silos' records. Ring shares
+    are those of the ring the Active silos record that they build."""
+    ring = ConsistentRing.build(snap.active_silos(), balanced=ring_is_balanced(snap))
     now_ms = time.time() * 1000
     rows = []
     events: list[MembershipEvent] = []

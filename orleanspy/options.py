@@ -236,6 +236,11 @@ class MembershipOptions:
     every 2 s, where Orleans has 60 s: a killed process is declared Dead in
     about a second, a silent host in about 9 s, and a silo learns its own
     verdict within 2 s.
+
+    ``balanced_ring`` (default ``True``) picks the ring that splits the hash
+    space between the Active silos; a silo whose value differs from the live
+    members' refuses to join (docs/decisions.md, "The balanced ring is the
+    default, and a silo on another ring refuses to join").
     """
 
     probe_interval: timedelta = timedelta(seconds=1)
@@ -251,10 +256,17 @@ class MembershipOptions:
     defunct_silo_cleanup_interval: timedelta = timedelta(hours=1)
     shutdown_timeout: timedelta = timedelta(seconds=30)
     #: Move the ring's hashed points until every Active silo owns its fair share
-    #: (``orleanspy.ring``): the busiest of 3 silos 1.00x fair instead of about
-    #: 1.3x at p90, at the price of slightly more movement on a join or leave.
-    #: Every silo of a cluster must use the same value.
-    balanced_ring: bool = False
+    #: (``orleanspy.ring``): the busiest silo within 1.001x fair at p90 at 2-10
+    #: silos, where the hashed points alone leave it 1.2-1.5x. The price: a join
+    #: or leave moves a median 1.1-1.4x the minimal 1/N, some of it between silos
+    #: that stay. ``False`` keeps the hashed ring, whose join moves hashes only
+    #: to the joiner and a leave only from the leaver. Every silo of a cluster
+    #: builds the same ring: a silo whose setting differs from the live
+    #: members' refuses to start before it writes anything
+    #: (``membership.agreement``), and rows of versions that did not record it
+    #: count as ``False``. To switch a running cluster, stop every silo and
+    #: start them all with the new value.
+    balanced_ring: bool = True
 
     if TYPE_CHECKING:
         # What a type checker sees of the generated __init__: durations also take

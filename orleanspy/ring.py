@@ -3,22 +3,27 @@
 Every Active silo puts ``buckets_per_silo`` points on a circle of ``2**32``
 hashes (``uniform_hash(f"{silo}#{i}")``). A hash belongs to the first point at
 or after it, wrapping past the top, so the point ``p`` owns ``(previous, p]``.
-Many small arcs per silo keep the shares even, and a silo joining or leaving
-moves only about ``1/N`` of the space, all of it to or from that silo.
 
-The ring is a pure function of the silo set: every process that sees the same
-Active silos builds the same ring, which is what lets silos agree on owners
-without talking to each other.
+The ring is a pure function of the silo set and the ``balanced`` setting:
+every process that sees the same Active silos builds the same ring, which is
+what lets silos agree on owners without talking to each other. Silos that
+differ in the setting would not agree, so a silo records its setting in the
+membership table and one that differs from the live members' refuses to join
+(``orleanspy.membership.agreement``).
 
-With ``balanced=True`` the hashed points are then moved, deterministically and
-in integer arithmetic, until every silo owns its fair share (``_balance``):
-each boundary between two silos' arcs shifts by a part of their difference,
-never past half of either neighbouring arc, so the order of the points and the
-number of arcs stay as hashed. Thirty random points per silo leave the
-busiest silo of a 3-silo ring 1.29x its fair share at p90 (1.45x at 10
-silos); balanced, within 1.01x at 2-10 silos. The price: a join or leave moves
-about 1.1-1.35x the minimal 1/N, as boundaries between other silos shift too,
-and every silo of a cluster must use the same setting.
+Balanced (``balanced=True``, the default, and ``MembershipOptions.balanced_ring``'s):
+the hashed points are then moved, deterministically and in integer
+arithmetic, until every silo owns its fair share (``_balance``): each boundary
+between two silos' arcs shifts by a part of their difference, never past half
+of either neighbouring arc, so the order of the points and the number of arcs
+stay as hashed. Thirty random points per silo leave the busiest silo of a
+3-silo ring 1.29x its fair share at p90 (1.45x at 10 silos); balanced, within
+1.01x at 2-10 silos. The price: a join or leave moves a median 1.1-1.4x the
+minimal 1/N, as boundaries between other silos shift too.
+
+Hashed (``balanced=False``): the points stay where they hash. Many small arcs
+per silo keep the shares roughly even, and a silo joining or leaving moves
+only about ``1/N`` of the space, all of it to or from that silo.
 
 Sets of ranges (what a silo owns, what it gained or lost) are handled by the
 free functions ``merge_ranges``, ``subtract_ranges``, ``intersect_ranges`` and
@@ -195,7 +200,7 @@ class ConsistentRing:
     every process. Two silos' points may collide (32-bit hashes); the point then
     goes to the smaller ``SiloAddress``, which every process picks alike.
     ``len(ring)`` is the number of silos; two rings are equal when they have the
-    same silos and buckets per silo.
+    same silos, buckets per silo and ``balanced`` setting.
     """
 
     __slots__ = ("_balanced", "_buckets", "_owners", "_points", "_ranges", "_silos")
@@ -205,7 +210,7 @@ class ConsistentRing:
         silos: Iterable[SiloAddress] = (),
         buckets_per_silo: int = DEFAULT_BUCKETS_PER_SILO,
         *,
-        balanced: bool = False,
+        balanced: bool = True,
     ) -> None:
         if buckets_per_silo < 1:
             raise ValueError(f"buckets_per_silo must be at least 1, got {buckets_per_silo}")
@@ -236,10 +241,11 @@ class ConsistentRing:
         silos: Iterable[SiloAddress],
         buckets_per_silo: int = DEFAULT_BUCKETS_PER_SILO,
         *,
-        balanced: bool = False,
+        balanced: bool = True,
     ) -> ConsistentRing:
         """The ring of ``silos`` (duplicates ignored), ``buckets_per_silo`` points
-        each; ``balanced``: points moved until every share is fair (module doc)."""
+        each; ``balanced`` (default): points moved until every share is fair,
+        ``False``: points where they hash (module doc)."""
         return cls(silos, buckets_per_silo, balanced=balanced)
 
     def _compute_ranges(self) -> dict[SiloAddress, tuple[RingRange, ...]]:
@@ -306,7 +312,10 @@ class ConsistentRing:
 
     def __repr__(self) -> str:
         silos = ", ".join(str(s) for s in self._silos)
-        return f"ConsistentRing([{silos}], buckets_per_silo={self._buckets})"
+        return (
+            f"ConsistentRing([{silos}], buckets_per_silo={self._buckets}, "
+            f"balanced={self._balanced})"
+        )
 
 
 #: Passes of ``_balance`` over every boundary; 10 leave the busiest of 10 silos

@@ -10,11 +10,12 @@ the CA certificate. Format: ``v1;secret=<hex|none>;ca=<hex|none>``.
 
 Before it writes Joining, a silo compares its verifier with that of every
 live member (Joining, Active or ShuttingDown, heartbeat not stale, not an
-earlier incarnation of itself) and refuses to start if any differs, naming
-which part and which member. Rows without a verifier (written by an older
-version) are not compared. A mis-deployed silo so never writes a row, takes
-ranges, votes or ticks (docs/decisions.md, "Credentials checked before
-joining").
+earlier incarnation of itself: ``agreement.live_members``) and refuses to
+start if any differs, naming which part and which member. Rows without a
+verifier (written by an older version) are not compared. A mis-deployed silo
+so never writes a row, takes ranges, votes or ticks (docs/decisions.md,
+"Credentials checked before joining"). The ring mode is checked the same way
+(``membership.agreement``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from datetime import datetime
 
 from orleanspy.errors import ConfigurationError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.model import MembershipSnapshot, SiloStatus
+from orleanspy.membership.agreement import live_members
+from orleanspy.membership.model import MembershipSnapshot
 from orleanspy.options import MembershipOptions, MessagingOptions
 
 __all__ = ["CredentialsMismatchError", "check_verifier", "cluster_verifier"]
@@ -77,16 +79,10 @@ def check_verifier(
     verifier than ``mine`` (``None``: nothing to check)."""
     if mine is None:
         return
-    for silo, (entry, _etag) in snapshot.entries.items():
+    for silo, entry in live_members(snapshot, me, now, options):
         theirs = entry.verifier
-        if theirs is None or theirs == mine or silo == me:
+        if theirs is None or theirs == mine:
             continue
-        if entry.status not in (SiloStatus.JOINING, SiloStatus.ACTIVE, SiloStatus.SHUTTING_DOWN):
-            continue
-        if entry.is_stale(now, options.i_am_alive_staleness):
-            continue
-        if silo.host == me.host and silo.port == me.port and silo.generation < me.generation:
-            continue  # an earlier run of this very silo: it is buried, not compared
         a, b = _parts(mine), _parts(theirs)
         if a.get("secret") != b.get("secret"):
             what = (

@@ -54,6 +54,9 @@ class MembershipEntry:
     does not say, and the silo is taken to host every type). ``verifier``
     proves which credentials the silo joined with, without revealing them
     (``membership.credentials``; ``None``: the row does not say).
+    ``ring_mode`` names the ring the silo builds, ``"balanced"`` or
+    ``"hashed"`` (``membership.agreement``; ``None``: the row does not say,
+    and the silo counts as hashed).
     """
 
     silo: SiloAddress
@@ -66,6 +69,7 @@ class MembershipEntry:
     host_name: str = ""
     grain_types: frozenset[str] | None = None
     verifier: str | None = None
+    ring_mode: str | None = None
 
     def hosts(self, type_name: str) -> bool:
         """Whether grains of ``type_name`` may be placed on this silo."""
@@ -121,6 +125,8 @@ class MembershipEntry:
             rec["gt"] = "\n".join(sorted(self.grain_types))
         if self.verifier is not None:
             rec["cv"] = self.verifier
+        if self.ring_mode is not None:
+            rec["rm"] = self.ring_mode
         return rec
 
     @classmethod
@@ -138,6 +144,7 @@ class MembershipEntry:
             host_name=rec.get("h", ""),
             grain_types=_grain_types(rec.get("gt")),
             verifier=None if rec.get("cv") is None else str(rec["cv"]),
+            ring_mode=None if rec.get("rm") is None else str(rec["rm"]),
         )
 
 

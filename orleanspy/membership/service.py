@@ -21,9 +21,10 @@ treated the same way, with a WARNING that says what happened: the silo stops,
 and a restart joins as a new incarnation (docs/decisions.md, "A store that
 lost its data").
 
-Credentials. Each row carries a verifier of the joining silo's credentials
-(``membership.credentials``); a silo whose verifier differs from that of a
-live member refuses to join, before it writes anything.
+Credentials and ring mode. Each row carries a verifier of the joining silo's
+credentials (``membership.credentials``) and the ring it builds
+(``membership.agreement``); a silo whose verifier or ring mode differs from
+that of a live member refuses to join, before it writes anything.
 
 Timing reads the injected ``Clock``; only the probe timeout (enforced by the
 ``ping`` callable) and the bound on the final writes at shutdown run on the
@@ -44,6 +45,7 @@ from typing import Any
 from orleanspy.clock import Clock
 from orleanspy.errors import MembershipError, SiloDeclaredDeadError, StorageError
 from orleanspy.identity import SiloAddress
+from orleanspy.membership.agreement import check_ring_mode
 from orleanspy.membership.credentials import check_verifier
 from orleanspy.membership.health import HealthMonitor, Ping
 from orleanspy.membership.lease import ContactLease, lease_duration
@@ -71,8 +73,10 @@ class MembershipService:
     silo reads itself Dead in the table without having left gracefully, or
     finds that the store lost its data (``stop_reason`` says which); the
     service has then already revoked ``lease`` and stopped its loops, and the
-    silo must stop too. ``verifier`` (optional) goes into this silo's row and
-    is checked against the live members' before joining.
+    silo must stop too. ``verifier`` and ``ring_mode`` (optional: ``None``
+    records and checks nothing) go into this silo's row and are checked
+    against the live members' before joining (``CredentialsMismatchError``,
+    ``RingModeMismatchError``; nothing is written then).
     """
 
     def __init__(
@@ -90,9 +94,11 @@ class MembershipService:
         gossip: Gossip | None = None,
         grain_types: Collection[str] | None = None,
         verifier: str | None = None,
+        ring_mode: str | None = None,
     ) -> None:
         self._table = table
         self._verifier = verifier
+        self._ring_mode = ring_mode
         self.stop_reason: str | None = None
         self._joined = False
         self.address = address
@@ -312,9 +318,12 @@ class MembershipService:
         while True:
             snap = await self.refresh()
             now = self._clock.now()
-            # Before anything is written: a silo with other credentials than
-            # the live members' must not take a row, ranges or votes.
+            # Before anything is written: a silo with other credentials or
+            # another ring than the live members' must not take a row, ranges
+            # or votes. Checked on every pass: a lost insert re-reads the
+            # table and so sees a rival joiner's row.
             check_verifier(self._verifier, snap, self.address, now, self._options)
+            check_ring_mode(self._ring_mode, snap, self.address, now, self._options)
             if await self._bury_earlier_incarnations(snap):
                 continue
             existing, etag = snap.get(self.address), snap.etag(self.address)
@@ -338,6 +347,7 @@ class MembershipService:
                     host_name=self._host_name,
                     grain_types=self._grain_types,
                     verifier=self._verifier,
+                    ring_mode=self._ring_mode,
                 )
                 ok = await self._table.insert_row(row, snap.version.next())
             if ok:

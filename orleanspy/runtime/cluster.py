@@ -190,7 +190,8 @@ class ClusterLocator:
 class RingFollower:
     """Keeps the ring in step with membership and tells its listeners.
 
-    On each snapshot: rebuild the ring over the Active silos; if it changed,
+    On each snapshot: rebuild the ring over the Active silos (balanced unless
+    ``balanced=False``, as ``MembershipOptions.balanced_ring``); if it changed,
     pass this silo's ranges to ``on_ranges``. Silos that left (Dead or gone)
     have their cached directory entries dropped and connections closed, and
     are passed to ``on_dead`` once each, before the ring change their death
@@ -206,7 +207,7 @@ class RingFollower:
         on_ranges: Callable[[tuple[RingRange, ...]], None],
         on_dead: Callable[[SiloAddress], None] | None = None,
         buckets_per_silo: int = 30,
-        balanced: bool = False,
+        balanced: bool = True,
     ) -> None:
         self._address = address
         self._on_dead = on_dead

@@ -432,6 +432,7 @@ class Silo:
     ) -> MembershipService:
         """The membership service, wired to the transport's gossip and the locator;
         a graceful stop ends with its final write (Dead)."""
+        from orleanspy.membership.agreement import ring_mode
         from orleanspy.membership.credentials import cluster_verifier
 
         o = self.options
@@ -454,6 +455,7 @@ class Silo:
             verifier=cluster_verifier(
                 o.messaging, service_id=o.service_id, cluster_id=o.cluster_id
             ),
+            ring_mode=ring_mode(o.membership.balanced_ring),
         )
         transport.on_gossip(membership.gossip_received)
         stack.callback(transport.on_gossip, None)

@@ -286,6 +286,7 @@ async def check_round_trip_all_fields(table: MembershipTable) -> None:
         host_name="host.example",
         grain_types=frozenset({"CounterGrain", "module.Other", "ünï"}),
         verifier="v1;secret=0123456789abcdef0123456789abcdef;ca=none",
+        ring_mode="balanced",
     )
     hosts_nothing = MembershipEntry(
         silo=SiloAddress("127.0.0.2", 2, 0),

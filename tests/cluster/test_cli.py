@@ -671,3 +671,59 @@ async def test_a_silo_with_the_wrong_secret_refuses_to_start_and_exits_1(redis_u
         assert snap.version.version == 2  # its Joining and Active writes, nothing more
     finally:
         _stop(good)
+
+
+@pytest.mark.slow
+async def test_a_silo_on_another_ring_refuses_to_start_and_exits_1(redis_url: str) -> None:
+    """Two silo processes run the hashed ring (one by ``--set``, one by its
+    variable); a third with the default (balanced) says why and exits 1 before
+    it writes anything: the table, the processes and the ring shares that
+    ``cluster status`` reports are as they were."""
+    from orleanspy.membership.redis import RedisMembershipTable
+    from orleanspy.ring import HASH_SPACE, ConsistentRing, ranges_size
+
+    hashed = [
+        _cli("--redis-url", redis_url, "--log-level", "WARNING", "silo", "--import",
+             "cli_grains", "--set", "membership.balanced_ring=false"),
+        _cli("--redis-url", redis_url, "--log-level", "WARNING", "silo", "--import",
+             "cli_grains", ORLEANSPY_MEMBERSHIP_BALANCED_RING="false"),
+    ]  # fmt: skip
+    try:
+        addresses = []
+        for proc in hashed:
+            assert proc.stdout is not None
+            line = await asyncio.to_thread(proc.stdout.readline)
+            assert line.startswith("READY "), line
+            addresses.append(line.split()[1])
+        async with AsyncExitStack() as stack:
+            table = RedisMembershipTable(redis_url, cluster_id="dev", service_id="default")
+            await table.start(stack)
+            before = await table.read_all()
+            assert sorted(str(s) for s in before.active_silos()) == sorted(addresses)
+            assert {e.ring_mode for e, _ in before.entries.values()} == {"hashed"}
+
+            rogue = await acli("--redis-url", redis_url, "--log-level", "WARNING", "silo",
+                               "--import", "cli_grains")  # fmt: skip
+            assert rogue.returncode == 1, rogue.stderr
+            assert "refusing to join: this silo builds the balanced ring" in rogue.stderr
+            assert "balanced_ring=False" in rogue.stderr
+            assert "--set membership.balanced_ring=false" in rogue.stderr
+            assert "Traceback" not in rogue.stderr
+
+            after = await table.read_all()
+        assert after.version == before.version and after.version.version == 4  # 2 joins
+        assert set(after.entries) == set(before.entries)
+        for silo, (entry, _etag) in after.entries.items():
+            assert entry.status.name == "ACTIVE" and not entry.suspect_times, silo
+        assert all(proc.poll() is None for proc in hashed)
+        # The status reader builds the ring the silos record: the hashed one.
+        doc = ok_json(await acli("--redis-url", redis_url, "cluster", "status", "--json"))
+        ring = ConsistentRing.build(after.active_silos(), balanced=False)
+        want = {
+            str(s): round(100 * ranges_size(ring.ranges_of(s)) / HASH_SPACE, 2) for s in ring.silos
+        }
+        assert isinstance(doc, dict)
+        assert {s["address"]: s["ring_share_percent"] for s in doc["silos"]} == want
+    finally:
+        for proc in hashed:
+            _stop(proc)

@@ -1,5 +1,5 @@
 """Trust in a deployment, on real stores with real gRPC: a silo with the wrong
-credentials refuses to join before it writes anything, and a store that lost
+credentials or another ring refuses to join before it writes anything, and a store that lost
 its data stops the silo with a WARNING, on Redis and on PostgreSQL."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import asyncpg
@@ -21,6 +22,7 @@ from orleanspy import Grain, Remindable, Silo, SiloOptions, TickStatus, register
 from orleanspy import grain as grain_module
 from orleanspy.errors import SiloUnavailableError, StorageUnavailableError
 from orleanspy.identity import SiloAddress
+from orleanspy.membership.agreement import RingModeMismatchError, ring_mode
 from orleanspy.membership.credentials import CredentialsMismatchError, cluster_verifier
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.postgres import PostgresMembershipTable
@@ -89,6 +91,39 @@ async def test_a_silo_with_other_credentials_refuses_to_start_and_writes_nothing
         assert set(after.entries) == {healthy.address}
         row = after.get(healthy.address)
         assert row is not None and row.status is SiloStatus.ACTIVE and not row.suspect_times
+        assert rogue.state is SiloState.STOPPED
+        assert healthy.state is SiloState.RUNNING
+
+
+@pytest.mark.parametrize("cluster_balanced", [True, False])
+async def test_a_silo_on_another_ring_refuses_to_start_and_writes_nothing(
+    store: str, cluster_balanced: bool
+) -> None:
+    """Every silo must build the same ring: the other setting is refused before
+    the rogue writes anything, and the row of the running silo records its mode."""
+    healthy_options = replace(
+        options(store, None), membership=replace(FAST_MEMBERSHIP, balanced_ring=cluster_balanced)
+    )
+    rogue_options = replace(
+        healthy_options,
+        membership=replace(FAST_MEMBERSHIP, balanced_ring=not cluster_balanced),
+    )
+    async with Silo(healthy_options) as healthy, table_of(store) as table:
+        before = await table.read_all()
+        row = before.get(healthy.address)
+        assert row is not None and row.ring_mode == ring_mode(cluster_balanced)
+        rogue = Silo(rogue_options)
+        with pytest.raises(RingModeMismatchError, match="refusing to join") as caught:
+            await rogue.start()
+        assert f"balanced_ring={not cluster_balanced}" in str(caught.value)
+        assert f"balanced_ring={cluster_balanced}" in str(caught.value)
+        assert str(healthy.address) in str(caught.value)
+        after = await table.read_all()
+        assert after.version == before.version
+        assert set(after.entries) == {healthy.address}
+        assert after.get(healthy.address) == row.with_i_am_alive(
+            after.entries[healthy.address][0].i_am_alive
+        )
         assert rogue.state is SiloState.STOPPED
         assert healthy.state is SiloState.RUNNING
 
