@@ -35,6 +35,7 @@ from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, se
 from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.metrics import GrainMetrics
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
+from orleanspy.runtime.inline import running_task
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import Codec
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from orleanspy.directory.table import ActivationAddress
     from orleanspy.storage.contract import GrainStorage
 
-__all__ = ["Activation", "ActivationHost", "ActivationState"]
+__all__ = ["Activation", "ActivationHost", "ActivationState", "activates_at_once"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ class ActivationHost(Protocol):
     # Grain storage providers by name (``SiloOptions.storage``).
     grain_storage: Mapping[str, GrainStorage]
     grain_metrics: GrainMetrics
+    # Whether ``register_activation`` claims the grain somewhere it may wait for
+    # (a cluster's directory); an embedded silo's claims nothing.
+    registers_activations: bool
 
     def get_grain(self, grain: Any, key: Any) -> Any: ...
     @property
@@ -80,6 +84,12 @@ class ActivationHost(Protocol):
     async def activation_ended(self, activation: Activation) -> None:
         """Remove the activation from the catalog and the directory."""
         ...
+
+
+def activates_at_once(definition: GrainDefinition) -> bool:
+    """No persistent state to read and the default ``on_activate``: besides the
+    directory's claim, nothing in activating such a grain can wait."""
+    return not definition.states and definition.cls.on_activate is Grain.on_activate
 
 
 class _TimerTick:
@@ -158,8 +168,40 @@ class Activation:
     # -- activation ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin activating: registration and ``on_activate`` run as a task."""
-        self._lifecycle_task = asyncio.get_running_loop().create_task(self._activate())
+        """Begin activating: registration and ``on_activate`` run as a task,
+        unless nothing in the activation can wait (``activates_at_once``): then
+        it is VALID when this returns, with no task made for it.
+
+        Either way the caller enqueues the message that caused the activation
+        right after this, before anything else runs."""
+        if not self.runtime.registers_activations and activates_at_once(self.definition):
+            self._activate_now()
+        else:
+            self._lifecycle_task = asyncio.get_running_loop().create_task(self._activate())
+
+    def _activate_now(self) -> None:
+        """Activate synchronously (``start``): the grain's ``__init__`` is all
+        there is to run. A cold start of many grains costs no task, no loop
+        iteration and no suspension of the caller per activation."""
+        defn = self.definition
+        grain = defn.cls.__new__(defn.cls)
+        grain._activation = self
+        try:
+            grain.__init__()  # type: ignore[misc]
+        except Exception as exc:
+            # Failed as the task would have failed it, once the message that
+            # caused the activation is in the mailbox (the caller puts it there
+            # before the loop runs this task).
+            self._lifecycle_task = asyncio.get_running_loop().create_task(
+                self._activation_failed(exc)
+            )
+            return
+        self.grain = grain
+        self.state = ActivationState.VALID
+
+    async def _activation_failed(self, exc: Exception) -> None:
+        self._fail_activation(exc)
+        await self.runtime.activation_ended(self)
 
     async def _activate(self) -> None:
         host = self.runtime
@@ -177,7 +219,7 @@ class Activation:
             defn = self.definition
             grain = defn.cls.__new__(defn.cls)
             grain._activation = self
-            if defn.states or defn.cls.on_activate is not Grain.on_activate:
+            if not activates_at_once(defn):
                 async with asyncio.timeout(host.activation_timeout):
                     if defn.states:
                         await self._load_states(grain)
@@ -214,7 +256,7 @@ class Activation:
         self._running += 1
         if read_only:
             self._running_read_only += 1
-        task = asyncio.current_task()
+        task = running_task()
         assert task is not None
         if self._turns is None:
             self._turns = set()
@@ -296,7 +338,7 @@ class Activation:
         self._running += 1
         # Held like a turn task, so that ``abandon`` (a simulated crash) cancels
         # it. One at most: an inline turn starts only when no turn runs.
-        self._inline = asyncio.current_task()
+        self._inline = running_task()
         token = current_chain.set((*current_chain.get(), self.canonical))
         started, failed = time.perf_counter(), True
         try:
@@ -490,7 +532,7 @@ class Activation:
     def _turn_ended(self, *, touch: bool) -> None:
         turns = self._turns
         if turns is not None:
-            turns.discard(asyncio.current_task())
+            turns.discard(running_task())
             if not turns:
                 self._turns = None
         self._turn_done(touch=touch)

@@ -46,7 +46,7 @@ from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.remindable.management import MANAGEMENT_TYPE
 from orleanspy.remindable.registry import ReminderRegistry
-from orleanspy.runtime.activation import Activation
+from orleanspy.runtime.activation import Activation, activates_at_once
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
 from orleanspy.runtime.immutable import all_immutable, result_immutable
@@ -122,6 +122,9 @@ class Dispatcher:
         self._max_forwards = options.messaging.max_forward_count
         self._locator = locator
         self._local_only = locator.local_only
+        # An embedded silo claims no directory entry: an activation with nothing
+        # else to wait for is made synchronously (``Activation.start``).
+        self.registers_activations = not self._local_only
         self._types = grain_types
         self._transport = transport
         self._pending: PendingCalls[Message] = PendingCalls(self._response_timeout)
@@ -207,13 +210,21 @@ class Dispatcher:
         act = self._activations.get(grain_id)
         # The grain is here and idle: the call runs as a turn in this task (no
         # message, response or turn task).
-        if act is not None and not one_way:
+        if not one_way and (act is not None or self._local_only):
             if not self._inline_streak:
                 # A caller awaiting local grains back to back, none of which
                 # suspends, would never yield: every _INLINE_STREAK-th inline call
                 # yields to the loop first (the activation is checked after).
                 self._inline_streak = _INLINE_STREAK
                 await asyncio.sleep(0)
+                act = self._activations.get(grain_id)
+            if act is None:
+                # An embedded silo places every grain here: one whose activation
+                # cannot wait (``activates_at_once``) is made valid right now, so
+                # the call that causes it runs inline like any other (a cold
+                # start of many grains costs no task or loop iteration each).
+                act = self._activate_here(grain_id, method)
+        if act is not None and not one_way:
             if reminder_tick:
                 if not kwargs and act.idle_and_valid() and method in act.definition.methods:
                     self._inline_streak -= 1
@@ -299,6 +310,16 @@ class Dispatcher:
         finally:
             self._pending.discard(msg.id)
         return result_of(response, self.codec)
+
+    def _activate_here(self, grain_id: GrainId, method: str) -> Activation | None:
+        """The new activation of ``grain_id`` on this embedded silo, if its type
+        is hosted, ``method`` callable, and nothing in activating it can wait;
+        otherwise ``None`` (the call takes the message path: ``route``
+        validates it and starts an activation that waits for its task)."""
+        defn = self._types.get(grain_id.type_name)
+        if defn is None or method not in defn.methods or not activates_at_once(defn):
+            return None
+        return self.catalog.get_or_create(grain_id, defn)
 
     # -- routing ------------------------------------------------------------------------
 
