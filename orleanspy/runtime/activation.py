@@ -323,37 +323,6 @@ class Activation:
         """Whether a turn could start right now with nothing else running or queued."""
         return self.state is ActivationState.VALID and self._running == 0 and not self._queue
 
-    async def run_inline(self, method: str, args: tuple[Any, ...]) -> None:
-        """Run ``method(*args)`` as a turn in the calling task; the caller checked
-        ``idle_and_valid()`` just before, with no await in between.
-
-        For the silo's own reminder ticks (``Dispatcher.invoke``): the tick is
-        the turn, without a message, a response or a task of its own. Turn rules
-        hold as for a message: calls that arrive meanwhile queue behind it (or
-        interleave, as the class allows), the turn counts as activity, and an
-        ``InconsistentStateError`` deactivates. The grain's exception propagates
-        as it is. Unlike a message's turn, the turn is the caller's: cancelling
-        the caller (the reminder service stopping) cancels the turn.
-        """
-        self._running += 1
-        # Held like a turn task, so that ``abandon`` (a simulated crash) cancels
-        # it. One at most: an inline turn starts only when no turn runs.
-        self._inline = running_task()
-        token = current_chain.set((*current_chain.get(), self.canonical))
-        started, failed = time.perf_counter(), True
-        try:
-            await getattr(self.grain, method)(*args)
-            failed = False
-        except InconsistentStateError:
-            self.request_deactivation()
-            raise
-        finally:
-            current_chain.reset(token)
-            elapsed = time.perf_counter() - started
-            self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed, method)
-            self._inline = None
-            self._turn_done(touch=True)
-
     def try_enter_inline(self, method: str, task: asyncio.Task[Any]) -> bool:
         """Begin the call ``method`` as a turn in ``task``, the caller's, if a turn
         may start right now with nothing else running or queued (the activation
@@ -361,14 +330,16 @@ class Activation:
         ``True`` the caller awaits the grain's method itself, then calls
         ``exit_inline``, with no await in between.
 
-        For local calls to an idle activation (``Dispatcher.invoke``): no message,
-        no response, no task, no coroutine of the runtime's own around the
-        grain's. Turn rules hold as for ``run_inline``: calls that arrive
-        meanwhile queue behind it (or interleave, as the class allows), the turn
-        counts as activity, and an ``InconsistentStateError`` deactivates. The
-        turn is the caller's: cancelling the caller cancels it, and ``abandon``
-        (a simulated crash) cancels the caller. One inline turn at most runs at
-        a time (it starts only when nothing runs), so its state lives here.
+        For local calls and the silo's own reminder ticks to an idle activation
+        (``Dispatcher.invoke``): no message, no response, no task, no coroutine
+        of the runtime's own around the grain's. Turn rules hold as for a
+        message: calls that arrive meanwhile queue behind it (or interleave, as
+        the class allows), the turn counts as activity, and an
+        ``InconsistentStateError`` deactivates. The turn is the caller's:
+        cancelling the caller (for a tick, the reminder service stopping)
+        cancels it, and ``abandon`` (a simulated crash) cancels the caller. One
+        inline turn at most runs at a time (it starts only when nothing runs),
+        so its state lives here.
         """
         if self._running or self._queue or self.state is not ActivationState.VALID:
             return False

@@ -226,9 +226,18 @@ class Dispatcher:
                 act = self._activate_here(grain_id, method)
         if act is not None and not one_way:
             if reminder_tick:
-                if not kwargs and act.idle_and_valid() and method in act.definition.methods:
+                task = running_task()
+                if not kwargs and task is not None and act.try_enter_inline(method, task):
+                    # The tick is the turn, in this task: no inline deadline (it
+                    # is the grain's own work), and the grain's exception
+                    # propagates as it is (the reminder service records it).
                     self._inline_streak -= 1
-                    await act.run_inline(method, args)
+                    try:
+                        await getattr(act.grain, method)(*args)
+                    except BaseException as exc:
+                        act.exit_inline(exc)
+                        raise
+                    act.exit_inline(None)
                     return None
             else:
                 # What the caller sees is what a queued call would give it:
