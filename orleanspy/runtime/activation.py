@@ -8,8 +8,10 @@ chain (see ``runtime.context``). Timer ticks are turns too.
 
 Lifecycle: ACTIVATING (directory registration, persistent state loaded,
 ``on_activate``) → VALID → DEACTIVATING (turns drain, ``on_deactivate``) →
-INVALID. Messages that reach an activation that is going away are handed back
-to the dispatcher, which routes them to a fresh activation. An
+INVALID. On an embedded silo (no directory) a grain with neither state nor an
+``on_activate`` of its own is VALID as soon as it is created (``start``).
+Messages that reach an activation that is going away are handed back to the
+dispatcher, which routes them to a fresh activation. An
 ``InconsistentStateError`` that escapes a turn (a state write lost to another
 activation) deactivates the activation, so the next call reloads the state, as
 in Orleans.
