@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
@@ -29,7 +30,7 @@ from orleanspy.reminders.table import (
     subscribe,
 )
 from orleanspy.ring import RingRange
-from orleanspy.testing.redis_server import RedisServer
+from orleanspy.testing.redis_server import RedisClusterServer, RedisServer
 from orleanspy.testing.reminder_table import (
     REMINDER_TABLE_CHECKS,
     check_ended_rows_keep_their_history,
@@ -606,3 +607,38 @@ async def test_redis_unscoped_feed_sees_every_writer_and_shard(redis_url: str) -
             change = await _next_or_none(feed, 10)
             assert change is not None, f"missing {set(grains) - got}"
             got.add(change.grain_id)
+
+
+async def test_a_cluster_feed_cancelled_while_it_connects_leaves_no_connection(
+    redis_cluster: RedisClusterServer, redis_cluster_url: str
+) -> None:
+    """A cluster feed opens one pub/sub connection per master concurrently. An
+    ``open`` cancelled at any point of that (a silo stopping while its ring
+    changes) leaves no connection behind once the table is closed, including
+    when redis-py finished the connect despite the cancellation (on Python
+    3.11 ``asyncio.wait_for`` returns a result that arrives with the cancel)."""
+    before = {(c["port"], c["id"]) for c in redis_cluster.clients()}
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(
+            redis_cluster_url, service_id=f"cx-{uuid.uuid4().hex[:8]}", shards=16
+        )
+        await table.start(stack)
+        for spins in range(60):
+            feed = table.changes()
+            opening = asyncio.ensure_future(feed.open())
+            for _ in range(spins):
+                await asyncio.sleep(0)
+            opening.cancel()
+            with suppress(asyncio.CancelledError, StorageError):
+                await opening
+            if spins % 2:
+                await feed.aclose()  # the others are left to the table's close
+
+    def left() -> set[tuple[str, str]]:
+        return {(c["port"], c["id"]) for c in redis_cluster.clients()} - before
+
+    deadline = asyncio.get_running_loop().time() + 5
+    while left() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert left() == set()
+    gc.collect()  # an unclosed connection's ResourceWarning fails the test
