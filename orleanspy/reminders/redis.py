@@ -108,6 +108,10 @@ _MAX_PAGE: Final = 1000
 # ``limit`` (at least this many), then reads on only the shards whose members
 # keep coming first.
 _MIN_FIRST_ASK: Final = 16
+# A skip set travels with a due read (``_collect``) when it holds at most this
+# many keys, or the range covers at least ``1 / _SKIP_SHARE`` of the ring.
+_SKIP_SENT: Final = 64
+_SKIP_SHARE: Final = 8
 # Ranges whose read plans a table keeps (``_merged_plan``); all are dropped past it.
 _PLANS_KEPT: Final = 64
 
@@ -1335,10 +1339,11 @@ class RedisReminderTable:
         shards there in Redis and fetches the rows taken: on one Redis that is
         the whole read, one command whatever the number of shards; on a
         cluster the nodes' candidates are merged here. A ``skip`` that is a
-        collection no larger than twice the limit travels with the call, so
-        skipped members never leave Redis; any other is applied here, and the
-        rows taken are fetched in a second round trip. Without a limit
-        (``read_range``) each shard is read by its own script call.
+        collection no larger than twice the limit travels with the call (unless
+        it is large and the range small: ``_SKIP_SENT``), so skipped members
+        never leave Redis; any other is applied here, and the rows taken are
+        fetched in a second round trip. Without a limit (``read_range``) each
+        shard is read by its own script call.
         """
         before_ms = min(before_ms, LANE_WIDTH - 1)
         if before_ms < 0:
@@ -1349,8 +1354,14 @@ class RedisReminderTable:
             members = [(s, m) for (s, _), part in zip(plan, found, strict=True) for m in part]
             return await self._fetch(members, what)
         # Sent along: the keys the script leaves out itself. Otherwise the script
-        # returns members only, and they are skipped here.
-        remote = isinstance(skip, Collection) and len(skip) <= 2 * limit
+        # returns members only, and they are skipped here: so for a range that is
+        # a small part of the ring, since a silo owning many reads each of them
+        # with the whole window as its skip, most of it outside that range.
+        remote = (
+            isinstance(skip, Collection)
+            and len(skip) <= 2 * limit
+            and (r is None or len(skip) <= _SKIP_SENT or r.size * _SKIP_SHARE >= HASH_SPACE)
+        )
         groups = await node_groups(self._c, [self._key(s, "due") for s, _ in plan])
         form = ("r" if len(groups) == 1 else "m") if remote else "k"
         ask = min(limit, max(_MIN_FIRST_ASK, -(-2 * limit // len(plan))))
