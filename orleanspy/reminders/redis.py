@@ -1181,8 +1181,9 @@ class RedisReminderTable:
         """Due rows of ``r`` in the due order (priority descending, then next_due;
         ties by hash, then key), at most ``limit``.
 
-        Two round trips whatever the number of shards: pipelined filtered index
-        reads, then pipelined HMGETs of only the rows returned.
+        One script call whatever the number of shards (one per node on a
+        cluster): the shards' filtered index reads, merged in Redis, and the
+        records of only the rows returned (``_collect``).
         """
         if limit <= 0:
             return []
@@ -1202,9 +1203,12 @@ class RedisReminderTable:
     ) -> list[ReminderEntry]:
         """``read_due`` less the rows whose key is in ``skip``: the index read is the
         same, but skipped members are dropped before the row fetch, so their
-        records never leave Redis and are never decoded. With ``after`` the read
-        script starts each lane's scan past it, so earlier members are not read.
-        With ``take`` only the first ``take`` members not skipped are fetched."""
+        records never leave Redis and are never decoded (a ``skip`` that is a
+        ``Collection`` is listed once, at the call, and sent along, so the
+        skipped members do not leave Redis either; see ``_collect``). With
+        ``after`` the read script starts each lane's scan past it, so earlier
+        members are not read. With ``take`` only the first ``take`` members not
+        skipped are fetched."""
         if limit <= 0:
             return []
         before_ms = to_ms(before)
