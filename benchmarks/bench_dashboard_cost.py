@@ -142,7 +142,7 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _median(rows: list[dict[str, Any]], kind: str, key: str) -> float:
-    return statistics.median(r[key] for r in rows if r["kind"] == kind)
+    return float(statistics.median(r[key] for r in rows if r["kind"] == kind))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from orleanspy.testing.redis_server import RedisServer
 
 
 def _rss_mb() -> float:
-    return psutil.Process().memory_info().rss / 2**20
+    return float(psutil.Process().memory_info().rss) / 2**20
 
 
 async def _timed(pages: ReminderPages, query: Query, times: int) -> tuple[float, int, int]:

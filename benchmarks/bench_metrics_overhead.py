@@ -197,12 +197,13 @@ async def main(rounds: int, seconds: float, reminders: int) -> list[dict[str, An
     recorded: dict[str, float] = {}
     for r, flip in itertools.product(range(rounds + 1), (False, True)):
         metrics = flip != (r % 2 == 1)
-        for what, measure in (
-            ("grain calls", lambda m=metrics: calls_per_s(m, seconds)),
-            ("reminder ticks", lambda m=metrics: ticks_per_s(m, reminders, seconds)),
-        ):
+        for what in ("grain calls", "reminder ticks"):
             gc.collect()
-            rate, cpu_rate, seen = await measure()
+            rate, cpu_rate, seen = await (
+                calls_per_s(metrics, seconds)
+                if what == "grain calls"
+                else ticks_per_s(metrics, reminders, seconds)
+            )
             if r == 0:
                 continue  # warm-up pair: imports, first allocations
             wall.setdefault((what, metrics), []).append(rate)

@@ -30,7 +30,7 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders.model import FireOutcome, FireRecord, ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.table import PausableReminderTable
+from orleanspy.reminders.table import BulkReminderTable, PausableReminderTable
 from orleanspy.testing.postgres import PostgresDatabase
 from orleanspy.testing.redis_server import RedisServer
 
@@ -57,6 +57,7 @@ async def _seed(table: PausableReminderTable, rows: int, keep: int) -> None:
         )
         for k in range(rows)
     ]
+    assert isinstance(table, BulkReminderTable)  # every table the benchmark runs on is
     for i in range(0, rows, 2000):
         await table.upsert_many(entries[i : i + 2000])
     per_call = max(1, 1000 // keep)

@@ -92,7 +92,7 @@ async def _registry(stack: AsyncExitStack, url: str, service: str) -> ReminderRe
         service_id=service,
         clock=SystemClock(),
         options=OPTIONS,
-        definitions=_definitions,  # type: ignore[arg-type]
+        definitions=_definitions,
     )
 
 

@@ -67,6 +67,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -234,8 +235,9 @@ async def silo_run(
         look_ahead=2 * POLL_INTERVAL,
         poll_interval=POLL_INTERVAL,
         adaptive=False,
-        **({} if bucket is None else {"base_bucket_size": bucket}),
     )
+    if bucket is not None:
+        reminders = replace(reminders, base_bucket_size=bucket)
     options = SiloOptions(
         grain_types=(BenchTickGrain,),
         collection_age=timedelta(hours=1),
@@ -337,7 +339,7 @@ async def _unpersisted(url: str, service_id: str) -> int:
 
 async def _commits(url: str | None) -> int:
     """``xact_commit`` of the benchmark's database (``pg_stat_database``)."""
-    import asyncpg  # type: ignore[import-untyped]
+    import asyncpg
 
     conn = await asyncpg.connect(url)
     try:

@@ -229,7 +229,7 @@ async def _bench_bidi(
     async with grpc.aio.insecure_channel(f"127.0.0.1:{where}") as channel:
         rates = []
         for n in callers:
-            streams = [channel.stream_stream(_STREAM, None, None)() for _ in range(n)]
+            streams = [channel.stream_stream(_STREAM, None, None)(None) for _ in range(n)]
             free: asyncio.Queue[Any] = asyncio.Queue()
             for s in streams:
                 free.put_nowait(s)

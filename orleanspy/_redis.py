@@ -214,7 +214,7 @@ def _cluster(url: str, nodes: Sequence[tuple[str, int]]) -> aioredis.RedisCluste
         )
     host, port = nodes[0]
     plain = urlunsplit((parts.scheme, _netloc(parts, host, port), "", parts.query, ""))
-    return aioredis.RedisCluster.from_url(
+    return _ClusterRedis.from_url(
         plain,
         startup_nodes=[ClusterNode(h, p) for h, p in nodes],
         max_connections=_CLUSTER_CONNECTIONS,
@@ -223,6 +223,28 @@ def _cluster(url: str, nodes: Sequence[tuple[str, int]]) -> aioredis.RedisCluste
         retry=Retry(NoBackoff(), 3),
         **_common(),
     )
+
+
+class _ClusterRedis(aioredis.RedisCluster):
+    """A cluster client whose close closes every node connection.
+
+    redis-py 8.1's ``RedisCluster.aclose`` does nothing while the client waits
+    to re-initialize: a connection error or timeout that outlived its retries
+    (a node killed) sets ``_initialize`` and leaves every other node's
+    connections open, to be reported unclosed by the garbage collector later.
+    Here the nodes are disconnected then too (their connections reconnect
+    lazily, so redis-py's own ``aclose`` calls, made to force a re-read of the
+    slot map, lose nothing)."""
+
+    async def aclose(self) -> None:
+        skipped = self._initialize  # redis-py's close is a no-op in this state
+        await super().aclose()
+        if skipped:
+            manager = self.nodes_manager
+            nodes = {
+                id(n): n for n in (*manager.nodes_cache.values(), *manager.startup_nodes.values())
+            }
+            await asyncio.gather(*(n.disconnect() for n in nodes.values()), return_exceptions=True)
 
 
 def _netloc(parts: Any, host: str, port: int) -> str:

@@ -127,8 +127,16 @@ def _proxy_class(definition: GrainDefinition) -> type[GrainReference]:
 def _proxy_method(name: str, one_way: bool) -> Callable[..., Coroutine[Any, Any, Any]]:
     # A plain function returning the invoker's coroutine: awaiting it is the
     # call, without one more coroutine frame per call.
-    def call(self: GrainReference, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
-        return self._invoker.invoke(self._grain_id, name, args, kwargs, one_way=one_way)
+    if one_way:
+
+        def call(self: GrainReference, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+            return self._invoker.invoke(self._grain_id, name, args, kwargs, one_way=True)
+
+    else:
+        # No keyword (``one_way`` defaults to False): that spares the invoker's
+        # keyword handling on every call.
+        def call(self: GrainReference, *args: Any, **kwargs: Any) -> Coroutine[Any, Any, Any]:
+            return self._invoker.invoke(self._grain_id, name, args, kwargs)
 
     call.__name__ = call.__qualname__ = name
     return call

@@ -4,6 +4,7 @@ WAIT, error translation, and a primary killed under writes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -387,3 +388,31 @@ async def test_noscript_on_one_node_resends_only_the_calls_that_did_not_run(
         assert all(r is not None for r in results)
         rows = {r.grain_id.key: r for r in await table.read_range(RingRange(0, 0))}
         assert all(rows[e.grain_id.key].etag == r for e, r in zip(entries, results, strict=True))
+
+
+async def test_a_cluster_client_that_lost_a_node_closes_every_connection(
+    own_redis_cluster: RedisClusterServer,
+) -> None:
+    """A connection error that outlived redis-py's retries (a master killed)
+    leaves its cluster client waiting to re-initialize, a state in which
+    redis-py's own close does nothing; the client ``connect`` makes still closes
+    every connection it holds on the surviving nodes."""
+    cluster = own_redis_cluster
+    client = await resolve(connect(cluster.url))
+    assert isinstance(client, aioredis.RedisCluster)
+    keys = [f"k{i}" for i in range(50)]
+    for key in keys:
+        await client.set(key, "v")  # a connection to every master
+    victim = cluster.master_ports()[0]
+    lost = next(k for k in keys if client.get_node_from_key(k).port == victim)
+    cluster.kill(victim)
+    with pytest.raises(StorageUnavailableError), translate_errors("get"):
+        await client.get(lost)
+    assert client._initialize  # the state redis-py's close skips
+    assert cluster.clients(), "the client holds connections to the surviving nodes"
+    await client.aclose()
+    deadline = time.monotonic() + 5
+    while cluster.clients() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert cluster.clients() == []
+    gc.collect()  # an unclosed connection's ResourceWarning fails the test

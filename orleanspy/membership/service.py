@@ -122,6 +122,7 @@ class MembershipService:
         self._spreading: set[asyncio.Task[None]] = set()
         self._catch_up: asyncio.Task[None] | None = None
         self._catch_up_again = False
+        self._gossip_reads = True  # until ``stop_gossip_reads``
         self.lease = ContactLease(
             clock, lease_duration(options), has_peers=self._has_peers, name=name
         )
@@ -214,6 +215,8 @@ class MembershipService:
         if self._started:
             self.lease.peer_reached()
         if not self._started or self._dead or table_version <= self._snapshot.version.version:
+            return
+        if not self._gossip_reads:
             return
         if self._catch_up is not None and not self._catch_up.done():
             self._catch_up_again = True
@@ -417,6 +420,17 @@ class MembershipService:
         for task in doomed:
             task.cancel()
         await asyncio.gather(*doomed, return_exceptions=True)
+
+    async def stop_gossip_reads(self) -> None:
+        """Read the table on gossip no more: the read under way is cancelled and
+        awaited, later gossip is ignored. The silo calls this when it stops
+        listening for gossip, before it closes the table's store: a read started
+        by gossip that arrived after the loops stopped (a peer leaving at the
+        same time) would otherwise run on, or open a connection, past the close."""
+        self._gossip_reads = False
+        if self._catch_up is not None:
+            self._catch_up.cancel()
+            await asyncio.gather(self._catch_up, return_exceptions=True)
 
     async def _stop_loops(self) -> None:
         await self._cancel(lambda t: True)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from orleanspy._redis import Client, node_client, translate_errors
+from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import from_ms
 from orleanspy.errors import SerializationError, StorageError, StorageUnavailableError
 from orleanspy.identity import GrainId
@@ -76,24 +77,26 @@ def decode_change(data: bytes) -> ReminderChange:
 
 class ClusterTopology:
     """What a table's cluster feeds share: whether the slot map is stale (a feed
-    lost a node; the next subscription re-reads the map before it subscribes)."""
+    lost a node; the next subscription re-reads the map before it subscribes),
+    and the node connections they hold, which the table's close shuts."""
 
-    __slots__ = ("open_nodes", "stale")
+    __slots__ = ("closed", "open_nodes", "stale")
 
     def __init__(self) -> None:
         self.stale = False
+        #: Set by ``close``: from then on no feed keeps a node connection it opens.
+        self.closed = False
         #: Every node connection a feed holds (pub/sub, client): what the table's
         #: close shuts for feeds that could not (a reader stopped mid-subscribe).
         self.open_nodes: set[tuple[Any, Any]] = set()
 
     async def close(self) -> None:
-        """Close every node connection still open."""
+        """Close every node connection still open; a connection a feed is still
+        opening closes itself when its connect returns (``RedisChanges._open_node``)."""
+        self.closed = True
         nodes, self.open_nodes = list(self.open_nodes), set()
         for pubsub, client in nodes:
-            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
-                await pubsub.aclose()
-            with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
-                await client.aclose()
+            await _close_node(pubsub, client)
 
 
 class RedisChanges:
@@ -327,13 +330,19 @@ class RedisChanges:
             try:
                 await asyncio.wait(tasks.values())
             finally:
+                # Cancelled meanwhile: stop the opens still under way and wait for
+                # them (each closes what it opened), so no open outlives this call
+                # holding a connection nobody knows of.
+                pending = [t for t in tasks.values() if not t.done()]
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    await asyncio.wait(pending)
                 # Keep every node that opened, even when cancelled meanwhile or
                 # when another failed: ``_drop`` closes them; none is left behind.
                 failed: BaseException | None = None
                 for name, task in tasks.items():
-                    if not task.done():
-                        task.cancel()
-                    elif task.cancelled():
+                    if not task.done() or task.cancelled():
                         continue
                     elif task.exception() is not None:
                         failed = failed or task.exception()
@@ -354,13 +363,21 @@ class RedisChanges:
             await self._drop()  # closed while this subscribed: nothing may stay open
 
     async def _open_node(self, node: Any) -> tuple[Any, Any, asyncio.Task[None]]:
-        """A pub/sub connection to ``node`` with its reader task."""
+        """A pub/sub connection to ``node`` with its reader task, registered with
+        the topology; closed again, never returned, when this task was cancelled
+        or the feed or its table closed during the connect."""
         client = node_client(node)
         pubsub = client.pubsub()
         try:
             await pubsub.connect()  # type: ignore[no-untyped-call]
+            # redis-py can finish a connect whose task was cancelled (Python
+            # 3.11's ``asyncio.wait_for`` returns a result that arrives with the
+            # cancel): the caller has stopped waiting, so nobody would close it.
+            raise_if_cancelled()
+            if self._closed.is_set() or (self._topology is not None and self._topology.closed):
+                raise StorageUnavailableError("reminder change feed closed while connecting")
         except BaseException:
-            await client.aclose()
+            await _close_node(pubsub, client)
             raise
         if self._topology is not None:
             self._topology.open_nodes.add((pubsub, client))
@@ -512,7 +529,15 @@ async def _close_nodes(
     for pubsub, client, task in nodes:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await _close_node(pubsub, client)
+
+
+async def _close_node(pubsub: Any, client: Any) -> None:
+    """Close one node's pub/sub and its client (the pool the connection is from),
+    the client also when a cancellation surfaces after the first close."""
+    try:
         with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
             await pubsub.aclose()
+    finally:
         with contextlib.suppress(StorageError), translate_errors("reminder feed close"):
             await client.aclose()

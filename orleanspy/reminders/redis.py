@@ -23,22 +23,28 @@ instance that wrote the row.
 
 A row lives in shard ``hash >> (32 - log2(shards))`` (the top bits), so a ring
 range maps onto a run of consecutive shards. Writes are Lua scripts over one
-shard. ``read_due`` asks every shard that overlaps the range, in one pipelined
-round trip, for due members whose 8-hex-digit hash prefix lies in the range (the
-filtering runs in Redis, before any row is touched), merges the candidates by
-score, and fetches only the rows it returns in a second round trip. With a lower
-bound (``read_due_skipping(..., after=...)``) each lane's scan starts past it.
+shard. ``read_due`` (and ``read_due_skipping``, ``upcoming``) is one script
+call (``_READ_MERGED``) on one Redis, one per node on a Redis Cluster: it reads
+the due members of every shard that overlaps the range whose 8-hex-digit hash
+prefix lies in the range (the filtering runs in Redis, before any row is
+touched), merges the shards in the due order with a heap, leaves out the
+skipped keys (sent along), and fetches and returns only the records of the
+rows taken. A cluster's nodes answer with their candidates' scores and
+members too, merged here. (A script call per shard, then a fetch per shard,
+cost a refill of the default window hundreds of commands to pack and parse.)
+``read_range`` reads each shard by its own script call (``_READ_DUE``).
 
 The due score encodes the contract's order (priority descending, then
 ``next_due``): ``lane = 127 - priority`` (0 for priority 127, 255 for -128)
 times 2**44, plus ``next_due`` in ms (2**44 ms reaches the year 2527; the
 largest score, under 2**52, is an exact double). Sorting by score is the due
-order. The read script walks the lanes present in a shard: it finds the next
-non-empty lane with one ``ZRANGEBYSCORE ... LIMIT 0 1`` and reads that lane up
-to ``before``, so the cost grows with the rows returned and the priorities
-present, never with rows not yet due. Every script that writes the due index
-computes the score with ``lane_score`` (Python) or the same formula in Lua,
-from the row's stored priority.
+order. The read scripts walk the lanes present in a shard: a lane is read up to
+``before``, and the next one is found by one more ``ZRANGEBYSCORE``, so the
+cost grows with the rows returned and the priorities present, never with rows
+not yet due. With a lower bound (``read_due_skipping(..., after=...)``) each
+lane's scan starts past it. Every script that writes the due index computes
+the score with ``lane_score`` (Python) or the same formula in Lua, from the
+row's stored priority.
 
 ``update_schedule_many`` applies a whole batch in one script call whose rows
 travel packed in one argument; it scores each row from its stored priority too.
@@ -57,7 +63,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Container, Iterable, Sequence
+from collections.abc import Collection, Container, Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -96,16 +102,18 @@ __all__ = ["RedisReminderTable"]
 _log = logging.getLogger(__name__)
 
 _TOP: Final = HASH_SPACE - 1
-# How many due members one ZRANGEBYSCORE call inside the read script returns.
-_MIN_PAGE: Final = 64
+# How many due members one ZRANGEBYSCORE call inside read_range's script returns.
 _MAX_PAGE: Final = 1000
-# read_due first asks each shard for about twice its fair share of ``limit``
-# (at least this many), so a many-shard read does not move shards x limit members.
+# The merged read first asks each shard for about twice its fair share of
+# ``limit`` (at least this many), then reads on only the shards whose members
+# keep coming first.
 _MIN_FIRST_ASK: Final = 16
-
-# Fields that may be absent from a stored record: Lua's cmsgpack drops nil map
-# values when a script rewrites a row.
-_NULLABLE: Final = {"p": None, "c": None, "z": None, "l": None, "e": None, "o": None}
+# A skip set travels with a due read (``_collect``) when it holds at most this
+# many keys, or the range covers at least ``1 / _SKIP_SHARE`` of the ring.
+_SKIP_SENT: Final = 64
+_SKIP_SHARE: Final = 8
+# Ranges whose read plans a table keeps (``_merged_plan``); all are dropped past it.
+_PLANS_KEPT: Final = 64
 
 # Optional fields of a fire record, merged into its stored map by the script.
 _HISTORY_FLAGS: Final = frozenset({"x", "m", "n", "f"})
@@ -381,6 +389,214 @@ return out
 """
 
 
+# read_merged: the first rows of many shards in the due order, merged in Redis,
+# in one call (per node on a cluster). KEYS: the first shard's due ZSET (it
+# routes the call; the script builds every shard's keys from the prefix, so on
+# a cluster they must all live on the called node). ARGV: the shard key
+# prefix, before (next_due ms), after (next_due ms, exclusive; -1: none),
+# limit (0: all), take (-1: all), the first page per shard, the reply's form,
+# msgpack keys to skip, msgpack plan: per shard [shard, lo, hi, ...] with
+# inclusive 8-hex-digit hash bounds, or [shard] for the whole shard, in shard
+# order.
+#
+# A shard is read from a position (score, members at that score already read)
+# by ZRANGEBYSCORE up to the top of the index: the members come lane by lane,
+# and the first one past ``before`` (or not past ``after``) in a lane ends that
+# lane's read, the next read starting at the next lane (or past ``after``). So
+# a read costs the members returned plus at most a page per lane, never the
+# rows not yet due. A binary heap of the shards' next members (score, then
+# shard order) pops the candidates in the due order: members of one score
+# sort by hash first, and shard order is hash order, so the heap's order is
+# the index's (score, member) order without comparing strings. It stops after
+# ``limit`` candidates (skipped ones count) or once ``take`` were not skipped.
+#
+# Skipped members first stay out of the heap, only counted: while the
+# candidates taken plus every skipped member read stay within ``limit``, the
+# limit cannot have cut the answer. Otherwise (or for form 'm') the merge runs
+# again with skipped members in the heap, counting exactly.
+#
+# Reply forms: 'r' the records of the candidates not skipped (the whole answer
+# on one node); 'm' score, member and record (false for a skipped one) of every
+# candidate, for a merge across nodes; 'k' score and member of every
+# candidate, no records (the caller skips).
+_READ_MERGED: Final = """
+local W = 17592186044416
+local TOP = 256 * W - 1
+local TOPS = string.format('%.0f', TOP)
+local prefix = ARGV[1]
+local before = tonumber(ARGV[2])
+local after = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local take = tonumber(ARGV[5])
+local ask = tonumber(ARGV[6])
+local form = ARGV[7]
+local skip, skipping = {}, false
+for _, k in ipairs(cmsgpack.unpack(ARGV[8])) do
+  skip[k] = true
+  skipping = true
+end
+local plan = cmsgpack.unpack(ARGV[9])
+local keys, ivss = {}, {}
+for x = 1, #plan do
+  local p = plan[x]
+  keys[x] = prefix .. p[1] .. '}:'
+  local ivs = {}
+  for j = 2, #p do ivs[#ivs + 1] = p[j] end
+  ivss[x] = ivs
+end
+
+-- Skipped members read but kept out of the heap (not exact).
+local skipped_read = 0
+
+-- Appends (score, member, skipped) of the next n candidates of shard x to buf,
+-- from position (cur, off): score >= cur, less the first off members at score
+-- cur. Returns the position to go on from, or nil once the shard is read out.
+local function scan(x, cur, off, n, buf, exact)
+  local key, ivs = keys[x] .. 'due', ivss[x]
+  local got = 0
+  local fetch = math.min(math.max(n, 16), 1000)
+  while true do
+    local batch = redis.call('ZRANGEBYSCORE', key, string.format('%.0f', cur), TOPS,
+                             'WITHSCORES', 'LIMIT', off, fetch)
+    local jump = nil
+    for i = 1, #batch, 2 do
+      local score = tonumber(batch[i + 1])
+      local lane = math.floor(score / W)
+      local due = score - lane * W
+      if due <= after then
+        jump = lane * W + after + 1
+        break
+      end
+      if due > before then
+        jump = (lane + 1) * W
+        break
+      end
+      if score == cur then off = off + 1 else cur, off = score, 1 end
+      local m = batch[i]
+      local inside = #ivs == 0
+      if not inside then
+        local h = string.sub(m, 1, 8)
+        for j = 1, #ivs, 2 do
+          if h >= ivs[j] and h <= ivs[j + 1] then
+            inside = true
+            break
+          end
+        end
+      end
+      if inside then
+        local skipped = skipping and (skip[string.sub(m, 10)] or false)
+        if skipped and not exact then
+          skipped_read = skipped_read + 1
+        else
+          buf[#buf + 1] = score
+          buf[#buf + 1] = m
+          buf[#buf + 1] = skipped
+          got = got + 1
+          if got >= n then return cur, off end
+        end
+      end
+    end
+    if jump then
+      if jump > TOP then return nil end
+      cur, off = jump, 0
+    elseif #batch < 2 * fetch then
+      return nil
+    else
+      fetch = math.min(2 * fetch, 1000)
+    end
+  end
+end
+
+local function merge(exact)
+  -- The heap: hs[i] the score of the next candidate of shard number hx[i].
+  local hs, hx, hn = {}, {}, 0
+  local function sift(s, x)
+    local i = 1
+    while true do
+      local c = 2 * i
+      if c > hn then break end
+      local cs, cx = hs[c], hx[c]
+      if c < hn then
+        local ds, dx = hs[c + 1], hx[c + 1]
+        if ds < cs or (ds == cs and dx < cx) then c, cs, cx = c + 1, ds, dx end
+      end
+      if s < cs or (s == cs and x < cx) then break end
+      hs[i], hx[i] = cs, cx
+      i = c
+    end
+    hs[i], hx[i] = s, x
+  end
+  local bufs, pos, at, off = {}, {}, {}, {}
+  for x = 1, #plan do
+    local buf = {}
+    at[x], off[x] = scan(x, 0, 0, ask, buf, exact)
+    bufs[x], pos[x] = buf, 1
+    if #buf > 0 then
+      -- Shards come in order, so pushing is appending and sifting up.
+      hn = hn + 1
+      local i, s = hn, buf[1]
+      while i > 1 do
+        local p = math.floor(i / 2)
+        if hs[p] < s or (hs[p] == s and hx[p] < x) then break end
+        hs[i], hx[i] = hs[p], hx[p]
+        i = p
+      end
+      hs[i], hx[i] = s, x
+    end
+  end
+  local out = {}
+  local count, taken = 0, 0
+  while hn > 0 and (limit <= 0 or count < limit) and (take < 0 or taken < take) do
+    local x = hx[1]
+    local buf, i = bufs[x], pos[x]
+    local score, m = buf[i], buf[i + 1]
+    count = count + 1
+    if buf[i + 2] then
+      if form ~= 'r' then
+        out[#out + 1] = score
+        out[#out + 1] = m
+        if form == 'm' then out[#out + 1] = false end
+      end
+    else
+      taken = taken + 1
+      if form == 'r' then
+        out[#out + 1] = redis.call('HGET', keys[x] .. 'rows', string.sub(m, 10))
+      else
+        out[#out + 1] = score
+        out[#out + 1] = m
+        if form == 'm' then
+          out[#out + 1] = redis.call('HGET', keys[x] .. 'rows', string.sub(m, 10))
+        end
+      end
+    end
+    i = i + 3
+    if i > #buf and at[x] then
+      buf = {}
+      at[x], off[x] = scan(x, at[x], off[x], ask, buf, exact)
+      bufs[x], i = buf, 1
+    end
+    pos[x] = i
+    if i > #buf then
+      local s, y = hs[hn], hx[hn]
+      hs[hn], hx[hn] = nil, nil
+      hn = hn - 1
+      if hn > 0 then sift(s, y) end
+    else
+      sift(buf[i], x)
+    end
+  end
+  return out, taken
+end
+
+local exact = form == 'm'
+local out, taken = merge(exact)
+if not exact and skipped_read > 0 and limit > 0 and taken + skipped_read > limit then
+  out = merge(true)
+end
+return out
+"""
+
+
 # count_types: the grain types of one shard's grain ZSET and their row counts,
 # by a skip scan: the first member at or after ``min`` names a type T; all of
 # T's members lie in [T/, T0) ('0' follows '/', and no type name holds '/');
@@ -437,7 +653,7 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
             "the redis client decodes responses; create it with decode_responses=False"
         )
     try:
-        return ReminderEntry.from_record({**_NULLABLE, **unpack(raw)})
+        return ReminderEntry.from_record(unpack(raw))
     except (SerializationError, KeyError, TypeError, ValueError) as exc:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
 
@@ -498,6 +714,10 @@ class RedisReminderTable:
         self._etag_suffix = f".{self.writer_id}"
         self._subscriptions: set[RedisChanges] = set()
         self._scripts: dict[str, Any] = {}
+        self._plans: dict[
+            RingRange | None,
+            tuple[list[tuple[int, list[tuple[int, int]]]], list[list[Any]], bytes],
+        ] = {}
         #: The incarnation this instance writes for (``FencingReminderTable``).
         self.writer: SiloAddress | None = None
 
@@ -538,6 +758,7 @@ class RedisReminderTable:
             ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
             ("read_due", _READ_DUE),
+            ("read_merged", _READ_MERGED),
             ("history", _APPEND_HISTORY),
             ("types", _TYPES),
             ("read_grains", _READ_GRAINS),
@@ -960,8 +1181,9 @@ class RedisReminderTable:
         """Due rows of ``r`` in the due order (priority descending, then next_due;
         ties by hash, then key), at most ``limit``.
 
-        Two round trips whatever the number of shards: pipelined filtered index
-        reads, then pipelined HMGETs of only the rows returned.
+        One script call whatever the number of shards (one per node on a
+        cluster): the shards' filtered index reads, merged in Redis, and the
+        records of only the rows returned (``_collect``).
         """
         if limit <= 0:
             return []
@@ -981,9 +1203,12 @@ class RedisReminderTable:
     ) -> list[ReminderEntry]:
         """``read_due`` less the rows whose key is in ``skip``: the index read is the
         same, but skipped members are dropped before the row fetch, so their
-        records never leave Redis and are never decoded. With ``after`` the read
-        script starts each lane's scan past it, so earlier members are not read.
-        With ``take`` only the first ``take`` members not skipped are fetched."""
+        records never leave Redis and are never decoded (a ``skip`` that is a
+        ``Collection`` is listed once, at the call, and sent along, so the
+        skipped members do not leave Redis either; see ``_collect``). With
+        ``after`` the read script starts each lane's scan past it, so earlier
+        members are not read. With ``take`` only the first ``take`` members not
+        skipped are fetched."""
         if limit <= 0:
             return []
         before_ms = to_ms(before)
@@ -1110,127 +1335,159 @@ class RedisReminderTable:
         take: int | None = None,
     ) -> list[ReminderEntry]:
         """Rows of ``r`` with ``after_ms`` < next_due <= ``before_ms``: the first
-        ``limit`` in the due order (all when ``limit`` is 0), sorted by (score, hash, key), less
-        those whose key is in ``skip`` (chosen, then not fetched), the first
-        ``take`` of those left (all when ``None``).
+        ``limit`` in the due order (all when ``limit`` is 0), in the due order
+        (score, hash, key), less those whose key is in ``skip`` (chosen, then
+        not fetched), the first ``take`` of those left (all when ``None``).
 
-        The first ``limit`` across shards is a prefix of each shard's score
-        order. The first pipelined round asks every shard for a short prefix;
-        only a shard whose whole answer lies at or below the ``limit``-th best
-        score seen may hide more winners, and only those are asked again, from
-        their last score up to that threshold. Then the winners' rows are fetched.
+        With a limit, one script call (``_READ_MERGED``) per node merges the
+        shards there in Redis and fetches the rows taken: on one Redis that is
+        the whole read, one command whatever the number of shards; on a
+        cluster the nodes' candidates are merged here. A ``skip`` that is a
+        collection no larger than twice the limit travels with the call (unless
+        it is large and the range small: ``_SKIP_SENT``), so skipped members
+        never leave Redis; any other is applied here, and the rows taken are
+        fetched in a second round trip. Without a limit (``read_range``) each
+        shard is read by its own script call.
         """
         before_ms = min(before_ms, LANE_WIDTH - 1)
         if before_ms < 0:
             return []
-        top = 256 * LANE_WIDTH - 1
-        plan = self._plan(r)
+        plan, items, packed = self._merged_plan(r)
         if limit <= 0:
-            found = await self._scan(
-                plan, 0, max_score=top, before_ms=before_ms, limit=0, what=what, after_ms=after_ms
-            )
-        else:
-            ask = min(limit, max(_MIN_FIRST_ASK, -(-2 * limit // len(plan))))
-            found = await self._scan(
-                plan, 0, max_score=top, before_ms=before_ms, limit=ask, what=what, after_ms=after_ms
-            )
-            best = sorted((score, member) for part in found for score, member in part)
-            threshold = best[limit - 1][0] if len(best) >= limit else None
-            again = [
-                i
-                for i, part in enumerate(found)
-                if ask < limit
-                and len(part) == ask
-                and (threshold is None or part[-1][0] <= threshold)
-            ]
-            if again:
-                upper = top if threshold is None else threshold
-                more = await self._scan(
-                    [plan[i] for i in again],
-                    [found[i][-1][0] for i in again],
-                    max_score=upper,
-                    before_ms=before_ms,
-                    limit=limit,
-                    what=what,
-                    after_ms=after_ms,
-                )
-                for i, part in zip(again, more, strict=True):
-                    # The second ask starts at the last score seen (inclusive, for
-                    # ties), so it repeats some members: merge without duplicates.
-                    seen = {member for _, member in found[i]}
-                    found[i] = found[i] + [c for c in part if c[1] not in seen]
-        candidates = sorted(
-            (score, member, s)
-            for (s, _), part in zip(plan, found, strict=True)
-            for score, member in part
+            found = await self._scan(plan, before_ms=before_ms, what=what, after_ms=after_ms)
+            members = [(s, m) for (s, _), part in zip(plan, found, strict=True) for m in part]
+            return await self._fetch(members, what)
+        # Sent along: the keys the script leaves out itself. Otherwise the script
+        # returns members only, and they are skipped here: so for a range that is
+        # a small part of the ring, since a silo owning many reads each of them
+        # with the whole window as its skip, most of it outside that range.
+        remote = (
+            isinstance(skip, Collection)
+            and len(skip) <= 2 * limit
+            and (r is None or len(skip) <= _SKIP_SENT or r.size * _SKIP_SHARE >= HASH_SPACE)
         )
-        if limit > 0:
-            del candidates[limit:]
-        if not candidates:
-            return []
-        by_shard: dict[int, list[bytes]] = {}
+        groups = await node_groups(self._c, [self._key(s, "due") for s, _ in plan])
+        form = ("r" if len(groups) == 1 else "m") if remote else "k"
+        ask = min(limit, max(_MIN_FIRST_ASK, -(-2 * limit // len(plan))))
+        skipped = pack_lua(list(cast(Collection[str], skip)) if remote and skip else [])
+        head = [self._shard_prefix, before_ms, after_ms, limit]
+        tail = [-1 if take is None or not remote else take, ask, form, skipped]
+        calls = [
+            (
+                [self._key(plan[members[0]][0], "due")],
+                [
+                    *head,
+                    *tail,
+                    packed if len(groups) == 1 else pack_lua([items[i] for i in members]),
+                ],
+            )
+            for members in groups
+        ]
+        script = self._script("read_merged")
+        with translate_errors(what):
+            if len(calls) == 1 and not self._cluster:
+                replies = [await script(keys=calls[0][0], args=calls[0][1])]
+            else:
+                replies = await run_script_calls(self._c, _READ_MERGED, script.sha, calls)
+        if form == "r":
+            return [_decode_row(raw) for raw in replies[0] if raw is not None]
+        # Across nodes (or skipping here): merge the candidates by (score, member),
+        # the index's order, then cut at the limit and take.
+        width = 3 if form == "m" else 2
+        candidates = sorted(
+            (int(flat[i]), flat[i + 1], flat[i + 2] if width == 3 else None)
+            for flat in replies
+            for i in range(0, len(flat), width)
+        )
         left = len(candidates) if take is None else take
-        for _, member, s in candidates:
+        rows: list[ReminderEntry] = []
+        wanted: list[tuple[int, bytes]] = []
+        for _, member, raw in candidates[:limit]:
             if left <= 0:
                 break
-            key = member[9:]
-            if skip and key.decode() in skip:
-                continue
-            left -= 1
-            by_shard.setdefault(s, []).append(key)
-        if not by_shard:
+            if form == "m":
+                if raw is not None:  # None: skipped (or gone)
+                    rows.append(_decode_row(raw))
+                    left -= 1
+            elif not (skip and member[9:].decode() in skip):
+                wanted.append((self.shard_of(int(member[:8], 16)), member))
+                left -= 1
+        return rows if form == "m" else await self._fetch(wanted, what)
+
+    def _merged_plan(
+        self, r: RingRange | None
+    ) -> tuple[list[tuple[int, list[tuple[int, int]]]], list[list[Any]], bytes]:
+        """``_plan(r)``, its shards in ``_READ_MERGED``'s form (``[shard]`` for a
+        whole shard, else ``[shard, lo, hi, ...]`` in 8 hex digits) and those
+        packed. Kept per range: a silo reads the same few ranges at every refill,
+        and building them cost a tenth of a refill."""
+        cached = self._plans.get(r)
+        if cached is None:
+            plan = self._plan(r)
+            span = 1 << self._shift
+            items = [
+                [s]
+                if parts == [(s * span, (s + 1) * span - 1)]
+                else [s, *(f"{x:08x}" for lo_hi in parts for x in lo_hi)]
+                for s, parts in plan
+            ]
+            if len(self._plans) >= _PLANS_KEPT:
+                self._plans.clear()
+            cached = self._plans[r] = (plan, items, pack_lua(items))
+        return cached
+
+    async def _fetch(self, members: list[tuple[int, bytes]], what: str) -> list[ReminderEntry]:
+        """The rows of ``members`` (shard, due member), in that order: one HMGET
+        per shard, pipelined (a member whose row went meanwhile is left out)."""
+        if not members:
             return []
+        by_shard: dict[int, list[int]] = {}
+        for i, (s, _) in enumerate(members):
+            by_shard.setdefault(s, []).append(i)
         with translate_errors(what):
             pipe = self._c.pipeline(transaction=False)
-            for s, keys in by_shard.items():
-                pipe.hmget(self._key(s, "rows"), keys)
+            for s, indexes in by_shard.items():
+                pipe.hmget(self._key(s, "rows"), [members[i][1][9:] for i in indexes])
             fetched = await pipe.execute()
-        rows: list[ReminderEntry] = []
-        for raws in fetched:
-            rows.extend(_decode_row(raw) for raw in raws if raw is not None)
-        rows.sort(key=lambda row: (-int(row.priority), to_ms(row.next_due), row.hash, row.key))
-        return rows
+        raws: list[bytes | None] = [None] * len(members)
+        for indexes, got in zip(by_shard.values(), fetched, strict=True):
+            for i, raw in zip(indexes, got, strict=True):
+                raws[i] = raw
+        return [_decode_row(raw) for raw in raws if raw is not None]
 
     async def _scan(
         self,
         plan: list[tuple[int, list[tuple[int, int]]]],
-        min_scores: int | list[int],
         *,
-        max_score: int,
         before_ms: int,
-        limit: int,
         what: str,
         after_ms: int = -1,
-    ) -> list[list[tuple[int, bytes]]]:
-        """Per planned shard, up to ``limit`` (0: all) due members inside the
-        shard's intervals with min <= score <= max and next_due <= ``before_ms``,
-        as (score, member) in score order. One pipelined round trip."""
+    ) -> list[list[bytes]]:
+        """Per planned shard, every due member inside the shard's intervals with
+        after < next_due <= ``before_ms``, in score order. One pipelined round
+        trip of ``_READ_DUE`` calls."""
         script = self._script("read_due")
-        page = min(max(limit, _MIN_PAGE), _MAX_PAGE) if limit > 0 else _MAX_PAGE
-        mins = [min_scores] * len(plan) if isinstance(min_scores, int) else min_scores
+        top = 256 * LANE_WIDTH - 1
         calls = [
             (
                 [self._key(s, "due")],
                 [
-                    lo,
-                    max_score,
+                    0,
+                    top,
                     before_ms,
-                    limit,
-                    page,
+                    0,
+                    _MAX_PAGE,
                     after_ms,
                     *(f"{x:08x}" for lo_hi in parts for x in lo_hi),
                 ],
             )
-            for (s, parts), lo in zip(plan, mins, strict=True)
+            for s, parts in plan
         ]
         with translate_errors(what):
             # One Redis: loaded first on the same connection, so NOSCRIPT cannot
             # happen. A cluster: every node's calls at once, concurrently.
             replies = await run_script_calls(self._c, _READ_DUE, script.sha, calls)
-        # Scores are integers below 2**52, exact as doubles.
-        return [
-            [(int(float(flat[i + 1])), flat[i]) for i in range(0, len(flat), 2)] for flat in replies
-        ]
+        return [[flat[i] for i in range(0, len(flat), 2)] for flat in replies]
 
     def _script(self, name: str) -> Any:
         if not self._scripts:

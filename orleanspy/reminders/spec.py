@@ -438,9 +438,14 @@ def _first_slot(entry: ReminderEntry) -> ReminderEntry:
 
     The nominal slot is found first: a cron's slot before ``start_at`` may have
     a jittered instant after it, and it is not one of the row's slots."""
-    nominal = schedule_for(replace(entry, jitter=None)).next_after(entry.start_at - _MS)
-    # The jittered instant of that slot: the previous slot's instant lies before it.
-    first = None if nominal is None else schedule_for(entry).next_after(nominal - _MS)
+    if entry.jitter is None:
+        first = schedule_for(entry).next_after(entry.start_at - _MS)
+        if first == entry.next_due:
+            return entry  # the common case: no copy of the row (bulk registration)
+    else:
+        nominal = schedule_for(replace(entry, jitter=None)).next_after(entry.start_at - _MS)
+        # The jittered instant of that slot: the previous slot's instant lies before it.
+        first = None if nominal is None else schedule_for(entry).next_after(nominal - _MS)
     if first is None:
         raise ReminderError(
             f"the reminder has no slot between {entry.start_at.isoformat()} and its end "

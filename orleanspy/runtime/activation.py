@@ -37,7 +37,6 @@ from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, se
 from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.metrics import GrainMetrics
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
-from orleanspy.runtime.inline import running_task
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import Codec
 
@@ -73,6 +72,11 @@ class ActivationHost(Protocol):
     # (a cluster's directory); an embedded silo's claims nothing.
     registers_activations: bool
 
+    def activity_ns(self) -> int:
+        """``clock``'s now in integer nanoseconds since the epoch (what a turn's
+        end records); at least millisecond-exact, and cheap (read per turn)."""
+        ...
+
     def get_grain(self, grain: Any, key: Any) -> Any: ...
     @property
     def reminders(self) -> GrainReminders: ...
@@ -103,6 +107,7 @@ class _TimerTick:
 
 
 _WorkItem = Message | _TimerTick
+_VALID = ActivationState.VALID
 
 
 class Activation:
@@ -126,9 +131,14 @@ class Activation:
         self.canonical = grain_id.canonical
         self.state = ActivationState.ACTIVATING
         self.grain: Grain | None = None
-        # Milliseconds since the epoch (an int: a turn's end records it, and a
-        # datetime per turn was a measurable share of a local call).
-        self.last_activity_ms: int = host.clock.now_ms()
+        # Read on every inline call: one attribute instead of two (or a tuple built).
+        self._methods = definition.methods
+        self._solo_chain = (self.canonical,)
+        # Nanoseconds since the epoch (an int: a turn's end records it, and a
+        # datetime, or a Python-level clock read, per turn was a measurable share
+        # of a local call; ``host.activity_ns`` is ``time.time_ns`` on the real clock).
+        self._stamp = host.activity_ns
+        self._activity_ns: int = self._stamp()
         # The mailbox: made on the first message that must wait, dropped when it
         # empties (see below).
         self._queue: deque[_WorkItem] | None = None
@@ -146,9 +156,12 @@ class Activation:
         # An inline call's turn (enter_inline/exit_inline): at most one at a time.
         self._inline_chain: contextvars.Token[tuple[str, ...]] | None = None
         self._inline_read_only = False
-        self._inline_started = 0.0
-        self._inline_method = ""
         self._lifecycle_task: asyncio.Task[None] | None = None
+
+    @property
+    def last_activity_ms(self) -> int:
+        """When the last turn that counts as activity ended, in ms since the epoch."""
+        return self._activity_ns // 1_000_000
 
     # -- GrainRuntime (what the grain reaches) ------------------------------------------
 
@@ -241,7 +254,7 @@ class Activation:
             await host.activation_ended(self)
             return
         self.state = ActivationState.VALID
-        self.last_activity_ms = host.clock.now_ms()
+        self._activity_ns = self._stamp()
         # Let go of this task as the lifecycle's: a live activation would
         # otherwise keep a done task, its coroutine and context (garbage every
         # full collection walks, for every activation).
@@ -258,7 +271,7 @@ class Activation:
         self._running += 1
         if read_only:
             self._running_read_only += 1
-        task = running_task()
+        task = asyncio.current_task()
         assert task is not None
         if self._turns is None:
             self._turns = set()
@@ -325,12 +338,12 @@ class Activation:
         """Whether a turn could start right now with nothing else running or queued."""
         return self.state is ActivationState.VALID and self._running == 0 and not self._queue
 
-    def try_enter_inline(self, method: str, task: asyncio.Task[Any]) -> bool:
+    def enter_inline(self, method: str, task: asyncio.Task[Any]) -> Callable[..., Any] | None:
         """Begin the call ``method`` as a turn in ``task``, the caller's, if a turn
         may start right now with nothing else running or queued (the activation
-        is valid and idle) and ``method`` is callable; ``False`` otherwise. After
-        ``True`` the caller awaits the grain's method itself, then calls
-        ``exit_inline``, with no await in between.
+        is valid and idle) and ``method`` is callable: then the grain's bound
+        method, which the caller calls and awaits itself, then calls
+        ``exit_inline``, with no await in between; ``None`` otherwise.
 
         For local calls and the silo's own reminder ticks to an idle activation
         (``Dispatcher.invoke``): no message, no response, no task, no coroutine
@@ -341,41 +354,40 @@ class Activation:
         cancelling the caller (for a tick, the reminder service stopping)
         cancels it, and ``abandon`` (a simulated crash) cancels the caller. One
         inline turn at most runs at a time (it starts only when nothing runs),
-        so its state lives here.
+        so its state lives here. The caller records the call in
+        ``grain_metrics`` (it times it anyway).
         """
-        if self._running or self._queue or self.state is not ActivationState.VALID:
-            return False
-        info = self.definition.methods.get(method)
+        if self._running or self._queue or self.state is not _VALID:
+            return None
+        info = self._methods.get(method)
         if info is None:
-            return False
+            return None
         self._running = 1
-        read_only = info.read_only
-        if read_only:
+        if info.read_only:
             self._running_read_only += 1
-        self._inline_read_only = read_only
+            self._inline_read_only = True
         self._inline = task
-        self._inline_chain = current_chain.set((*current_chain.get(), self.canonical))
-        if self.runtime.grain_metrics.records:
-            self._inline_started = time.perf_counter()
-            self._inline_method = method
-        return True
+        chain = current_chain.get()
+        self._inline_chain = current_chain.set(
+            (*chain, self.canonical) if chain else self._solo_chain
+        )
+        return getattr(self.grain, method)  # type: ignore[no-any-return]
 
     def exit_inline(self, error: BaseException | None) -> None:
-        """End the turn ``try_enter_inline`` began; ``error`` is what the method raised."""
-        token = self._inline_chain
-        if token is not None:
-            current_chain.reset(token)
-            self._inline_chain = None
-        metrics = self.runtime.grain_metrics
-        if metrics.records:
-            elapsed = time.perf_counter() - self._inline_started
-            metrics.call(self.definition.type_name, elapsed, error is not None, self._inline_method)
+        """End the turn ``enter_inline`` began; ``error`` is what the method raised."""
+        current_chain.reset(self._inline_chain)  # type: ignore[arg-type]
+        self._inline_chain = None
         if self._inline_read_only:
+            self._inline_read_only = False
             self._running_read_only -= 1
         self._inline = None
-        if isinstance(error, InconsistentStateError):
+        if error is not None and isinstance(error, InconsistentStateError):
             self.request_deactivation()
-        self._turn_done(touch=True)
+        # _turn_done(touch=True), without the call.
+        self._running -= 1
+        self._activity_ns = self._stamp()
+        if self._idle_waiter is not None or self._deactivate_requested or self._queue is not None:
+            self._turn_settled()
 
     def enqueue_timer_tick(self, callback: Callable[[], Awaitable[None]]) -> asyncio.Future[None]:
         """Queue a timer tick as a turn; the future completes when it has run."""
@@ -505,7 +517,7 @@ class Activation:
     def _turn_ended(self, *, touch: bool) -> None:
         turns = self._turns
         if turns is not None:
-            turns.discard(running_task())
+            turns.discard(asyncio.current_task())
             if not turns:
                 self._turns = None
         self._turn_done(touch=touch)
@@ -513,7 +525,11 @@ class Activation:
     def _turn_done(self, *, touch: bool) -> None:
         self._running -= 1
         if touch:
-            self.last_activity_ms = self.runtime.clock.now_ms()
+            self._activity_ns = self._stamp()
+        self._turn_settled()
+
+    def _turn_settled(self) -> None:
+        """After a turn ended: wake deactivation, or start it, or run what waits."""
         if self._running == 0 and (self._idle_waiter is not None or self._deactivate_requested):
             if self._idle_waiter is not None and not self._idle_waiter.done():
                 self._idle_waiter.set_result(None)
@@ -548,7 +564,7 @@ class Activation:
             self.state is ActivationState.VALID
             and self._running == 0
             and not self._queue
-            and self.last_activity_ms <= cutoff.timestamp() * 1000
+            and self._activity_ns // 1_000_000 <= cutoff.timestamp() * 1000
         )
 
     def request_deactivation(self) -> None:

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from orleanspy.clock import Clock
+from orleanspy.clock import Clock, SystemClock
 from orleanspy.errors import (
     GrainCallTimeoutError,
     GrainMethodNotFoundError,
@@ -49,8 +50,14 @@ from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.runtime.activation import Activation, activates_at_once
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
-from orleanspy.runtime.immutable import all_immutable, result_immutable
-from orleanspy.runtime.inline import InlineDeadlines, running_task
+from orleanspy.runtime.immutable import (
+    INT_END,
+    INT_MIN,
+    SCALARS,
+    all_immutable,
+    result_immutable,
+)
+from orleanspy.runtime.inline import InlineDeadlines, task_of_loop
 from orleanspy.runtime.locator import Locator
 from orleanspy.serialization import Codec, DecodeLimits
 
@@ -112,6 +119,11 @@ class Dispatcher:
     ) -> None:
         self.address = address
         self.clock = clock
+        # ActivationHost.activity_ns: read at the end of every turn, so on the
+        # real clock the C function itself rather than a method around it.
+        self.activity_ns: Callable[[], int] = (
+            time.time_ns if type(clock) is SystemClock else lambda: clock.now_ms() * 1_000_000
+        )
         self.codec = Codec(
             reference_factory=self._reference, limits=DecodeLimits.of(options.messaging)
         )
@@ -130,6 +142,7 @@ class Dispatcher:
         self._pending: PendingCalls[Message] = PendingCalls(self._response_timeout)
         self._inline_deadlines = InlineDeadlines(self._response_timeout)
         self._inline_streak = _INLINE_STREAK
+        self._loop: asyncio.AbstractEventLoop | None = None  # see invoke
         self._background: set[asyncio.Task[Any]] = set()
         self.factory = GrainFactory(self)
         self.catalog = Catalog(
@@ -170,18 +183,21 @@ class Dispatcher:
 
     # -- outgoing calls (CallInvoker) ---------------------------------------------------
 
-    async def invoke(
+    async def invoke(  # noqa: PLR0917 (see the docstring)
         self,
         grain_id: GrainId,
         method: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        *,
         one_way: bool = False,
         reminder_tick: bool = False,
         deadline: float | None = None,
     ) -> Any:
         """Send a call from this silo and wait for its result (see ``CallInvoker``).
+
+        Pass ``one_way``, ``reminder_tick`` and ``deadline`` by keyword. They are
+        not keyword-only because CPython calls a function with keyword-only
+        parameters through its slower generic path, and this runs on every call.
 
         ``reminder_tick``: the call is a tick of a reminder this silo owns (its
         arguments, name and ``TickStatus``, are immutable); it is routed by
@@ -195,7 +211,7 @@ class Dispatcher:
         work here and is not cut short.
 
         Any other call to an activation that is here, valid and idle runs as a
-        turn in the calling task too (``Activation.try_enter_inline``): no message,
+        turn in the calling task too (``Activation.enter_inline``): no message,
         no response future, no turn task. Cancelling the caller cancels that
         turn; otherwise the caller cannot tell it from a queued call.
 
@@ -226,18 +242,32 @@ class Dispatcher:
                 act = self._activate_here(grain_id, method)
         if act is not None and not one_way:
             if reminder_tick:
-                task = running_task()
-                if not kwargs and task is not None and act.try_enter_inline(method, task):
+                task = task_of_loop(self._loop)
+                if task is None:
+                    self._loop = asyncio.get_running_loop()
+                    task = task_of_loop(self._loop)
+                bound = None if kwargs or task is None else act.enter_inline(method, task)
+                if bound is not None:
                     # The tick is the turn, in this task: no inline deadline (it
                     # is the grain's own work), and the grain's exception
                     # propagates as it is (the reminder service records it).
                     self._inline_streak -= 1
+                    metrics = self.grain_metrics
+                    timed = metrics.records
+                    if timed:
+                        began = time.perf_counter()
                     try:
-                        await getattr(act.grain, method)(*args)
+                        await bound(*args)
                     except BaseException as exc:
                         act.exit_inline(exc)
+                        if timed:
+                            elapsed = time.perf_counter() - began
+                            metrics.call(act.definition.type_name, elapsed, True, method)
                         raise
                     act.exit_inline(None)
+                    if timed:
+                        elapsed = time.perf_counter() - began
+                        metrics.call(act.definition.type_name, elapsed, False, method)
                     return None
             else:
                 # What the caller sees is what a queued call would give it:
@@ -245,24 +275,63 @@ class Dispatcher:
                 # exception comes back as ``result_of`` would rebuild it, and the
                 # response timeout raises GrainCallTimeoutError (it cancels the
                 # turn, which runs in this task; runtime.inline).
-                codec = self.codec
                 call_args: tuple[Any, ...] | list[Any] = args
                 call_kwargs = kwargs
-                if not all_immutable(args, kwargs):
-                    call_args, call_kwargs = codec.decode(codec.encode((args, kwargs)))
-                task = running_task()
-                if task is not None and act.try_enter_inline(method, task):
+                # all_immutable(args, kwargs), with the common arguments (in-range
+                # ints, the scalars) decided here without a call.
+                for value in args:
+                    cls = type(value)
+                    if cls is int:
+                        if INT_MIN <= value < INT_END:
+                            continue
+                    elif cls in SCALARS:
+                        continue
+                    if not all_immutable(args, kwargs):
+                        call_args, call_kwargs = self.codec.decode(
+                            self.codec.encode((args, kwargs))
+                        )
+                    break
+                else:
+                    if kwargs and not all_immutable((), kwargs):
+                        call_args, call_kwargs = self.codec.decode(
+                            self.codec.encode((args, kwargs))
+                        )
+                # The caller's task, from the loop this silo runs in, cached: on
+                # 3.11 asking for the running loop costs a getpid() system call,
+                # a tenth of a local call. A stale loop is not running, so it
+                # gives no task: then the running loop is asked.
+                task = task_of_loop(self._loop)
+                if task is None:
+                    self._loop = asyncio.get_running_loop()
+                    task = task_of_loop(self._loop)
+                bound = None if task is None else act.enter_inline(method, task)
+                if bound is not None:
+                    assert task is not None
                     self._inline_streak -= 1
+                    # InlineDeadlines.begin, without the call: only a task's
+                    # outermost inline call is tracked.
                     deadlines = self._inline_deadlines
-                    outermost = deadlines.begin(task)
+                    started = deadlines.started
+                    outermost = task not in started
+                    if outermost:
+                        started[task] = deadlines.epoch
+                        if not deadlines.sweeping:
+                            deadlines.arm()
+                    metrics = self.grain_metrics
+                    timed = metrics.records
+                    if timed:
+                        began = time.perf_counter()
                     try:
-                        bound = getattr(act.grain, method)
                         if call_kwargs:
                             result = await bound(*call_args, **call_kwargs)
                         else:
                             result = await bound(*call_args)
                     except asyncio.CancelledError as exc:
                         act.exit_inline(exc)
+                        if timed:
+                            metrics.call(
+                                act.definition.type_name, time.perf_counter() - began, True, method
+                            )
                         if deadlines.timed_out(task, outermost):
                             raise GrainCallTimeoutError(
                                 f"{grain_id}.{method}: no response within "
@@ -271,13 +340,27 @@ class Dispatcher:
                         raise
                     except Exception as exc:
                         act.exit_inline(exc)
+                        if timed:
+                            metrics.call(
+                                act.definition.type_name, time.perf_counter() - began, True, method
+                            )
                         raise rebuild_error(error_payload(exc)) from None
                     finally:
-                        deadlines.end(task, outermost)
+                        if outermost:
+                            del started[task]
                     act.exit_inline(None)
-                    if result_immutable(result):
+                    if timed:
+                        metrics.call(
+                            act.definition.type_name, time.perf_counter() - began, False, method
+                        )
+                    # result_immutable(result), the common results decided here.
+                    cls = type(result)
+                    if cls is int:
+                        if INT_MIN <= result < INT_END:
+                            return result
+                    elif cls in SCALARS or result_immutable(result):
                         return result
-                    return codec.decode(codec.encode(result))
+                    return self.codec.decode(self.codec.encode(result))
         # A tick's arguments are the reminder's name and a TickStatus, both
         # immutable by construction: no need to walk them.
         local = reminder_tick or all_immutable(args, kwargs)

@@ -29,14 +29,17 @@ from zoneinfo import ZoneInfo
 from orleanspy.identity import GrainId
 from orleanspy.serialization import is_registered
 
-__all__ = ["all_immutable", "result_immutable"]
+__all__ = ["INT_END", "INT_MIN", "SCALARS", "all_immutable", "result_immutable"]
 
-_SCALARS: Final = frozenset({type(None), bool, float, str, bytes, timedelta, uuid.UUID, GrainId})
+#: Types whose every value is immutable and carried by the codec (``int`` aside:
+#: only ``INT_MIN <= value < INT_END`` is). Public for the local-call fast path,
+#: which decides the common arguments and results without a call.
+SCALARS: Final = frozenset({type(None), bool, float, str, bytes, timedelta, uuid.UUID, GrainId})
 #: The tz kinds the codec can carry (a datetime with another tzinfo must fail as it would).
 _ZONES: Final = frozenset({type(None), timezone, ZoneInfo})
 #: msgpack's integer range: a bigger int must fail as it would through the codec.
-_INT_MIN: Final = -(1 << 63)
-_INT_END: Final = 1 << 64
+INT_MIN: Final = -(1 << 63)
+INT_END: Final = 1 << 64
 #: Per class: the field names of an eligible frozen dataclass, or None.
 _FROZEN: dict[type[Any], tuple[str, ...] | None] = {}
 #: Nesting deeper than this is copied rather than inspected.
@@ -58,10 +61,10 @@ def _frozen_fields(cls: type[Any]) -> tuple[str, ...] | None:
 
 def _immutable(value: Any, depth: int) -> bool:
     cls = type(value)
-    if cls in _SCALARS:
+    if cls in SCALARS:
         return True
     if cls is int:
-        return bool(_INT_MIN <= value < _INT_END)
+        return bool(INT_MIN <= value < INT_END)
     if cls is datetime:
         return type(value.tzinfo) in _ZONES
     if depth >= _MAX_DEPTH:
@@ -69,7 +72,7 @@ def _immutable(value: Any, depth: int) -> bool:
     if cls is tuple:
         return all(_immutable(v, depth + 1) for v in value)
     if isinstance(value, enum.IntEnum):
-        return bool(_INT_MIN <= value < _INT_END)
+        return bool(INT_MIN <= value < INT_END)
     fields = _frozen_fields(cls)
     if fields is None:
         return False
@@ -82,10 +85,10 @@ def all_immutable(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     # here without a call: this runs on every local grain call.
     for value in args:
         cls = type(value)
-        if cls is str or cls in _SCALARS:
+        if cls is str or cls in SCALARS:
             continue
         if cls is int:
-            if _INT_MIN <= value < _INT_END:
+            if INT_MIN <= value < INT_END:
                 continue
             return False
         if not _immutable(value, 0):
@@ -98,8 +101,8 @@ def result_immutable(value: Any) -> bool:
     not a tuple (through the codec a tuple arrives as a list, and a result must
     look the same to a local and a remote caller)."""
     cls = type(value)
-    if cls is str or cls in _SCALARS:
+    if cls is str or cls in SCALARS:
         return True
     if cls is int:
-        return bool(_INT_MIN <= value < _INT_END)
+        return bool(INT_MIN <= value < INT_END)
     return cls is not tuple and _immutable(value, 0)

@@ -1,6 +1,6 @@
 """Response timeouts for local calls that run as a turn in their caller's task.
 
-A local call to an idle activation runs inline (``Activation.call_inline``): no
+A local call to an idle activation runs inline (``Dispatcher.invoke``): no
 message, no response future, no task. Its response timeout cannot fail a future,
 so it cancels the caller's task instead, and the call raises
 ``GrainCallTimeoutError`` as a queued call would.
@@ -21,53 +21,57 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["InlineDeadlines", "running_task"]
+__all__ = ["InlineDeadlines", "task_of_loop"]
 
-running_task: Callable[[], asyncio.Task[Any] | None]
+#: ``task_of_loop(loop)``: the task running in ``loop`` (None when none runs
+#: there; with ``loop=None``, None on 3.11, the running loop's task from 3.12
+#: on), a C callable on every supported version. The local-call fast path asks
+#: it once per call with a loop it cached: 3.11's ``get_running_loop()`` costs a
+#: ``getpid()`` system call, and ``current_task()`` is Python around it.
+task_of_loop: Callable[[asyncio.AbstractEventLoop | None], asyncio.Task[Any] | None]
 if sys.version_info >= (3, 12):
-    running_task = asyncio.current_task  # implemented in C from 3.12 on
+    task_of_loop = asyncio.current_task  # implemented in C from 3.12 on
 else:
-    # 3.11's current_task() is Python around the same table (about 0.2 us, a
-    # tenth of a local call): read the table directly. It is private to asyncio
-    # but has existed unchanged since 3.7, and 3.12+ never takes this branch.
-    _current_tasks: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] = (
+    # 3.11's current_task() is Python around the same table: read the table
+    # directly. It is private to asyncio but has existed unchanged since 3.7,
+    # and 3.12+ never takes this branch.
+    _current_tasks: dict[asyncio.AbstractEventLoop | None, asyncio.Task[Any]] = (
         asyncio.tasks._current_tasks  # type: ignore[attr-defined]
     )
-    _running_loop = asyncio.get_running_loop
-
-    def running_task() -> asyncio.Task[Any] | None:
-        """``asyncio.current_task()``, cheaper on 3.11."""
-        return _current_tasks.get(_running_loop())
+    task_of_loop = _current_tasks.get
 
 
 _EPOCHS_PER_TIMEOUT = 4
 
 
 class InlineDeadlines:
-    """Cancels tasks whose outermost inline call has run past ``timeout`` seconds."""
+    """Cancels tasks whose outermost inline call has run past ``timeout`` seconds.
+
+    The caller (``Dispatcher.invoke``, on every local call, so with no method
+    call of this class's) tracks a task's outermost inline call: for a task not
+    yet in ``started`` it stores ``started[task] = epoch`` and, while
+    ``sweeping`` is false, calls ``arm``; after the call it deletes the entry it
+    made (nothing else removes entries), and passes whether it made one to
+    ``timed_out``.
+    """
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._running: dict[asyncio.Task[Any], int] = {}
+        #: The outermost inline call of each task, by the epoch it began in.
+        self.started: dict[asyncio.Task[Any], int] = {}
+        #: The current epoch (a quarter of the timeout each).
+        self.epoch = 0
+        #: Whether ``arm`` has nothing left to do (the sweeper runs, or ``close`` was called).
+        self.sweeping = False
         self._expired: set[asyncio.Task[Any]] = set()
-        self._epoch = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
 
-    def begin(self, task: asyncio.Task[Any]) -> bool:
-        """Track the call running in ``task``; ``True`` if it is the task's
-        outermost inline call (then pass that to ``end`` and ``timed_out``)."""
-        running = self._running
-        if task in running:
-            return False
-        running[task] = self._epoch
+    def arm(self) -> None:
+        """Start the sweeper (in the running loop) unless it runs or ``close`` was called."""
         if self._sweeper is None and not self._closed:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
-        return True
-
-    def end(self, task: asyncio.Task[Any], outermost: bool) -> None:
-        if outermost:
-            self._running.pop(task, None)
+        self.sweeping = True
 
     def timed_out(self, task: asyncio.Task[Any], outermost: bool) -> bool:
         """Whether ``task``'s cancellation was this timeout's (then it is undone)."""
@@ -78,6 +82,7 @@ class InlineDeadlines:
 
     async def close(self) -> None:
         self._closed = True
+        self.sweeping = True
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -87,9 +92,9 @@ class InlineDeadlines:
         step = self.timeout / _EPOCHS_PER_TIMEOUT
         while True:
             await asyncio.sleep(step)
-            self._epoch += 1
-            oldest = self._epoch - _EPOCHS_PER_TIMEOUT - 1
-            for task, began in list(self._running.items()):
+            self.epoch += 1
+            oldest = self.epoch - _EPOCHS_PER_TIMEOUT - 1
+            for task, began in list(self.started.items()):
                 if began <= oldest and task not in self._expired and not task.done():
                     self._expired.add(task)
                     task.cancel()

@@ -458,7 +458,7 @@ class Silo:
             ring_mode=ring_mode(o.membership.balanced_ring),
         )
         transport.on_gossip(membership.gossip_received)
-        stack.callback(transport.on_gossip, None)
+        stack.push_async_callback(_stop_gossip, transport, membership)
         locator.attach(membership)
         self.membership = membership
         stack.push_async_callback(self._final_membership_write, membership)
@@ -908,6 +908,13 @@ def _bind_error(options: SiloOptions, exc: BaseException) -> ConfigurationError:
         f"cannot listen on {options.host}:{port} ({what}): the port is in use or the "
         "address is not local; pick another port, or 0 for any free port"
     )
+
+
+async def _stop_gossip(transport: Transport, membership: MembershipService) -> None:
+    """Stop listening for gossip, and end the table read the last gossip started:
+    it must not outlive the store's client, which closes later in the stop."""
+    transport.on_gossip(None)
+    await membership.stop_gossip_reads()
 
 
 async def _gossip(transport: Transport, timeout: float, silo: SiloAddress, version: int) -> bool:

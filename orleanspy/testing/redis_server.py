@@ -159,6 +159,11 @@ class RedisServer:
                 self._proc.wait(10)
         self._proc = None
 
+    def clients(self) -> list[dict[str, str]]:
+        """The server's client connections (``CLIENT LIST``, one dict per
+        connection), less replication links and the connection asking."""
+        return _clients(self.host, self.port)
+
     def close(self) -> None:
         """Stop the server and remove its directory."""
         self.stop()
@@ -194,6 +199,28 @@ def _send(host: str, port: int, *args: str, timeout: float = 2.0) -> bytes:
         s.sendall(payload)
         with s.makefile("rb") as f:
             return _read_reply(f)
+
+
+def _clients(host: str, port: int) -> list[dict[str, str]]:
+    """``CLIENT LIST`` of ``host:port`` as dicts, without replication links
+    (flags ``S``/``M``) and without the connection that asked (``CLIENT ID``
+    and ``CLIENT LIST`` go on one socket)."""
+    payload = b"".join(
+        b"*%d\r\n" % len(cmd) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in cmd)
+        for cmd in ((b"CLIENT", b"ID"), (b"CLIENT", b"LIST"))
+    )
+    with socket.create_connection((host, port), timeout=2.0) as s:
+        s.sendall(payload)
+        with s.makefile("rb") as f:
+            own = _read_reply(f)[1:].decode()
+            listing = _read_reply(f).decode(errors="replace")
+    out: list[dict[str, str]] = []
+    for line in listing.splitlines():
+        fields = dict(item.partition("=")[::2] for item in line.split())
+        if fields.get("id") == own or {"S", "M"} & set(fields.get("flags", "")):
+            continue
+        out.append(fields)
+    return out
 
 
 def _read_reply(f: Any) -> bytes:
@@ -371,6 +398,11 @@ class RedisClusterServer:
             _send(self.host, port, "FLUSHALL")
             # Scripts are per node; empty the caches too, as a fresh cluster has.
             _send(self.host, port, "SCRIPT", "FLUSH")
+
+    def clients(self) -> list[dict[str, str]]:
+        """The client connections of every running node (``RedisServer.clients``),
+        each with ``port`` naming its node."""
+        return [{**c, "port": str(n.port)} for n in self.nodes if n.running for c in n.clients()]
 
     def close(self) -> None:
         for node in self.nodes:

@@ -700,6 +700,16 @@ async def check_read_due_against_brute_force(factory: TableFactory) -> None:
             )
 
 
+class _OnlyContains:
+    """A ``Container`` and nothing more: it answers ``in``, cannot be listed."""
+
+    def __init__(self, keys: set[str]) -> None:
+        self._keys = keys
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+
 async def check_read_due_skipping_against_brute_force(factory: TableFactory) -> None:
     """``read_due_skipping`` (``SkippingReminderTable`` only) answers like
     ``read_due`` less the skipped keys, which still count towards ``limit``, and
@@ -744,6 +754,14 @@ async def check_read_due_skipping_against_brute_force(factory: TableFactory) -> 
                     r, before, limit, skip, after=after, take=take
                 )
                 assert [e.key for e in taken] == got_keys[:take], f"{what}: take={take}"
+                # ``skip`` is any Container: one that only answers ``in`` (it cannot
+                # be listed, say, to send it along) gives the same answer.
+                view = await table.read_due_skipping(
+                    r, before, limit, _OnlyContains(skip), after=after, take=take or None
+                )
+                assert [e.key for e in view] == got_keys[: take or None], (
+                    f"{what}: take={take}, skip only a Container"
+                )
                 assert len(got_keys) == len(set(got_keys)), f"{what}: a row came back twice"
                 assert not skip.intersection(got_keys), f"{what}: returned a skipped row"
                 allowed = {e.key for e in qualifying}

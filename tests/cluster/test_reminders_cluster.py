@@ -5,11 +5,19 @@ Time is real here, so periods are a few hundred milliseconds and every wait is a
 poll with a deadline. Deliveries are recorded by the grain with the address of
 the silo that hosts it; the silo that *fired* a tick is told apart by the
 services' own ``delivered`` counters.
+
+Every test runs twice: on one Redis and on the 6-node Redis Cluster (3 masters,
+a replica each), where the reminder table's shards, the change feed's per-master
+pub/sub connections and the membership and directory keys are spread over the
+masters. All of them, not a subset: the cluster adds about a second per test.
+After each test every connection the silos opened must be closed on every node
+of the store (``Store.assert_closed_since``, ``CLIENT LIST``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import time
 from collections import Counter, defaultdict
@@ -36,6 +44,7 @@ from orleanspy.reminders.service import ReminderServiceStats
 from orleanspy.reminders.table import FencingReminderTable
 from orleanspy.runtime.silo import SiloState
 from orleanspy.testing.cluster import InProcessCluster, wait_for
+from orleanspy.testing.redis_server import RedisClusterServer, RedisServer
 
 MS = timedelta(milliseconds=1)
 TYPE = "test_reminders_cluster.Tick"
@@ -115,24 +124,56 @@ def _clear() -> Iterator[None]:
 Cluster = Callable[..., Awaitable[Silo]]
 
 
-@pytest.fixture(params=["redis"])
-async def cluster(request: pytest.FixtureRequest) -> AsyncIterator[tuple[list[Silo], Cluster]]:
-    """``(silos, add)``: ``await add(reminders=...)`` starts one more silo; every
-    silo still running at the end is stopped. On one Redis; ``store`` (an
-    indirect parametrization: ``redis_cluster``) puts them on a Redis Cluster."""
-    store = getattr(request, "param", "redis")
-    redis_url = request.getfixturevalue(f"{store}_url")
+@dataclass(frozen=True, slots=True)
+class Store:
+    """Where every silo of a test keeps membership, directory and reminder table."""
+
+    url: str
+    server: RedisServer | RedisClusterServer
+
+    def connections(self) -> set[tuple[str, str]]:
+        """The client connections open on the store's nodes, as (node, id)."""
+        return {(c.get("port", ""), c["id"]) for c in self.server.clients()}
+
+    async def assert_closed_since(self, before: set[tuple[str, str]]) -> None:
+        """Every connection opened since ``before`` was taken is closed (the
+        server learns of a close a moment later: polled for a few seconds)."""
+        deadline = time.monotonic() + 5
+        while (left := self.connections() - before) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        assert left == set(), f"connections left open on {self.url}: {sorted(left)}"
+        gc.collect()  # an unclosed connection's ResourceWarning fails the test
+
+
+@pytest.fixture(params=["redis", "redis_cluster"])
+def store(request: pytest.FixtureRequest) -> Store:
+    """One Redis, or the session's 6-node Redis Cluster (named by a plain URL to
+    one node: cluster mode is detected)."""
+    if request.param == "redis":
+        return Store(request.getfixturevalue("redis_url"), request.getfixturevalue("redis_server"))
+    return Store(
+        request.getfixturevalue("redis_cluster_url"), request.getfixturevalue("redis_cluster")
+    )
+
+
+@pytest.fixture
+async def cluster(store: Store) -> AsyncIterator[tuple[list[Silo], Cluster]]:
+    """``(silos, add)``: ``await add(reminders=...)`` starts one more silo on
+    ``store``; every silo still running at the end is stopped, and then no
+    connection the silos opened may be left open on any node of the store."""
     template = SiloOptions(
         membership=MEMBERSHIP,
         reminders=FAST,
         grain_types=(ClusterTickGrain,),
     )
-    async with InProcessCluster(redis_url, size=0, options=template) as silos:
+    before = store.connections()
+    async with InProcessCluster(store.url, size=0, options=template) as silos:
 
         async def add(reminders: ReminderOptions = FAST) -> Silo:
             return await silos.add(reminders=reminders)
 
         yield silos.silos, add
+    await store.assert_closed_since(before)
 
 
 def _running(silos: list[Silo]) -> list[Silo]:
@@ -267,7 +308,7 @@ async def test_ranges_move_on_join_and_graceful_leave_and_reminders_keep_firing(
 
 
 async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
-    redis_url: str, cluster: tuple[list[Silo], Cluster]
+    store: Store, cluster: tuple[list[Silo], Cluster]
 ) -> None:
     silos, add = cluster
     opts = ReminderOptions(
@@ -346,7 +387,7 @@ async def test_fire_immediately_catches_up_on_new_owner_after_a_crash(
     print(f"\ncatch-ups coalescing missed slots: {coalesced} of {len(keys)} reminders")
     survivors_missed = sum(stats(s).missed for s in silos[:2])
     assert survivors_missed >= coalesced
-    await _assert_fenced(redis_url, victim, opts, GrainId(TYPE, keys[0]))
+    await _assert_fenced(store.url, victim, opts, GrainId(TYPE, keys[0]))
 
 
 async def _assert_fenced(redis_url: str, victim: Silo, opts: ReminderOptions, gid: GrainId) -> None:
@@ -420,3 +461,24 @@ async def test_a_row_written_on_another_silo_is_picked_up_from_the_change_feed(
     assert all(delivered(s) == 0 for s in silos if s is not owner)
     # No refill ran: the owner learnt of the row from the change feed alone.
     assert [stats(s).refills for s in silos] == refills
+
+
+async def test_silos_stopping_while_the_ring_changes_leave_no_connection_open(
+    store: Store, cluster: tuple[list[Silo], Cluster]
+) -> None:
+    """Each stop changes the survivors' rings, so their change feeds re-subscribe
+    (on a cluster: open pub/sub connections per master) while the next silo
+    stops: a graceful stop and a crash at once, then the last silo. Whatever a
+    stopped silo opened is closed, on every node of the store."""
+    silos, add = cluster
+    before = store.connections()
+    for _ in range(3):
+        await add()
+    await converged(silos)
+    await register(silos, range(30), 300)
+    await wait_for(
+        lambda: len(slots_by_reminder()) == 30, timeout=15, what="every reminder ticking"
+    )
+    await asyncio.gather(silos[0].stop(), silos[1].abort())
+    await silos[2].stop()
+    await store.assert_closed_since(before)

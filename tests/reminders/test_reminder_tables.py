@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager, suppress
@@ -11,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-import redis.asyncio.client as redis_client
 
 from orleanspy._redis import connect
 from orleanspy.errors import StorageError, StorageUnavailableError
@@ -29,7 +29,7 @@ from orleanspy.reminders.table import (
     subscribe,
 )
 from orleanspy.ring import RingRange
-from orleanspy.testing.redis_server import RedisServer
+from orleanspy.testing.redis_server import RedisClusterServer, RedisServer
 from orleanspy.testing.reminder_table import (
     REMINDER_TABLE_CHECKS,
     check_ended_rows_keep_their_history,
@@ -344,17 +344,9 @@ async def test_redis_rows_land_in_the_shard_of_their_top_hash_bits(redis_url: st
         assert await client.zscore(f"orleanspy:svc:rem:{tag}:grain", f"{gid.canonical}|r") == 0
 
 
-async def test_redis_read_due_fetches_only_rows_inside_the_range(
-    redis_url: str, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+async def test_redis_read_due_is_one_script_call_fetching_only_rows_inside_the_range(
+    redis_url: str,
 ) -> None:
-    hmget_fields: list[bytes] = []
-    original = redis_client.Pipeline.hmget
-
-    def counting_hmget(self: Any, name: Any, keys: Any, *args: Any) -> Any:
-        hmget_fields.extend(keys)
-        return original(self, name, keys, *args)
-
-    monkeypatch.setattr(redis_client.Pipeline, "hmget", counting_hmget)
     async with AsyncExitStack() as stack:
         table = RedisReminderTable(redis_url, service_id="svc", shards=64)
         await table.start(stack)
@@ -364,38 +356,59 @@ async def test_redis_read_due_fetches_only_rows_inside_the_range(
         client = connect(redis_url)
         stack.push_async_callback(client.aclose)
 
-        async def evalsha_calls() -> int:
+        async def calls() -> dict[str, int]:
+            # Commands a script runs count in commandstats too.
             stats = await client.info("commandstats")
-            return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+            return {
+                name: int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+                for name in ("evalsha", "eval", "hget", "hmget", "zrangebyscore")
+            }
 
+        async def counted(read: Any) -> tuple[Any, dict[str, int]]:
+            before = await calls()
+            rows = await read
+            after = await calls()
+            return rows, {name: after[name] - before[name] for name in after}
+
+        # The script is loaded by its first call (an answer of NOSCRIPT, then a load).
+        await table.read_due(RingRange.full(), T0, 1)
         # A range inside shard 5 (of 64), cut so that filtering has work to do.
         shard_lo = 5 << 26
         r = RingRange(shard_lo + (1 << 24), shard_lo + (3 << 24))
         in_range = {g.canonical for g in grains if g.uniform_hash() in r}
         assert 0 < len(in_range) < 30
-        before = await evalsha_calls()
-        rows = await table.read_due(r, T0, 1000)
-        scripts_run = await evalsha_calls() - before
+        rows, ran = await counted(table.read_due(r, T0, 1000))
         assert {row.grain_id.canonical for row in rows} == in_range
-        assert scripts_run == 1, "read_due asked shards outside the range"
-        fetched = {f.decode().rpartition("|")[0] for f in hmget_fields}
-        assert fetched == in_range, "read_due fetched rows outside the range"
-        assert len(hmget_fields) == len(in_range)
+        assert ran["evalsha"] + ran["eval"] == 1, ran
+        # Shards outside the range are not read, rows outside it are not fetched.
+        assert ran["zrangebyscore"] <= 2, ran
+        assert ran["hget"] == len(in_range) and ran["hmget"] == 0, ran
 
-        # A wrapping range over the last and first shard touches exactly two.
-        hmget_fields.clear()
+        # A wrapping range over the last and first shard reads exactly those two.
         r = RingRange((64 << 26) - (1 << 20), 1 << 20)
         in_range = {g.canonical for g in grains if g.uniform_hash() in r}
-        before = await evalsha_calls()
-        rows = await table.read_due(r, T0, 1000)
-        assert await evalsha_calls() - before == 2
+        rows, ran = await counted(table.read_due(r, T0, 1000))
         assert {row.grain_id.canonical for row in rows} == in_range
-        assert {f.decode().rpartition("|")[0] for f in hmget_fields} == in_range
+        assert ran["evalsha"] + ran["eval"] == 1 and ran["zrangebyscore"] <= 4, ran
+        assert ran["hget"] == len(in_range), ran
 
-        # A limit caps the rows fetched, not just the rows returned.
-        hmget_fields.clear()
-        rows = await table.read_due(RingRange.full(), T0, 25)
-        assert len(rows) == 25 and len(hmget_fields) == 25
+        # The whole ring is still one call, and a limit caps the rows fetched.
+        rows, ran = await counted(table.read_due(RingRange.full(), T0, 25))
+        assert len(rows) == 25 and ran["hget"] == 25, ran
+        assert ran["evalsha"] + ran["eval"] == 1, ran
+        assert rows == sorted(rows, key=lambda row: (row.hash, row.key))  # one due time
+
+        # Skipped rows never leave Redis: the skip set travels with the call, and
+        # only the rows taken are fetched.
+        first = await table.read_due(RingRange.full(), T0, 100)
+        skip = {row.key for row in first[:60]}
+        rows, ran = await counted(table.read_due_skipping(RingRange.full(), T0, 100, skip, take=30))
+        assert [row.key for row in rows] == [row.key for row in first[60:90]]
+        assert ran["evalsha"] + ran["eval"] == 1 and ran["hget"] == 30, ran
+        # Skipped rows count towards the limit (the script then merges again,
+        # counting them, since the first merge left them out).
+        rows = await table.read_due_skipping(RingRange.full(), T0, 65, skip)
+        assert [row.key for row in rows] == [row.key for row in first[60:65]]
 
 
 async def test_redis_client_passed_in_is_not_closed(redis_url: str) -> None:
@@ -606,3 +619,38 @@ async def test_redis_unscoped_feed_sees_every_writer_and_shard(redis_url: str) -
             change = await _next_or_none(feed, 10)
             assert change is not None, f"missing {set(grains) - got}"
             got.add(change.grain_id)
+
+
+async def test_a_cluster_feed_cancelled_while_it_connects_leaves_no_connection(
+    redis_cluster: RedisClusterServer, redis_cluster_url: str
+) -> None:
+    """A cluster feed opens one pub/sub connection per master concurrently. An
+    ``open`` cancelled at any point of that (a silo stopping while its ring
+    changes) leaves no connection behind once the table is closed, including
+    when redis-py finished the connect despite the cancellation (on Python
+    3.11 ``asyncio.wait_for`` returns a result that arrives with the cancel)."""
+    before = {(c["port"], c["id"]) for c in redis_cluster.clients()}
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(
+            redis_cluster_url, service_id=f"cx-{uuid.uuid4().hex[:8]}", shards=16
+        )
+        await table.start(stack)
+        for spins in range(60):
+            feed = table.changes()
+            opening = asyncio.ensure_future(feed.open())
+            for _ in range(spins):
+                await asyncio.sleep(0)
+            opening.cancel()
+            with suppress(asyncio.CancelledError, StorageError):
+                await opening
+            if spins % 2:
+                await feed.aclose()  # the others are left to the table's close
+
+    def left() -> set[tuple[str, str]]:
+        return {(c["port"], c["id"]) for c in redis_cluster.clients()} - before
+
+    deadline = asyncio.get_running_loop().time() + 5
+    while left() and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    assert left() == set()
+    gc.collect()  # an unclosed connection's ResourceWarning fails the test

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -142,6 +143,45 @@ def test_window_evicts_the_worst_queued_row_as_it_fills_and_empties_again() -> N
         elif queued:  # emptying: release rows as their ticks would
             window.release(rnd.choice(queued))
         assert len(window) <= window.bucket_size
+
+
+def test_an_ordered_merge_builds_no_candidate_after_the_first_that_loses() -> None:
+    w = DueWindow(3)
+    w.merge([_row(1, 10), _row(2, 20), _row(3, 30)])
+    drawn: list[int] = []
+
+    def candidates() -> Iterator[Row]:
+        for i, due in ((4, 5), (5, 15), (6, 35), (7, 40)):  # best first
+            drawn.append(i)
+            yield _row(i, due)
+
+    loaded, evicted = w.merge(candidates(), ordered=True)
+    # 4 and 5 beat the worst queued rows (3, then 2); 6 loses, so 7 is never built.
+    assert loaded == 2 and [r.entry.grain_id.key for r in evicted] == [2, 3]
+    assert drawn == [4, 5, 6]
+
+
+def _rotating_window(bucket: int) -> DueWindow:
+    w = DueWindow(bucket)
+    w.merge([_row(i, i) for i in range(bucket)])
+    return w
+
+
+def test_a_read_cut_at_its_limit_lets_the_rotation_release_a_batch() -> None:
+    # The loader saw only 2 rows waiting, but its read stopped at its limit:
+    # the window counts on a batch (a quarter of 64) and asks for the refill
+    # after 16 releases, not after 2.
+    for more, batch in ((False, 2), (True, 16)):
+        w = _rotating_window(64)
+        w.left_outside(2, (0, T0 + 0.5 * S), more=more)
+        released = 0
+        for row in w.pop_due(T0 + 63 * S):
+            assert not w.low.is_set()
+            w.ticked(row, row.next_due + 100 * S, keep=True)  # after the waiting row
+            released += row.state is RowState.GONE
+            if w.low.is_set():
+                break
+        assert released == batch and w.rotated == batch
 
 
 def test_window_shrinks_to_a_lower_bucket_size() -> None:

@@ -20,11 +20,13 @@ from orleanspy import (
     GrainId,
     MessagingOptions,
     Remindable,
+    SerializationError,
     Silo,
     SiloOptions,
     TickStatus,
     register_type,
 )
+from orleanspy.metrics import RecordingGrainMetrics
 from orleanspy.reminders.model import ReminderPriority
 from orleanspy.runtime.immutable import all_immutable
 from orleanspy.testing import simulate_tick
@@ -114,6 +116,29 @@ async def test_immutable_arguments_reach_a_local_grain_uncopied(silo: Silo) -> N
     for i, value in enumerate(values):
         await ref.keep(value)
         assert await ref.same(i, value), value
+
+
+async def test_keyword_arguments_follow_the_same_rule(silo: Silo) -> None:
+    ref = silo.client.get_grain(KeeperGrain, "kw")
+    await ref.keep(value=0)  # activates it: the calls below run inline
+    mutable, frozen = [1], FrozenPoint(1, "a")
+    await ref.keep(value=mutable)
+    await ref.keep(value=frozen)
+    assert not await ref.same(1, mutable)
+    assert mutable == [1]
+    assert await ref.same(2, frozen)
+    assert await ref.same(index=2, value=frozen)
+
+
+async def test_an_int_the_codec_cannot_carry_fails_as_through_the_codec(silo: Silo) -> None:
+    ref = silo.client.get_grain(KeeperGrain, "big")
+    await ref.keep(0)
+    for big in (2**64, -(2**63) - 1):
+        with pytest.raises(SerializationError):
+            await ref.keep(big)
+        with pytest.raises(SerializationError):
+            await ref.keep(value=big)
+    assert await ref.same(0, 0)  # nothing else reached the grain
 
 
 def test_what_counts_as_immutable() -> None:
@@ -234,6 +259,36 @@ async def test_cancelling_the_caller_cancels_its_inline_turn() -> None:
         with pytest.raises(asyncio.CancelledError):
             await call
         assert await g.was_cancelled() is True
+
+
+async def test_inline_calls_are_recorded_when_metrics_record() -> None:
+    opts = SiloOptions(
+        grain_types=(InlineGrain,),
+        messaging=MessagingOptions(response_timeout=timedelta(milliseconds=80)),
+    )
+    async with Silo.local(opts) as silo:
+        g = await _active(silo, "metered")
+        metrics = RecordingGrainMetrics()
+        silo.dispatcher.grain_metrics = metrics  # what the silo installs with an exporter
+        for _ in range(3):
+            await g.ping()
+        with pytest.raises(KeyError):
+            await g.fail()
+        with pytest.raises(GrainCallTimeoutError):
+            await g.hang()
+        call = asyncio.ensure_future(g.hang())
+        await asyncio.sleep(0)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert metrics.by_method == {
+            ("InlineGrain", "ping"): [3, 0],
+            ("InlineGrain", "fail"): [1, 1],
+            ("InlineGrain", "hang"): [2, 2],
+        }
+        series = metrics.by_type["InlineGrain"]
+        assert (series.count, series.errors) == (6, 3)
+        assert series.sum > 0.08  # the timed-out call alone took the timeout
 
 
 def current_task_cancelling() -> int:

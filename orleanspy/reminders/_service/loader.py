@@ -7,13 +7,15 @@ A *refill* reads every owned range with ``read_due(range, now + look_ahead,
 limit)`` and keeps the first ``bucket_size`` rows overall in the admission
 order — highest priority first, then earliest due (queued rows that lose are
 evicted; rows being delivered are never evicted). It reads as many candidates
-as the free space takes plus an eighth of the bucket (to evict worse queued
-rows for, and so the rotation knows what waits), never a bucket's worth to
-admit a few; the rest come with later refills. On a
-``SkippingReminderTable`` the read leaves the rows the window holds out
-(``read_due_skipping``): they are not fetched or decoded again. After each
-refill the window learns how many near-due rows it left outside and the best
-of them, for its rotation (``DueWindow.left_outside``). It runs at start,
+as the free space takes plus a sixty-fourth of the bucket (to evict worse
+queued rows for, and so the rotation knows the best row that waits), never a
+bucket's worth to admit a few; the rest come with later refills. A row read
+and not admitted is decoded again when a later refill admits it, so the
+extra is small. On a ``SkippingReminderTable`` the read leaves the rows the
+window holds out (``read_due_skipping``): they are not fetched or decoded
+again. After each refill the window learns how many near-due rows it left
+outside, the best of them, and whether the read stopped at its limit (more
+may wait), for its rotation (``DueWindow.left_outside``). It runs at start,
 every ``poll_interval``, on request, when the heap falls below half (or half of
 it turned over) while the last refill left rows behind, and after the change
 feed was lost. A newly owned range is read at once. A change for an owned row
@@ -336,11 +338,14 @@ class Loader:
         window.bucket_size = adapted_bucket_size(self._options, self._load, self._name)
         now = self._clock.now()
         before = now + self._options.look_ahead
-        # Candidates: what the free space takes, plus an eighth of the bucket to
-        # evict worse queued rows for and to learn what waits outside (the
-        # rotation's batch). Reading a bucket's worth to admit an eighth of one
-        # made each rotation refill decode eight rows per row it admitted.
-        wanted = window.space + max(1, window.bucket_size // 8)
+        # Candidates: what the free space takes, plus a sixty-fourth of the bucket
+        # to evict worse queued rows for and to learn the best row that waits
+        # outside (the rotation's next candidate; an answer cut at ``take`` says
+        # more may wait). Every row read and not admitted is decoded again by
+        # the refill that admits it: reading a bucket's worth to admit an eighth
+        # of one decoded eight rows per row admitted, reading an eighth more
+        # about two.
+        wanted = window.space + max(1, window.bucket_size // 64)
         # Rows we hold come back from the read too (the table may lag behind us):
         # read past them so they cannot hide the rows we are looking for.
         limit = wanted + len(window) + len(self._persister)
@@ -377,8 +382,10 @@ class Loader:
             best = sorted(found.values(), key=lambda c: (c[1], c[0]))[: window.room]
         else:
             best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
-        fresh = [r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None]
-        loaded, evicted = window.merge(fresh)
+        # Rows (and their schedules) are built as the merge takes them, best first:
+        # once one loses against a full window the rest are never built.
+        fresh = (r for c in best if (r := self._make_row(c[2], c[0], c[3])) is not None)
+        loaded, evicted = window.merge(fresh, ordered=True)
         # What waits outside, for the window's rotation: the candidates that did
         # not make it (the evicted rows wait too, but after them).
         left = sorted(
@@ -387,8 +394,8 @@ class Loader:
         )[loaded:]
         if not window.priority_first:
             left = sorted((0, due) for _, due in left)
-        window.left_outside(len(left), left[0] if left else None)
         truncated = any(len(b) >= full for b in batches)
+        window.left_outside(len(left), left[0] if left else None, more=truncated)
         self._more_available = loaded < len(found) or truncated
         window.refilled(self._more_available)
         self.refills += 1

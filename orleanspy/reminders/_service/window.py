@@ -20,11 +20,15 @@ After its tick the row goes back to ``QUEUED`` (if its next slot is inside the
 window) or leaves. Rotation: while rows wait outside (``left_outside``: the
 loader saw near-due rows it had no room for), a row whose next slot comes
 after the best of them in the admission order is released instead of
-re-queued, and once a batch of such rows left (an eighth of the bucket size, or
-every waiting row) ``low`` is set, so a refill admits waiting rows in their
+re-queued, and once a batch of such rows left (a quarter of the bucket size,
+or every waiting row) ``low`` is set, so a refill admits waiting rows in their
 place. A bucket smaller than the near-due set so rotates through it instead
 of keeping the rows it loaded first. It costs one comparison per tick, and
-only while something waits; at most as many rows are released as wait.
+only while something waits; at most as many rows are released as are known
+to wait (a batch's worth when the loader's read stopped at its limit: it
+reads only a few rows past what it admits, so it sees only that few wait).
+Every refill reads the index past the rows held, so the batch trades the
+window's fill (between a quarter empty and full) against refills per tick.
 
 The bucket size bounds *all* resident rows, not only the heap:
 under a backlog the heap drains into the lanes, and a refill must not then
@@ -47,7 +51,7 @@ import enum
 import heapq
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 
 from orleanspy.clock import to_ms
@@ -58,6 +62,11 @@ from orleanspy.reminders.schedule import Schedule
 __all__ = ["DueWindow", "Row", "RowState", "admission_key"]
 
 log = logging.getLogger(__name__)
+
+#: A rotation batch is a ``1 / _ROTATION_SHARE`` share of the bucket (see the module
+#: docstring). An eighth took a refill per 128 ticks at the default bucket, which
+#: cost the default window about a third more CPU per tick than a quarter.
+_ROTATION_SHARE = 4
 
 
 class RowState(enum.Enum):
@@ -193,6 +202,12 @@ class DueWindow:
 
     def __contains__(self, key: object) -> bool:
         return key in self._rows
+
+    def __iter__(self) -> Iterator[str]:
+        """The resident rows' keys: the window is a ``Collection``, so a table's
+        ``read_due_skipping`` can take the keys along instead of testing each
+        candidate here."""
+        return iter(self._rows)
 
     def get(self, key: str) -> Row | None:
         return self._rows.get(key)
@@ -333,19 +348,25 @@ class DueWindow:
                 self.release(row)
         self._check_low()
 
-    def left_outside(self, waiting: int, best: tuple[int, datetime] | None) -> None:
+    def left_outside(
+        self, waiting: int, best: tuple[int, datetime] | None, *, more: bool = False
+    ) -> None:
         """The loader saw ``waiting`` near-due rows it could not admit, the best
         of them with admission key ``best`` (``admission_key``); replaces what
-        a previous refill said."""
+        a previous refill said. ``more``: its read stopped at a limit, so more
+        rows may wait than it saw: the window then counts on a batch's worth
+        (the loader reads only a few rows past what it admits)."""
         self._waiting = waiting if best is not None else 0
+        if more and self._waiting:
+            self._waiting = max(self._waiting, self.bucket_size // _ROTATION_SHARE)
         self._outside = best if waiting else None
         self._released = 0
-        self._batch = max(1, min(self._waiting, self.bucket_size // 8))
+        self._batch = max(1, min(self._waiting, self.bucket_size // _ROTATION_SHARE))
 
     def also_outside(self, key: tuple[int, datetime]) -> None:
         """One more near-due row waits outside (a change the window had no room for)."""
         self._waiting += 1
-        self._batch = max(1, min(self._waiting, self.bucket_size // 8))
+        self._batch = max(1, min(self._waiting, self.bucket_size // _ROTATION_SHARE))
         if self._outside is None or key < self._outside:
             self._outside = key
 
@@ -426,9 +447,12 @@ class DueWindow:
             self.release(row)
         return True
 
-    def merge(self, candidates: Iterable[Row]) -> tuple[int, list[Row]]:
+    def merge(self, candidates: Iterable[Row], *, ordered: bool = False) -> tuple[int, list[Row]]:
         """Load ``candidates`` (rows not resident), keeping the first overall in
         the admission order: highest priority first, then earliest due.
+        ``ordered``: they come in that order already; they are then taken one at
+        a time, and none is drawn after the first that loses (a lazy iterable
+        builds only the rows that can make the cut).
 
         Queued rows compete with the candidates for the room left by DUE rows;
         the last in that order lose: a losing candidate is not loaded, a losing
@@ -437,7 +461,9 @@ class DueWindow:
         when the bucket size shrank since the last merge.
         """
         order = _order if self._priority_first else _due_order
-        fresh = sorted((row for row in candidates if row.key not in self._rows), key=order)
+        fresh: Iterable[Row] = (row for row in candidates if row.key not in self._rows)
+        if not ordered:
+            fresh = sorted(fresh, key=order)
         evicted: list[Row] = []
         # A bucket size that shrank: the worst queued rows go first.
         while len(self._rows) > self.bucket_size:
