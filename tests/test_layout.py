@@ -3,7 +3,7 @@
 Layers, lowest first; a module may import its own layer and those below, never above:
 
     bottom     errors identity clock schemes options serialization
-    helpers    _tasks _retry _redis _postgres ring placement metrics
+    helpers    _tasks _retry _frozen _redis _postgres ring placement metrics
     providers  directory/* membership/* storage/* streams/* messaging/* tables
                reminders/* (the storage side: model, spec, schedule, table, backends)
     grain      state grain reference
@@ -41,7 +41,7 @@ ROOT = Path(orleanspy.__file__).parent
 
 LAYERS: list[tuple[str, str]] = [
     ("bottom", r"orleanspy\.(errors|identity|clock|schemes|options|serialization)"),
-    ("helpers", r"orleanspy\.(_tasks|_retry|_redis|_postgres|ring|placement|metrics)"),
+    ("helpers", r"orleanspy\.(_tasks|_retry|_frozen|_redis|_postgres|ring|placement|metrics)"),
     (
         "providers",
         r"orleanspy\.(directory|membership|storage|streams|messaging)(\..+)?"

@@ -8,8 +8,10 @@ chain (see ``runtime.context``). Timer ticks are turns too.
 
 Lifecycle: ACTIVATING (directory registration, persistent state loaded,
 ``on_activate``) → VALID → DEACTIVATING (turns drain, ``on_deactivate``) →
-INVALID. Messages that reach an activation that is going away are handed back
-to the dispatcher, which routes them to a fresh activation. An
+INVALID. On an embedded silo (no directory) a grain with neither state nor an
+``on_activate`` of its own is VALID as soon as it is created (``start``).
+Messages that reach an activation that is going away are handed back to the
+dispatcher, which routes them to a fresh activation. An
 ``InconsistentStateError`` that escapes a turn (a state write lost to another
 activation) deactivates the activation, so the next call reloads the state, as
 in Orleans.
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
     from orleanspy.directory.table import ActivationAddress
     from orleanspy.storage.contract import GrainStorage
 
-__all__ = ["Activation", "ActivationHost", "ActivationState"]
+__all__ = ["Activation", "ActivationHost", "ActivationState", "activates_at_once"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,9 @@ class ActivationHost(Protocol):
     # Grain storage providers by name (``SiloOptions.storage``).
     grain_storage: Mapping[str, GrainStorage]
     grain_metrics: GrainMetrics
+    # Whether ``register_activation`` claims the grain somewhere it may wait for
+    # (a cluster's directory); an embedded silo's claims nothing.
+    registers_activations: bool
 
     def activity_ns(self) -> int:
         """``clock``'s now in integer nanoseconds since the epoch (what a turn's
@@ -85,6 +90,12 @@ class ActivationHost(Protocol):
     async def activation_ended(self, activation: Activation) -> None:
         """Remove the activation from the catalog and the directory."""
         ...
+
+
+def activates_at_once(definition: GrainDefinition) -> bool:
+    """No persistent state to read and the default ``on_activate``: besides the
+    directory's claim, nothing in activating such a grain can wait."""
+    return not definition.states and definition.cls.on_activate is Grain.on_activate
 
 
 class _TimerTick:
@@ -172,8 +183,40 @@ class Activation:
     # -- activation ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin activating: registration and ``on_activate`` run as a task."""
-        self._lifecycle_task = asyncio.get_running_loop().create_task(self._activate())
+        """Begin activating: registration and ``on_activate`` run as a task,
+        unless nothing in the activation can wait (``activates_at_once``): then
+        it is VALID when this returns, with no task made for it.
+
+        Either way the caller enqueues the message that caused the activation
+        right after this, before anything else runs."""
+        if not self.runtime.registers_activations and activates_at_once(self.definition):
+            self._activate_now()
+        else:
+            self._lifecycle_task = asyncio.get_running_loop().create_task(self._activate())
+
+    def _activate_now(self) -> None:
+        """Activate synchronously (``start``): the grain's ``__init__`` is all
+        there is to run. A cold start of many grains costs no task, no loop
+        iteration and no suspension of the caller per activation."""
+        defn = self.definition
+        grain = defn.cls.__new__(defn.cls)
+        grain._activation = self
+        try:
+            grain.__init__()  # type: ignore[misc]
+        except Exception as exc:
+            # Failed as the task would have failed it, once the message that
+            # caused the activation is in the mailbox (the caller puts it there
+            # before the loop runs this task).
+            self._lifecycle_task = asyncio.get_running_loop().create_task(
+                self._activation_failed(exc)
+            )
+            return
+        self.grain = grain
+        self.state = ActivationState.VALID
+
+    async def _activation_failed(self, exc: Exception) -> None:
+        self._fail_activation(exc)
+        await self.runtime.activation_ended(self)
 
     async def _activate(self) -> None:
         host = self.runtime
@@ -191,7 +234,7 @@ class Activation:
             defn = self.definition
             grain = defn.cls.__new__(defn.cls)
             grain._activation = self
-            if defn.states or defn.cls.on_activate is not Grain.on_activate:
+            if not activates_at_once(defn):
                 async with asyncio.timeout(host.activation_timeout):
                     if defn.states:
                         await self._load_states(grain)
@@ -295,37 +338,6 @@ class Activation:
         """Whether a turn could start right now with nothing else running or queued."""
         return self.state is ActivationState.VALID and self._running == 0 and not self._queue
 
-    async def run_inline(self, method: str, args: tuple[Any, ...]) -> None:
-        """Run ``method(*args)`` as a turn in the calling task; the caller checked
-        ``idle_and_valid()`` just before, with no await in between.
-
-        For the silo's own reminder ticks (``Dispatcher.invoke``): the tick is
-        the turn, without a message, a response or a task of its own. Turn rules
-        hold as for a message: calls that arrive meanwhile queue behind it (or
-        interleave, as the class allows), the turn counts as activity, and an
-        ``InconsistentStateError`` deactivates. The grain's exception propagates
-        as it is. Unlike a message's turn, the turn is the caller's: cancelling
-        the caller (the reminder service stopping) cancels the turn.
-        """
-        self._running += 1
-        # Held like a turn task, so that ``abandon`` (a simulated crash) cancels
-        # it. One at most: an inline turn starts only when no turn runs.
-        self._inline = asyncio.current_task()
-        token = current_chain.set((*current_chain.get(), self.canonical))
-        started, failed = time.perf_counter(), True
-        try:
-            await getattr(self.grain, method)(*args)
-            failed = False
-        except InconsistentStateError:
-            self.request_deactivation()
-            raise
-        finally:
-            current_chain.reset(token)
-            elapsed = time.perf_counter() - started
-            self.runtime.grain_metrics.call(self.definition.type_name, elapsed, failed, method)
-            self._inline = None
-            self._turn_done(touch=True)
-
     def enter_inline(self, method: str, task: asyncio.Task[Any]) -> Callable[..., Any] | None:
         """Begin the call ``method`` as a turn in ``task``, the caller's, if a turn
         may start right now with nothing else running or queued (the activation
@@ -333,15 +345,17 @@ class Activation:
         method, which the caller calls and awaits itself, then calls
         ``exit_inline``, with no await in between; ``None`` otherwise.
 
-        For local calls to an idle activation (``Dispatcher.invoke``): no message,
-        no response, no task, no coroutine of the runtime's own around the
-        grain's. Turn rules hold as for ``run_inline``: calls that arrive
-        meanwhile queue behind it (or interleave, as the class allows), the turn
-        counts as activity, and an ``InconsistentStateError`` deactivates. The
-        turn is the caller's: cancelling the caller cancels it, and ``abandon``
-        (a simulated crash) cancels the caller. One inline turn at most runs at
-        a time (it starts only when nothing runs), so its state lives here. The
-        caller records the call in ``grain_metrics`` (it times it anyway).
+        For local calls and the silo's own reminder ticks to an idle activation
+        (``Dispatcher.invoke``): no message, no response, no task, no coroutine
+        of the runtime's own around the grain's. Turn rules hold as for a
+        message: calls that arrive meanwhile queue behind it (or interleave, as
+        the class allows), the turn counts as activity, and an
+        ``InconsistentStateError`` deactivates. The turn is the caller's:
+        cancelling the caller (for a tick, the reminder service stopping)
+        cancels it, and ``abandon`` (a simulated crash) cancels the caller. One
+        inline turn at most runs at a time (it starts only when nothing runs),
+        so its state lives here. The caller records the call in
+        ``grain_metrics`` (it times it anyway).
         """
         if self._running or self._queue or self.state is not _VALID:
             return None

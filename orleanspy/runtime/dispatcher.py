@@ -47,7 +47,7 @@ from orleanspy.options import SiloOptions
 from orleanspy.reference import GrainFactory
 from orleanspy.remindable.management import MANAGEMENT_TYPE
 from orleanspy.remindable.registry import ReminderRegistry
-from orleanspy.runtime.activation import Activation
+from orleanspy.runtime.activation import Activation, activates_at_once
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
 from orleanspy.runtime.immutable import (
@@ -134,6 +134,9 @@ class Dispatcher:
         self._max_forwards = options.messaging.max_forward_count
         self._locator = locator
         self._local_only = locator.local_only
+        # An embedded silo claims no directory entry: an activation with nothing
+        # else to wait for is made synchronously (``Activation.start``).
+        self.registers_activations = not self._local_only
         self._types = grain_types
         self._transport = transport
         self._pending: PendingCalls[Message] = PendingCalls(self._response_timeout)
@@ -223,17 +226,48 @@ class Dispatcher:
         act = self._activations.get(grain_id)
         # The grain is here and idle: the call runs as a turn in this task (no
         # message, response or turn task).
-        if act is not None and not one_way:
+        if not one_way and (act is not None or self._local_only):
             if not self._inline_streak:
                 # A caller awaiting local grains back to back, none of which
                 # suspends, would never yield: every _INLINE_STREAK-th inline call
                 # yields to the loop first (the activation is checked after).
                 self._inline_streak = _INLINE_STREAK
                 await asyncio.sleep(0)
+                act = self._activations.get(grain_id)
+            if act is None:
+                # An embedded silo places every grain here: one whose activation
+                # cannot wait (``activates_at_once``) is made valid right now, so
+                # the call that causes it runs inline like any other (a cold
+                # start of many grains costs no task or loop iteration each).
+                act = self._activate_here(grain_id, method)
+        if act is not None and not one_way:
             if reminder_tick:
-                if not kwargs and act.idle_and_valid() and method in act.definition.methods:
+                task = task_of_loop(self._loop)
+                if task is None:
+                    self._loop = asyncio.get_running_loop()
+                    task = task_of_loop(self._loop)
+                bound = None if kwargs or task is None else act.enter_inline(method, task)
+                if bound is not None:
+                    # The tick is the turn, in this task: no inline deadline (it
+                    # is the grain's own work), and the grain's exception
+                    # propagates as it is (the reminder service records it).
                     self._inline_streak -= 1
-                    await act.run_inline(method, args)
+                    metrics = self.grain_metrics
+                    timed = metrics.records
+                    if timed:
+                        began = time.perf_counter()
+                    try:
+                        await bound(*args)
+                    except BaseException as exc:
+                        act.exit_inline(exc)
+                        if timed:
+                            elapsed = time.perf_counter() - began
+                            metrics.call(act.definition.type_name, elapsed, True, method)
+                        raise
+                    act.exit_inline(None)
+                    if timed:
+                        elapsed = time.perf_counter() - began
+                        metrics.call(act.definition.type_name, elapsed, False, method)
                     return None
             else:
                 # What the caller sees is what a queued call would give it:
@@ -368,6 +402,16 @@ class Dispatcher:
         finally:
             self._pending.discard(msg.id)
         return result_of(response, self.codec)
+
+    def _activate_here(self, grain_id: GrainId, method: str) -> Activation | None:
+        """The new activation of ``grain_id`` on this embedded silo, if its type
+        is hosted, ``method`` callable, and nothing in activating it can wait;
+        otherwise ``None`` (the call takes the message path: ``route``
+        validates it and starts an activation that waits for its task)."""
+        defn = self._types.get(grain_id.type_name)
+        if defn is None or method not in defn.methods or not activates_at_once(defn):
+            return None
+        return self.catalog.get_or_create(grain_id, defn)
 
     # -- routing ------------------------------------------------------------------------
 

@@ -482,7 +482,7 @@ class GatedTickGrain(Grain, Remindable, type_name="test_silo_reminders.GatedTick
 
 async def test_a_tick_to_an_idle_local_activation_keeps_turn_rules(clock: ManualClock) -> None:
     # The grain is active and idle here, so the tick runs as a turn in the
-    # delivery task itself (Activation.run_inline). It is still a turn: a call
+    # delivery task itself (Activation.enter_inline). It is still a turn: a call
     # arriving meanwhile waits for it, and the turn counts as activity.
     GatedTickGrain.gate, GatedTickGrain.events = asyncio.Event(), []
     async with Silo.local(_options(GatedTickGrain), clock=clock) as silo:

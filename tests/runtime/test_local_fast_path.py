@@ -1,5 +1,7 @@
 """Local calls: immutable arguments are handed over as they are, mutable ones copied;
-a call to an idle local activation runs inline in the caller's task and looks the same."""
+a call to an idle local activation runs inline in the caller's task and looks the same.
+On an embedded silo, so does the call that activates a grain whose activation
+cannot wait (no persistent state, the default ``on_activate``)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from orleanspy import (
+    ActivationError,
     Grain,
     GrainCallTimeoutError,
     GrainId,
     MessagingOptions,
+    Remindable,
     SerializationError,
     Silo,
     SiloOptions,
@@ -25,6 +29,7 @@ from orleanspy import (
 from orleanspy.metrics import RecordingGrainMetrics
 from orleanspy.reminders.model import ReminderPriority
 from orleanspy.runtime.immutable import all_immutable
+from orleanspy.testing import simulate_tick
 
 
 @register_type(name="tests.FrozenPoint")
@@ -290,3 +295,97 @@ def current_task_cancelling() -> int:
     task = asyncio.current_task()
     assert task is not None
     return task.cancelling()
+
+
+class ColdGrain(Grain, Remindable):
+    """Nothing in its activation can wait: no state, the default ``on_activate``."""
+
+    made = 0
+    fail_init = False
+    tasks: list[asyncio.Task[object] | None] = []
+
+    def __init__(self) -> None:
+        ColdGrain.made += 1
+        if ColdGrain.fail_init:
+            ColdGrain.fail_init = False
+            raise RuntimeError("constructor failed")
+        self.inside = 0
+        self.overlap = False
+
+    async def where(self) -> None:
+        ColdGrain.tasks.append(asyncio.current_task())
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        ColdGrain.tasks.append(asyncio.current_task())
+
+    async def work(self) -> bool:
+        self.inside += 1
+        self.overlap |= self.inside > 1
+        for _ in range(3):
+            await asyncio.sleep(0)
+        self.inside -= 1
+        return self.overlap
+
+
+class WaitingActivationGrain(Grain):
+    """``on_activate`` may wait: its activation is a task of its own."""
+
+    async def on_activate(self) -> None:
+        await asyncio.sleep(0)
+
+    async def where(self) -> None:
+        ColdGrain.tasks.append(asyncio.current_task())
+
+
+@pytest.fixture
+def cold() -> None:
+    ColdGrain.made = 0
+    ColdGrain.fail_init = False
+    ColdGrain.tasks = []
+
+
+@pytest.mark.usefixtures("cold")
+async def test_the_call_that_activates_a_grain_runs_inline_in_the_callers_task() -> None:
+    async with Silo.local(SiloOptions(grain_types=(ColdGrain, WaitingActivationGrain))) as silo:
+        await silo.client.get_grain(ColdGrain, "c").where()
+        assert ColdGrain.tasks == [asyncio.current_task()]
+        act = silo.dispatcher.catalog.get(GrainId("ColdGrain", "c"))
+        assert act is not None and act.idle_and_valid()
+        # A grain whose on_activate can wait still activates in a task, which
+        # runs the first call as its turn.
+        await silo.client.get_grain(WaitingActivationGrain, "w").where()
+        assert ColdGrain.tasks[1] is not asyncio.current_task()
+        assert ColdGrain.made == 1
+
+
+@pytest.mark.usefixtures("cold")
+async def test_a_reminder_tick_that_activates_a_grain_runs_inline() -> None:
+    async with Silo.local(SiloOptions(grain_types=(ColdGrain,))) as silo:
+        for key in range(3):
+            await simulate_tick(silo, ColdGrain, key, "r")
+        assert ColdGrain.tasks == [asyncio.current_task()] * 3
+        assert ColdGrain.made == 3
+        assert silo.activation_count == 3
+
+
+@pytest.mark.usefixtures("cold")
+async def test_a_failing_constructor_fails_the_first_call_and_leaves_nothing() -> None:
+    async with Silo.local(SiloOptions(grain_types=(ColdGrain,))) as silo:
+        ColdGrain.fail_init = True
+        ref = silo.client.get_grain(ColdGrain, "f")
+        with pytest.raises(ActivationError, match="constructor failed"):
+            await ref.where()
+        assert silo.activation_count == 0
+        assert ColdGrain.made == 1  # one constructor run for the failed call
+        await ref.where()  # a fresh activation
+        assert ColdGrain.made == 2
+        assert silo.activation_count == 1
+
+
+@pytest.mark.usefixtures("cold")
+async def test_concurrent_first_calls_meet_one_activation_and_take_turns() -> None:
+    async with Silo.local(SiloOptions(grain_types=(ColdGrain,))) as silo:
+        ref = silo.client.get_grain(ColdGrain, "t")
+        overlaps = await asyncio.gather(*(ref.work() for _ in range(5)))
+        assert overlaps == [False] * 5
+        assert ColdGrain.made == 1

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from orleanspy._frozen import maker
 from orleanspy._retry import Backoff
 from orleanspy.clock import Clock
 from orleanspy.errors import (
@@ -70,6 +71,11 @@ Deliver = Callable[[ReminderEntry, TickStatus, float], Awaitable[None]]
 TRACEBACK_EVERY_S = 60.0
 # Reminders whose last traceback time is remembered, at most (then the oldest go).
 _TRACEBACKS_KEPT = 10_000
+
+
+# The frozen dataclasses a tick builds, without their frozen __init__ (orleanspy._frozen).
+_tick_status = maker(TickStatus)
+_schedule_update = maker(ScheduleUpdate)
 
 
 def tick_deadline(schedule: Schedule, slot: datetime, options: ReminderOptions) -> float:
@@ -227,7 +233,7 @@ class Delivery:
         delivers it). ``now``: the clock as the tick was planned, its delivery
         time; ``attempt``/``final`` as in ``TickStatus``."""
         entry = row.entry
-        status = TickStatus(
+        status = _tick_status(
             first_tick_time=entry.start_at,
             period=entry.period,
             cron=entry.cron,
@@ -390,14 +396,14 @@ class Delivery:
             self.ended += 1
             if etag is not None:
                 self._persister.submit(
-                    ScheduleUpdate(grain_id, name, etag, ENDED, last_fire, remove=True), key
+                    _schedule_update(grain_id, name, etag, ENDED, last_fire, True), key
                 )
             self._window.drop(row)
             return
         # Submitted for a dropped row too: its tick happened. The CAS against the
         # loaded etag keeps the write from landing on a row another writer moved.
         if etag is not None:
-            self._persister.submit(ScheduleUpdate(grain_id, name, etag, next_due, last_fire), key)
+            self._persister.submit(_schedule_update(grain_id, name, etag, next_due, last_fire), key)
         keep = next_due <= now + self._options.look_ahead
         failing_until = None
         if not delivered and row.attempts:

@@ -20,6 +20,7 @@ from collections import deque
 from datetime import datetime
 from typing import Final
 
+from orleanspy._frozen import maker
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.reminders.model import FireOutcome, FireRecord, MissedReminderAction, ReminderEntry
 from orleanspy.reminders.table import PausableReminderTable
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 #: Records waiting for a write; beyond this the oldest are dropped.
 MAX_BUFFERED: Final = 50_000
 _BATCH: Final = 1000
+# One record per tick: built without FireRecord's frozen __init__ (orleanspy._frozen);
+# ``fired`` is given FireOutcome members, which its __post_init__ would leave alone.
+_fire_record = maker(FireRecord)
 #: How long records gather before a write.
 LINGER_S: Final = 0.05
 
@@ -95,7 +99,7 @@ class History(NoHistory):
         final: bool = False,
     ) -> None:
         self._buffer.append(
-            FireRecord(
+            _fire_record(
                 entry.grain_id,
                 entry.name,
                 slot,

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from orleanspy._frozen import maker
 from orleanspy.reminders.model import MissedReminder, MissedReminderAction, ReminderEntry
 from orleanspy.reminders.schedule import IntervalSchedule, Schedule
 
@@ -54,6 +55,10 @@ class TickPlan:
         return self.missed and self.resume is None
 
 
+# One plan per tick: built without TickPlan's frozen __init__ (orleanspy._frozen).
+_plan = maker(TickPlan)
+
+
 def plan_tick(
     schedule: Schedule,
     action: MissedReminderAction,
@@ -79,14 +84,14 @@ def plan_tick(
     """
     if not _due_by(schedule.next_after(slot), now):
         if now <= slot + grace:
-            return TickPlan(deliver=True, slot=slot)
+            return _plan(True, slot)
         latest, earlier = slot, 0
     else:
         latest, earlier = _latest_passed(schedule, slot, now)
     resume = schedule.next_after(now)
     if action is MissedReminderAction.FIRE_IMMEDIATELY:
-        return TickPlan(deliver=True, slot=latest, missed=True, missed_ticks=earlier, resume=resume)
-    return TickPlan(deliver=False, slot=slot, missed=True, missed_ticks=earlier + 1, resume=resume)
+        return _plan(True, latest, True, earlier, resume)
+    return _plan(False, slot, True, earlier + 1, resume)
 
 
 def _latest_passed(schedule: Schedule, slot: datetime, now: datetime) -> tuple[datetime, int]:
