@@ -18,9 +18,10 @@ _DEFAULT_START = datetime(2030, 1, 1, tzinfo=UTC)
 class ManualClock:
     """A ``Clock`` whose time advances only through ``advance`` / ``set``.
 
-    Sleepers wake in deadline order. ``advance`` jumps from one sleeper's deadline
-    to the next and lets the event loop run between jumps, so a periodic loop
-    (sleep, work, sleep) sees every one of its deadlines, as with real time.
+    Sleepers wake in deadline order. ``advance`` first lets the event loop run
+    what is ready at the current time, then jumps from one sleeper's deadline to
+    the next and lets the loop run between jumps, so a periodic loop (sleep, work,
+    sleep) sees every one of its deadlines, as with real time.
     """
 
     def __init__(self, start: datetime = _DEFAULT_START, *, settle_rounds: int = 20) -> None:
@@ -111,6 +112,10 @@ class ManualClock:
         """Move time forward to ``when`` (see ``advance``)."""
         if when < self._now:
             raise ValueError("a ManualClock never goes backwards")
+        # Work already ready runs at the current time first: a reminder registered
+        # just before is still being loaded, and its sleeper must exist before time
+        # jumps past its slot (else it is found a day late, and skipped as missed).
+        await self.settle()
         while True:
             self._drop_cancelled()
             if not self._sleepers or self._sleepers[0][0] > when:
