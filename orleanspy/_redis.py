@@ -60,6 +60,7 @@ __all__ = [
     "node_client",
     "node_groups",
     "redacted",
+    "reply_error",
     "resolve",
     "run_script_calls",
     "translate_errors",
@@ -424,6 +425,20 @@ def translate_errors(what: str) -> Iterator[None]:
     raise_if_cancelled()
 
 
+def reply_error(exc: Exception, what: str) -> Exception:
+    """The error ``translate_errors`` raises for ``exc``, one command's failure
+    returned among a pipeline's replies (``raise_on_error=False``):
+    ``StorageUnavailableError`` for a lost connection or a cluster that is
+    moving slots, ``StorageError`` for another Redis error; an exception that
+    is not Redis's comes back as it is."""
+    try:
+        with translate_errors(what):
+            raise exc
+    except Exception as translated:
+        return translated
+    return exc  # not reached: translate_errors re-raises what it is given
+
+
 def redacted(url: str) -> str:
     """``url`` without its password, for messages and logs."""
     parts = urlsplit(url)
@@ -564,6 +579,13 @@ async def run_script_calls(
         # With WAIT, a call must not be redirected: redis-py would resend it on
         # another connection, which the WAIT does not cover.
         replies = await cpipe.execute(raise_on_error=False, allow_redirections=not replicas)
+        if any(_slot_map_stale(r) for r in replies):
+            # A script that builds keys of other shards (batches per node) is
+            # routed by its one declared key, whose slot may not have moved: no
+            # MOVED then, so redis-py keeps its old map and every retry would
+            # meet the same "non local key". Re-read the map before the next
+            # command (redis-py does it once under its lock, for all callers).
+            client._initialize = True
         if replicas and any(isinstance(r, (rexc.AskError, rexc.TryAgainError)) for r in replies):
             await client.nodes_manager.initialize()  # learn where the slots went
             raise StorageUnavailableError("redis cluster slots moved during a write with WAIT")
@@ -584,6 +606,13 @@ async def run_script_calls(
             if isinstance(reply, Exception):
                 raise reply
     return results
+
+
+def _slot_map_stale(reply: Any) -> bool:
+    """Whether a pipeline reply says the client's slot map is out of date."""
+    if isinstance(reply, (rexc.MovedError, rexc.ClusterDownError, rexc.SlotNotCoveredError)):
+        return True
+    return isinstance(reply, rexc.ResponseError) and "non local key" in str(reply)
 
 
 def _check_wait(reply: Any, replicas: int) -> None:

@@ -15,7 +15,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
 
-from orleanspy._redis import connect, is_cluster, resolve, translate_errors
+from orleanspy._redis import connect, is_cluster, reply_error, resolve, translate_errors
 from orleanspy.cluster_status import other_clusters
 from orleanspy.directory.redis import RedisGrainDirectory
 from orleanspy.directory.table import ActivationAddress
@@ -190,6 +190,22 @@ async def test_translate_errors_sorts_cluster_failures_into_unavailable() -> Non
     with pytest.raises(StorageError) as info, translate_errors("x"):
         raise rexc.ResponseError("WRONGTYPE Operation against a key")
     assert not isinstance(info.value, StorageUnavailableError)
+
+
+async def test_reply_errors_in_a_batch_are_sorted_like_raised_ones() -> None:
+    """A command's failure returned among a pipeline's replies (a connection
+    lost mid-batch, a script key whose slot moved) is unavailable, as it would
+    be if raised; a bad request stays a plain StorageError."""
+    for exc in (
+        rexc.ConnectionError("Connection closed by server."),
+        rexc.ResponseError("ERR Script attempted to access a non local key in a cluster node"),
+        rexc.AskError("3999 127.0.0.1:7101"),
+        rexc.TryAgainError("TRYAGAIN"),
+    ):
+        assert isinstance(reply_error(exc, "x"), StorageUnavailableError), exc
+    plain = reply_error(rexc.ResponseError("WRONGTYPE Operation against a key"), "x")
+    assert isinstance(plain, StorageError) and not isinstance(plain, StorageUnavailableError)
+    assert "WRONGTYPE" in str(plain)
 
 
 async def test_translate_errors_maps_redis_pys_failover_attribute_error_only() -> None:

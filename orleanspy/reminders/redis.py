@@ -261,10 +261,25 @@ return out
 # priority plus next_due (``lane_score``), formatted with %.0f because Lua
 # would print it with 14 digits; a paused row stays out of the index. Nothing
 # is published: a schedule CAS is the owner's own write (``update_schedule``).
+# ARGV[5] = '1' on a Redis Cluster: every shard's keys are touched before any is
+# written, so a shard whose slot moved away (or is half moved) fails the call
+# with nothing written; failing at that shard's turn would leave the shards
+# before it updated under etags the caller never learns (its retry would then
+# lose its own CAS).
 _UPDATE_MANY: Final = """
 local prefix = ARGV[2]
 local u = cmsgpack.unpack(ARGV[3])
 local out = {}
+if ARGV[5] == '1' then
+  local seen = {}
+  for i = 1, #u, 6 do
+    if not seen[u[i]] then
+      seen[u[i]] = true
+      local shard = prefix .. u[i] .. '}:'
+      redis.call('EXISTS', shard .. 'rows', shard .. 'due', shard .. 'etag', shard .. 'fenced')
+    end
+  end
+end
 for i = 1, #u, 6 do
   local shard = prefix .. u[i] .. '}:'
   local rows = shard .. 'rows'
@@ -994,7 +1009,7 @@ class RedisReminderTable:
             writer = "" if self.writer is None else str(self.writer)
             if self._cluster:
                 results = await self._per_node(
-                    "update_many", _UPDATE_MANY, flat, 6, [self._etag_suffix], tail=[writer]
+                    "update_many", _UPDATE_MANY, flat, 6, [self._etag_suffix], tail=[writer, "1"]
                 )
             else:
                 results = await self._script("update_many")(

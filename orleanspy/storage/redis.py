@@ -32,6 +32,7 @@ from orleanspy._redis import (
     call_script,
     connect,
     key_prefix,
+    reply_error,
     resolve,
     run_script_calls,
     translate_errors,
@@ -47,9 +48,12 @@ if TYPE_CHECKING:
 __all__ = ["RedisGrainStorage"]
 
 # KEYS: the state hash. ARGV: expected etag ('' = nothing stored), data, new etag.
-# Returns 1 when written, false on a lost race.
+# Returns 1 when written, false on a lost race. A write whose new etag is already
+# stored is this very write sent again (the client resends a command whose reply
+# a dropped connection lost; etags are 64 random bits): it succeeded, return 1.
 _WRITE: Final = """
 local cur = redis.call('HGET', KEYS[1], 'e')
+if cur and cur == ARGV[3] then return 1 end
 if ARGV[1] == '' then
   if cur then return false end
 elseif cur ~= ARGV[1] then
@@ -187,17 +191,17 @@ class RedisGrainStorage:
                 wait=self._options,
                 raise_on_error=False,
             )
+        # A call's own failure (a connection lost mid-batch, a slot moving) is
+        # classified as translate_errors would: unavailable ones are retried.
         return [
-            StorageError(f"redis error during grain state write: {r}")
-            if isinstance(r, Exception)
-            else bool(r)
+            reply_error(r, "grain state write") if isinstance(r, Exception) else bool(r)
             for r in replies
         ]
 
 
 def _record(key: str, reply: Any) -> StoredState | Exception | None:
     if isinstance(reply, Exception):
-        return StorageError(f"redis error during grain state read: {reply}")
+        return reply_error(reply, "grain state read")
     data, etag = reply
     if data is None and etag is None:
         return None

@@ -368,3 +368,24 @@ async def test_redis_batched_writes_survive_a_script_flush_and_a_bad_record(
         assert isinstance(results[-1], StorageError) and "WRONGTYPE" in str(results[-1])
         for g, etag in zip(grains, results, strict=False):
             assert await storage.read(g, "s") == StoredState(b"v2", etag)
+
+
+async def test_redis_a_write_sent_again_after_it_ran_succeeds(redis_url: str) -> None:
+    """The client resends a command whose reply a dropped connection lost: the
+    write that ran is answered as written, not as a lost race; another write
+    from the same old etag still loses."""
+    async with AsyncExitStack() as stack:
+        storage = RedisGrainStorage(redis_url, service_id="shop")
+        await storage.start(stack)
+        etag = await storage.write(GID, "s", b"v1", None)
+        assert etag is not None
+        key = storage.key(GID, "s")
+        write = (key, etag, b"v2", "00000000000000aa")
+        assert await storage._write_many([write]) == [True]
+        assert await storage._write_many([write]) == [True]  # resent, one call
+        assert await storage._write_many([write, write]) == [True, True]  # in a batch
+        assert await storage._write_many([(key, etag, b"v3", "00000000000000bb")]) == [False]
+        assert await storage.read(GID, "s") == StoredState(b"v2", "00000000000000aa")
+        first = (storage.key(GID, "new"), "", b"n", "00000000000000cc")
+        assert await storage._write_many([first]) == [True]
+        assert await storage._write_many([first]) == [True]  # a resent first write
