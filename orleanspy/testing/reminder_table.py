@@ -796,6 +796,12 @@ async def check_read_due_skipping_against_brute_force(factory: TableFactory) -> 
                 )
 
 
+#: Priorities of the rewrite check: both ends and both sides of zero. Not every one of
+#: the 256: a PostgreSQL due read scans each priority in use in each bucket, which made
+#: this check spend 15 s in 20 reads without finding more.
+_SOME_PRIORITIES = (-128, -77, -1, 0, 1, 5, 64, 127)
+
+
 async def check_due_index_follows_rewrites(factory: TableFactory) -> None:
     """After 1,500 random upserts, schedule CASes and removes over 200 rows, the
     due index, ``count`` and ``read_range`` agree with a model of the rows."""
@@ -810,7 +816,7 @@ async def check_due_index_follows_rewrites(factory: TableFactory) -> None:
             row = model.get(key)
             op = rng.random()
             if row is None or op < 0.3:
-                e = _entry(table, gid, due=due, priority=rng.randrange(-128, 128))
+                e = _entry(table, gid, due=due, priority=rng.choice(_SOME_PRIORITIES))
                 model[key] = _stored(e, await table.upsert(e))
             elif op < 0.85:
                 assert row.etag is not None

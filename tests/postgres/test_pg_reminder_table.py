@@ -7,7 +7,6 @@ import json
 import random
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -228,44 +227,6 @@ async def test_oversized_payload_makes_feeds_reread(postgres_url: str) -> None:
         with pytest.raises(StorageUnavailableError):
             await asyncio.wait_for(anext(feed), 10)
         await feed.aclose()
-
-
-async def test_due_index_follows_rewrites_priority_first(postgres_url: str) -> None:
-    """Random upserts (random priorities), CASes and removes: read_due agrees with a
-    model of the rows, priority first, then next_due."""
-    rng = random.Random(99)
-    async with table_at(postgres_url) as table:
-        model: dict[str, ReminderEntry] = {}
-        grains = [GrainId("Rewrite", i) for i in range(200)]
-        for _ in range(1500):
-            g = rng.choice(grains)
-            key = f"{g.canonical}|r"
-            due = T0 + timedelta(milliseconds=rng.randrange(0, 3600 * 1000))
-            row = model.get(key)
-            op = rng.random()
-            if row is None or op < 0.3:
-                e = entry(g, due=due, priority=rng.randrange(-128, 128))
-                model[key] = e.with_etag(await table.upsert(e))
-            elif op < 0.85:
-                assert row.etag is not None
-                etag = await table.update_schedule(g, "r", row.etag, due, row.next_due)
-                assert etag is not None
-                model[key] = replace(row, next_due=due, last_fire=row.next_due, etag=etag)
-            else:
-                assert row.etag is not None
-                assert await table.remove(g, "r", row.etag) is True
-                del model[key]
-        assert await table.count() == len(model)
-        for _ in range(30):
-            r = RingRange(rng.randrange(HASH_SPACE), rng.randrange(HASH_SPACE))
-            before = T0 + timedelta(milliseconds=rng.randrange(0, 3600 * 1000))
-            limit = rng.choice([1, 10, 100, 1000])
-            got = await table.read_due(r, before, limit)
-            want = sorted(
-                (e for e in model.values() if e.hash in r and e.next_due <= before),
-                key=lambda e: (-e.priority, e.next_due, e.hash, e.key),
-            )[:limit]
-            assert got == want
 
 
 def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
