@@ -262,6 +262,50 @@ class ReminderEntry:
             rec.update(extras)
         return rec
 
+    def to_compact_record(self) -> dict[str, Any]:
+        """``to_record`` without the fields that are ``None``: what the Redis
+        scripts store (Lua's msgpack drops nil map values anyway), built
+        directly, as bulk writes make one per row."""
+        start = to_ms(self.start_at)
+        rec: dict[str, Any] = {
+            "s": self.service_id,
+            "g": self.grain_id.canonical,
+            "n": self.name,
+            "a": start,
+            "d": start if self.next_due is self.start_at else to_ms(self.next_due),
+        }
+        if self.period is not None:
+            rec["p"] = self.period // _MS
+        if self.cron is not None:
+            rec["c"] = self.cron
+        if self.tz is not None:
+            rec["z"] = self.tz
+        if self.last_fire is not None:
+            rec["l"] = to_ms(self.last_fire)
+        rec["r"] = int(self.priority)
+        rec["x"] = int(self.action)
+        if self.etag is not None:
+            rec["e"] = self.etag
+        if self.declared:
+            rec["o"] = 1
+        if self.paused:
+            rec["u"] = True
+        if self.fingerprint is not None:
+            rec["f"] = self.fingerprint
+        if self.grace is not None:
+            rec["gr"] = self.grace // _MS
+        if (
+            self.jitter is not None
+            or self.starts_at is not None
+            or self.ends_at is not None
+            or self.max_ticks is not None
+            or self.final_due is not None
+            or self.payload is not None
+            or self.retry is not None
+        ):
+            rec.update(self.extras_record())
+        return rec
+
     def extras_record(self) -> dict[str, Any]:
         """The optional schedule fields in storage form, only those set (empty for
         most rows): ``j`` jitter ms, ``sa``/``ea`` starts/ends ms, ``mt`` max ticks,

@@ -201,6 +201,77 @@ return out
 """
 )
 
+# _UPSERT_MANY over rows of many shards in one call (one Redis only: on Redis
+# Cluster each call stays within one shard). ARGV[1]: etag suffix. ARGV[2]:
+# shard key prefix (``_key``). ARGV[3]: msgpack flat list of shard groups, each
+# the shard, its row count, then five items per row: key, due member, score,
+# record map, paused. ARGV[4]: the writer id. A shard's keys and change channel
+# are built from the prefix, as in _UPDATE_MANY. Each row gets the etag and
+# the change message _UPSERT_MANY gives it, but a shard's etags come from one
+# INCRBY and its rows are written with one HSET and one ZADD per index (in
+# slices of at most 500 rows: Lua's unpack has a stack limit): one call per
+# batch, where one per shard cost the client a command to encode and Redis a
+# script run for a few rows each. A paused row's ZREM first flushes the due
+# ZADDs queued before it, so a row twice in a batch ends as its last write.
+# Returns the etags in order.
+_UPSERT_MANY_SHARDS: Final = (
+    _LUA_REMOVAL
+    + """
+local prefix = ARGV[2]
+local rows = cmsgpack.unpack(ARGV[3])
+local out = {}
+local n = 0
+local i = 1
+while i <= #rows do
+  local shard = prefix .. rows[i] .. '}:'
+  local count = rows[i + 1]
+  i = i + 2
+  local channel = shard .. 'changes'
+  local first = redis.call('INCRBY', shard .. 'etag', count) - count
+  local hset, grain, due = {}, {}, {}
+  local function flush()
+    if #hset > 0 then
+      redis.call('HSET', shard .. 'rows', unpack(hset))
+      redis.call('ZADD', shard .. 'grain', unpack(grain))
+      hset, grain = {}, {}
+    end
+    if #due > 0 then
+      redis.call('ZADD', shard .. 'due', unpack(due))
+      due = {}
+    end
+  end
+  for j = 1, count do
+    local key = rows[i]
+    local member = rows[i + 1]
+    local rec = rows[i + 3]
+    local etag = string.format('%.0f', first + j) .. ARGV[1]
+    rec['e'] = etag
+    hset[#hset + 1] = key
+    hset[#hset + 1] = cmsgpack.pack(rec)
+    grain[#grain + 1] = 0
+    grain[#grain + 1] = key
+    local head = ARGV[4] .. string.sub(member, 1, 8)
+    if rows[i + 4] then
+      flush()
+      redis.call('ZREM', shard .. 'due', member)
+      redis.call('SPUBLISH', channel, removal(head, rec))
+    else
+      due[#due + 1] = string.format('%.0f', rows[i + 2])
+      due[#due + 1] = member
+      redis.call('SPUBLISH', channel,
+        head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+    end
+    if #hset >= 1000 then flush() end
+    n = n + 1
+    out[n] = etag
+    i = i + 5
+  end
+  flush()
+end
+return out
+"""
+)
+
 # Conditional upserts into one shard in one call: as _UPSERT_MANY, each row
 # [key, due member, score, record map, paused, condition] with condition '-'
 # (only if absent) or the etag the row must have. Returns per row the new
@@ -754,6 +825,7 @@ class RedisReminderTable:
         for name, text in (
             ("upsert", _UPSERT),
             ("upsert_many", _UPSERT_MANY),
+            ("upsert_many_shards", _UPSERT_MANY_SHARDS),
             ("upsert_if_many", _UPSERT_IF_MANY),
             ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
@@ -796,22 +868,31 @@ class RedisReminderTable:
         return etag
 
     async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
-        """``upsert`` each entry, in order, in one pipelined round trip: one script
-        call per shard touched, its rows packed into one argument (the script is
-        loaded first on the same connection, so NOSCRIPT cannot happen)."""
+        """``upsert`` each entry, in order, in one pipelined round trip: on one
+        Redis one script call for the whole batch (``_UPSERT_MANY_SHARDS``), on a
+        cluster one per shard touched; the rows packed into one argument (the
+        script is loaded first on the same connection, so NOSCRIPT cannot
+        happen)."""
         if not entries:
             return []
+        if not self._cluster:
+            return await self._upsert_many_shards(entries)
         by_shard: dict[int, list[int]] = {}
         packed: list[list[Any]] = []
+        shift = self._shift
         for i, entry in enumerate(entries):
-            h = entry.hash
-            by_shard.setdefault(self.shard_of(h), []).append(i)
-            due_ms = to_ms(entry.next_due)
-            record = {k: v for k, v in entry.to_record().items() if v is not None}
+            h = entry.grain_id.uniform_hash()
+            shard = by_shard.get(h >> shift)
+            if shard is None:
+                by_shard[h >> shift] = [i]
+            else:
+                shard.append(i)
+            record = entry.to_compact_record()
+            key = f"{record['g']}|{record['n']}"
             row: list[Any] = [
-                entry.key,
-                self._member(h, entry.key),
-                lane_score(int(entry.priority), due_ms),
+                key,
+                f"{h:08x}|{key}",
+                lane_score(record["r"], record["d"]),
                 record,
             ]
             if entry.paused:
@@ -819,6 +900,51 @@ class RedisReminderTable:
             packed.append(row)
         replies = await self._write_rows("upsert_many", _UPSERT_MANY, by_shard, packed)
         return [str(etag.decode()) for etag in replies]
+
+    async def _upsert_many_shards(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        groups: dict[int, list[Any]] = {}
+        order: dict[int, list[int]] = {}
+        shift = self._shift
+        for i, entry in enumerate(entries):
+            h = entry.grain_id.uniform_hash()
+            record = entry.to_compact_record()
+            key = f"{record['g']}|{record['n']}"
+            row = (
+                key,
+                f"{h:08x}|{key}",
+                lane_score(record["r"], record["d"]),
+                record,
+                entry.paused,
+            )
+            shard = h >> shift
+            group = groups.get(shard)
+            if group is None:
+                groups[shard] = list(row)
+                order[shard] = [i]
+            else:
+                group += row
+                order[shard].append(i)
+        flat: list[Any] = []
+        for shard, group in groups.items():
+            flat += (shard, len(order[shard]), *group)
+        call = (
+            [self._key(next(iter(groups)), "rows")],
+            [self._etag_suffix, self._shard_prefix, pack_lua(flat), self._writer],
+        )
+        with translate_errors("reminder upsert_many"):
+            (reply,) = await run_script_calls(
+                self._c,
+                _UPSERT_MANY_SHARDS,
+                self._script("upsert_many_shards").sha,
+                [call],
+                wait=self._options,
+            )
+        out: list[str] = [""] * len(entries)
+        etags = iter(reply)
+        for indexes in order.values():
+            for i in indexes:
+                out[i] = str(next(etags).decode())
+        return out
 
     async def _write_rows(
         self, name: str, text: str, by_shard: dict[int, list[int]], packed: list[list[Any]]
@@ -859,14 +985,13 @@ class RedisReminderTable:
         by_shard: dict[int, list[int]] = {}
         packed: list[list[Any]] = []
         for i, (entry, etag) in enumerate(writes):
-            h = entry.hash
-            by_shard.setdefault(self.shard_of(h), []).append(i)
-            record = {k: v for k, v in entry.to_record().items() if v is not None}
-            score = lane_score(int(entry.priority), to_ms(entry.next_due))
+            h = entry.grain_id.uniform_hash()
+            by_shard.setdefault(h >> self._shift, []).append(i)
+            record = entry.to_compact_record()
+            key = f"{record['g']}|{record['n']}"
+            score = lane_score(record["r"], record["d"])
             cond = "-" if etag is None else etag
-            packed.append(
-                [entry.key, self._member(h, entry.key), score, record, entry.paused, cond]
-            )
+            packed.append([key, f"{h:08x}|{key}", score, record, entry.paused, cond])
         replies = await self._write_rows("upsert_if_many", _UPSERT_IF_MANY, by_shard, packed)
         return [None if etag is None else str(etag.decode()) for etag in replies]
 
@@ -922,7 +1047,8 @@ class RedisReminderTable:
         s = self.shard_of(h)
         key = entry.key
         due_ms = to_ms(entry.next_due)
-        record = {**entry.to_record(), "e": None}
+        record = entry.to_compact_record()
+        record.pop("e", None)  # the script sets the new one
         keys = [
             self._key(s, "rows"),
             self._key(s, "due"),
