@@ -204,21 +204,22 @@ return out
 # _UPSERT_MANY over rows of many shards in one call (one Redis only: on Redis
 # Cluster each call stays within one shard). ARGV[1]: etag suffix. ARGV[2]:
 # shard key prefix (``_key``). ARGV[3]: msgpack flat list of shard groups, each
-# the shard, its row count, then five items per row: key, due member, score,
-# record map, paused. ARGV[4]: the writer id. A shard's keys and change channel
-# are built from the prefix, as in _UPDATE_MANY. Each row gets the etag and
-# the change message _UPSERT_MANY gives it, but a shard's etags come from one
-# INCRBY and its rows are written with one HSET and one ZADD per index (in
-# slices of at most 500 rows: Lua's unpack has a stack limit): one call per
-# batch, where one per shard cost the client a command to encode and Redis a
-# script run for a few rows each. A paused row's ZREM first flushes the due
-# ZADDs queued before it, so a row twice in a batch ends as its last write.
-# Returns the etags in order.
-_UPSERT_MANY_SHARDS: Final = (
-    _LUA_REMOVAL
-    + """
+# the shard, its row count, then six items per row: key, due member, score
+# (decimal text), the record, the change message, paused. The record comes
+# encoded, as a msgpack map whose header counts one entry more than follows:
+# the script appends that entry, "e" and the row's new etag, so Redis neither
+# decodes nor re-encodes a row (``_record_without_etag``). The change message
+# is the one ``_UPSERT_MANY`` publishes (``change_payload``). A shard's etags
+# come from one INCRBY and its rows are written with one HSET and one ZADD per
+# index (in slices of at most 500 rows: Lua's unpack has a stack limit). A
+# paused row's ZREM first flushes the due ZADDs queued before it, so a row
+# twice in a batch ends as its last write. Returns the etags in order. One call
+# per batch, where one per shard cost the client a command to encode and Redis
+# a script run for a few rows each.
+_UPSERT_MANY_SHARDS: Final = """
 local prefix = ARGV[2]
 local rows = cmsgpack.unpack(ARGV[3])
+local e = cmsgpack.pack('e')
 local out = {}
 local n = 0
 local i = 1
@@ -242,35 +243,39 @@ while i <= #rows do
   end
   for j = 1, count do
     local key = rows[i]
-    local member = rows[i + 1]
-    local rec = rows[i + 3]
     local etag = string.format('%.0f', first + j) .. ARGV[1]
-    rec['e'] = etag
     hset[#hset + 1] = key
-    hset[#hset + 1] = cmsgpack.pack(rec)
+    hset[#hset + 1] = rows[i + 3] .. e .. cmsgpack.pack(etag)
     grain[#grain + 1] = 0
     grain[#grain + 1] = key
-    local head = ARGV[4] .. string.sub(member, 1, 8)
-    if rows[i + 4] then
+    if rows[i + 5] then
       flush()
-      redis.call('ZREM', shard .. 'due', member)
-      redis.call('SPUBLISH', channel, removal(head, rec))
+      redis.call('ZREM', shard .. 'due', rows[i + 1])
     else
-      due[#due + 1] = string.format('%.0f', rows[i + 2])
-      due[#due + 1] = member
-      redis.call('SPUBLISH', channel,
-        head .. cmsgpack.pack({rec['g'], rec['n'], rec['d'], rec['r']}))
+      due[#due + 1] = rows[i + 2]
+      due[#due + 1] = rows[i + 1]
     end
+    redis.call('SPUBLISH', channel, rows[i + 4])
     if #hset >= 1000 then flush() end
     n = n + 1
     out[n] = etag
-    i = i + 5
+    i = i + 6
   end
   flush()
 end
 return out
 """
-)
+
+
+def _record_without_etag(record: dict[str, Any]) -> bytes:
+    """``record`` (which has no ``"e"``) as a msgpack map whose header counts one
+    entry more: ``_UPSERT_MANY_SHARDS`` appends ``"e"`` and the etag."""
+    body = pack_lua(record)
+    count = len(record) + 1
+    skip = 1 if body[0] & 0xF0 == 0x80 else 3 if body[0] == 0xDE else 5
+    head = bytes((0x80 | count,)) if count < 16 else b"\xde" + count.to_bytes(2, "big")
+    return head + body[skip:]
+
 
 # Conditional upserts into one shard in one call: as _UPSERT_MANY, each row
 # [key, due member, score, record map, paused, condition] with condition '-'
@@ -905,15 +910,27 @@ class RedisReminderTable:
         groups: dict[int, list[Any]] = {}
         order: dict[int, list[int]] = {}
         shift = self._shift
+        writer = self._writer
         for i, entry in enumerate(entries):
-            h = entry.grain_id.uniform_hash()
+            grain_id = entry.grain_id
+            h = grain_id.uniform_hash()
             record = entry.to_compact_record()
-            key = f"{record['g']}|{record['n']}"
+            record.pop("e", None)  # the script sets the new one
+            name = entry.name
+            key = f"{record['g']}|{name}"
+            due_ms = record["d"]
+            priority = record["r"]
+            score = lane_score(priority, due_ms)
+            if entry.paused:  # out of the schedule: published as a removal
+                change = change_payload(writer, h, grain_id, name, None)
+            else:
+                change = change_payload(writer, h, grain_id, name, due_ms, priority=priority)
             row = (
                 key,
                 f"{h:08x}|{key}",
-                lane_score(record["r"], record["d"]),
-                record,
+                str(score),
+                _record_without_etag(record),
+                change,
                 entry.paused,
             )
             shard = h >> shift

@@ -235,11 +235,19 @@ def new_entry(
         and tz is None
     ):
         entry = _plain_interval(
-            service_id, grain_id, name, now, options, due, period, priority, action
+            service_id,
+            grain_id,
+            name,
+            now,
+            options,
+            due,
+            period,
+            priority,
+            action,
+            declared,
+            fingerprint,
         )
         if entry is not None:
-            if declared or fingerprint is not None:
-                return replace(entry, declared=declared, fingerprint=fingerprint)
             return entry
     if now.tzinfo is None:
         raise ValueError("now must be a timezone-aware datetime")
@@ -395,6 +403,8 @@ def _plain_interval(  # noqa: PLR0917 (positional: it runs once per row in bulk)
     period: timedelta | float,
     priority: int,
     action: MissedReminderAction,
+    declared: bool,
+    fingerprint: str | None,
 ) -> ReminderEntry | None:
     """``new_entry`` of a plain interval reminder (``period``, optional ``due``,
     nothing else), or ``None`` when any input is not plainly valid: the caller
@@ -447,6 +457,10 @@ def _plain_interval(  # noqa: PLR0917 (positional: it runs once per row in bulk)
         None,
         priority,
         action,
+        None,
+        bool(declared),
+        False,
+        fingerprint,
     )
 
 

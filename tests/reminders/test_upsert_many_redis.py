@@ -13,7 +13,12 @@ from datetime import UTC, datetime, timedelta
 
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders.model import ReminderChange, ReminderEntry
+from orleanspy.reminders.model import (
+    MissedReminderAction,
+    ReminderChange,
+    ReminderEntry,
+    RetryPolicy,
+)
 from orleanspy.reminders.redis import RedisReminderTable
 from orleanspy.reminders.spec import new_entry
 from orleanspy.ring import RingRange
@@ -107,3 +112,39 @@ async def test_a_shard_batch_beyond_one_slice_is_whole_and_published(redis_url: 
         assert [(c.grain_id, c.next_due) for c in changes] == [
             (r.grain_id, r.next_due) for r in rows
         ]
+
+
+async def test_a_row_with_every_field_reads_back_as_written(redis_url: str) -> None:
+    # More than 15 fields: the record's map header is the 3-byte form.
+    full = replace(
+        new_entry(
+            service_id="default",
+            grain_id=GrainId("Bulk", "full"),
+            name="everything",
+            now=T0,
+            options=OPTIONS,
+            cron="0 * * * *",
+            tz="Europe/Paris",
+            priority=-7,
+            action=MissedReminderAction.NOTIFY,
+            grace=30,
+            jitter=5,
+            starts_at=T0 + timedelta(hours=1),
+            ends_at=T0 + timedelta(days=3),
+            max_ticks=10,
+            payload={"order": 12, "tags": ["a", "b"]},
+            retry=RetryPolicy(3, timedelta(seconds=2)),
+            declared=True,
+            fingerprint="abc:1:2:",
+        ),
+        last_fire=T0 - timedelta(minutes=1),
+        paused=True,
+    )
+    small = row("small")
+    async with AsyncExitStack() as stack:
+        table = RedisReminderTable(redis_url, service_id="bulk-full", shards=2)
+        await table.start(stack)
+        etags = await table.upsert_many([full, small])
+        assert len(full.to_compact_record()) > 15
+        assert await table.read(full.grain_id, "everything") == full.with_etag(etags[0])
+        assert await table.read(small.grain_id, "r") == small.with_etag(etags[1])
