@@ -337,9 +337,9 @@ async def register_declared_reminders(
     (the silo does not start)."""
     created = updated = removed = 0
     for defn in definitions:
-        grains: dict[GrainId, list[ReminderEntry]] = {
-            defn.grain_id(key): [] for key in defn.reminder_keys
-        }
+        # One GrainId per key, shared by its rows (its hash is computed once).
+        ids = {key: defn.grain_id(key) for key in defn.reminder_keys}
+        grains: dict[GrainId, list[ReminderEntry]] = {gid: [] for gid in ids.values()}
         # Every name declared per grain, those whose ``ends_at`` has passed too
         # (their rows are not stale: they end on their own).
         names: dict[GrainId, set[str]] = {}
@@ -348,7 +348,9 @@ async def register_declared_reminders(
             fp = fingerprint(declared)
             now = registry.clock.now()
             for key in _keys(defn, declared):
-                gid = defn.grain_id(key)
+                gid = ids.get(key)
+                if gid is None:
+                    gid = ids[key] = defn.grain_id(key)
                 grains.setdefault(gid, [])
                 desired = _desired(registry, defn, declared, key, grain_id=gid, now=now, fp=fp)
                 names.setdefault(gid, set()).add(declared.name)

@@ -331,9 +331,11 @@ class ReminderEntry:
         return rec
 
     @classmethod
-    def from_record(cls, rec: dict[str, Any]) -> ReminderEntry:
+    def from_record(cls, rec: dict[str, Any], grain_id: GrainId | None = None) -> ReminderEntry:
         """Inverse of ``to_record``. The fields that may be ``None`` may also be
         absent (Lua's msgpack drops nil map values when a script rewrites a row).
+        ``grain_id``: the row's grain when the caller knows it (its canonical
+        form is ``rec["g"]``), so it is not parsed again.
 
         Built for speed: a window smaller than the near-due set decodes every
         row again each period it rotates through."""
@@ -342,7 +344,7 @@ class ReminderEntry:
         action = rec["x"]
         return cls(
             rec["s"],
-            _grain_id(rec["g"]),
+            _grain_id(rec["g"]) if grain_id is None else grain_id,
             rec["n"],
             from_ms(rec["a"]),
             from_ms(rec["d"]),

@@ -267,6 +267,70 @@ return out
 """
 
 
+# _UPSERT_IF_MANY over rows of many shards in one call (one Redis only), the
+# rows encoded as for _UPSERT_MANY_SHARDS but not grouped: eight items per row,
+# shard, key, due member, score, record, change message, paused, condition
+# ('-': only if absent, else the etag the row must have). ARGV as for
+# _UPSERT_MANY_SHARDS. Returns per row the new etag, or false where the
+# condition did not hold (nothing written or published).
+_UPSERT_IF_MANY_SHARDS: Final = """
+local prefix = ARGV[2]
+local rows = cmsgpack.unpack(ARGV[3])
+local e = cmsgpack.pack('e')
+local out = {}
+local n = 0
+for i = 1, #rows, 8 do
+  local shard = prefix .. rows[i] .. '}:'
+  local hash = shard .. 'rows'
+  local key = rows[i + 1]
+  local raw = redis.call('HGET', hash, key)
+  local cond = rows[i + 7]
+  local ok
+  if cond == '-' then
+    ok = not raw
+  else
+    ok = raw and cmsgpack.unpack(raw)['e'] == cond
+  end
+  n = n + 1
+  if ok then
+    local etag = redis.call('INCR', shard .. 'etag') .. ARGV[1]
+    redis.call('HSET', hash, key, rows[i + 4] .. e .. cmsgpack.pack(etag))
+    redis.call('ZADD', shard .. 'grain', 0, key)
+    if rows[i + 6] then
+      redis.call('ZREM', shard .. 'due', rows[i + 2])
+    else
+      redis.call('ZADD', shard .. 'due', rows[i + 3], rows[i + 2])
+    end
+    redis.call('SPUBLISH', shard .. 'changes', rows[i + 5])
+    out[n] = etag
+  else
+    out[n] = false
+  end
+end
+return out
+"""
+
+# _READ_GRAINS over grains of many shards in one call (one Redis only). ARGV[1]:
+# shard key prefix; ARGV[2]: msgpack flat list, per grain its shard and prefix
+# ("grain|"). Returns what _READ_GRAINS returns, for the grains in order.
+_READ_GRAINS_SHARDS: Final = """
+local prefix = ARGV[1]
+local g = cmsgpack.unpack(ARGV[2])
+local out = {}
+for i = 1, #g, 2 do
+  local shard = prefix .. g[i] .. '}:'
+  local p = g[i + 1]
+  local keys = redis.call('ZRANGEBYLEX', shard .. 'grain', '[' .. p, '(' .. p .. '\\255')
+  out[#out + 1] = #keys
+  if #keys > 0 then
+    local raws = redis.call('HMGET', shard .. 'rows', unpack(keys))
+    for j = 1, #raws do out[#out + 1] = raws[j] end
+  end
+end
+return out
+"""
+
+
 def _record_without_etag(record: dict[str, Any]) -> bytes:
     """``record`` (which has no ``"e"``) as a msgpack map whose header counts one
     entry more: ``_UPSERT_MANY_SHARDS`` appends ``"e"`` and the etag."""
@@ -734,6 +798,20 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
 
 
+def _decode_grain_row(raw: bytes | str, grain_id: GrainId) -> ReminderEntry | None:
+    """``_decode_row`` of a row read for ``grain_id``; ``None`` when it is another
+    grain's (a str key may hold '|', so a grain's prefix can match other rows)."""
+    if isinstance(raw, str):
+        return _decode_row(raw)
+    try:
+        rec = unpack(raw)
+        if rec["g"] != grain_id.canonical:
+            return None
+        return ReminderEntry.from_record(rec, grain_id)
+    except (SerializationError, KeyError, TypeError, ValueError) as exc:
+        raise StorageError(f"malformed reminder row in redis: {exc}") from exc
+
+
 class RedisReminderTable:
     """A ``ReminderTable`` (and ``BatchingReminderTable``) in Redis.
 
@@ -831,6 +909,8 @@ class RedisReminderTable:
             ("upsert", _UPSERT),
             ("upsert_many", _UPSERT_MANY),
             ("upsert_many_shards", _UPSERT_MANY_SHARDS),
+            ("upsert_if_many_shards", _UPSERT_IF_MANY_SHARDS),
+            ("read_grains_shards", _READ_GRAINS_SHARDS),
             ("upsert_if_many", _UPSERT_IF_MANY),
             ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
@@ -906,37 +986,54 @@ class RedisReminderTable:
         replies = await self._write_rows("upsert_many", _UPSERT_MANY, by_shard, packed)
         return [str(etag.decode()) for etag in replies]
 
+    def _encoded(self, entry: ReminderEntry) -> tuple[int, str, str, str, bytes, bytes, bool]:
+        """A row as the ``*_SHARDS`` scripts take it: shard, key, due member,
+        score, the record without its etag (``_record_without_etag``), the
+        change message, paused."""
+        grain_id = entry.grain_id
+        h = grain_id.uniform_hash()
+        record = entry.to_compact_record()
+        record.pop("e", None)  # the script sets the new one
+        name = entry.name
+        key = f"{record['g']}|{name}"
+        due_ms = record["d"]
+        priority = record["r"]
+        score = lane_score(priority, due_ms)
+        if entry.paused:  # out of the schedule: published as a removal
+            change = change_payload(self._writer, h, grain_id, name, None)
+        else:
+            change = change_payload(self._writer, h, grain_id, name, due_ms, priority=priority)
+        return (
+            h >> self._shift,
+            key,
+            f"{h:08x}|{key}",
+            str(score),
+            _record_without_etag(record),
+            change,
+            entry.paused,
+        )
+
+    async def _run_shards(self, name: str, text: str, routing: int, args: list[Any]) -> Any:
+        """One call of a ``*_SHARDS`` script, routed by shard ``routing``'s key
+        (one Redis: the script builds the other shards' keys)."""
+        with translate_errors(f"reminder {name.removesuffix('_shards')}"):
+            (reply,) = await run_script_calls(
+                self._c,
+                text,
+                self._script(name).sha,
+                [([self._key(routing, "rows")], args)],
+                wait=self._options,
+            )
+        return reply
+
     async def _upsert_many_shards(self, entries: Sequence[ReminderEntry]) -> list[str]:
         groups: dict[int, list[Any]] = {}
         order: dict[int, list[int]] = {}
-        shift = self._shift
-        writer = self._writer
         for i, entry in enumerate(entries):
-            grain_id = entry.grain_id
-            h = grain_id.uniform_hash()
-            record = entry.to_compact_record()
-            record.pop("e", None)  # the script sets the new one
-            name = entry.name
-            key = f"{record['g']}|{name}"
-            due_ms = record["d"]
-            priority = record["r"]
-            score = lane_score(priority, due_ms)
-            if entry.paused:  # out of the schedule: published as a removal
-                change = change_payload(writer, h, grain_id, name, None)
-            else:
-                change = change_payload(writer, h, grain_id, name, due_ms, priority=priority)
-            row = (
-                key,
-                f"{h:08x}|{key}",
-                str(score),
-                _record_without_etag(record),
-                change,
-                entry.paused,
-            )
-            shard = h >> shift
+            shard, *row = self._encoded(entry)
             group = groups.get(shard)
             if group is None:
-                groups[shard] = list(row)
+                groups[shard] = row
                 order[shard] = [i]
             else:
                 group += row
@@ -944,18 +1041,12 @@ class RedisReminderTable:
         flat: list[Any] = []
         for shard, group in groups.items():
             flat += (shard, len(order[shard]), *group)
-        call = (
-            [self._key(next(iter(groups)), "rows")],
+        reply = await self._run_shards(
+            "upsert_many_shards",
+            _UPSERT_MANY_SHARDS,
+            flat[0],
             [self._etag_suffix, self._shard_prefix, pack_lua(flat), self._writer],
         )
-        with translate_errors("reminder upsert_many"):
-            (reply,) = await run_script_calls(
-                self._c,
-                _UPSERT_MANY_SHARDS,
-                self._script("upsert_many_shards").sha,
-                [call],
-                wait=self._options,
-            )
         out: list[str] = [""] * len(entries)
         etags = iter(reply)
         for indexes in order.values():
@@ -999,6 +1090,18 @@ class RedisReminderTable:
         per shard touched (``_UPSERT_IF_MANY``), its rows packed in one argument."""
         if not writes:
             return []
+        if not self._cluster:
+            flat: list[Any] = []
+            for entry, etag in writes:
+                flat += self._encoded(entry)
+                flat.append("-" if etag is None else etag)
+            replies = await self._run_shards(
+                "upsert_if_many_shards",
+                _UPSERT_IF_MANY_SHARDS,
+                flat[0],
+                [self._etag_suffix, self._shard_prefix, pack_lua(flat), self._writer],
+            )
+            return [None if etag is None else str(etag.decode()) for etag in replies]
         by_shard: dict[int, list[int]] = {}
         packed: list[list[Any]] = []
         for i, (entry, etag) in enumerate(writes):
@@ -1018,6 +1121,8 @@ class RedisReminderTable:
         prefix and fetches its rows."""
         if not grain_ids:
             return []
+        if not self._cluster:
+            return await self._read_grains_shards(grain_ids)
         by_shard: dict[int, list[int]] = {}
         for i, g in enumerate(grain_ids):
             by_shard.setdefault(self.shard_of(g.uniform_hash()), []).append(i)
@@ -1045,6 +1150,33 @@ class RedisReminderTable:
                 ]
                 rows.sort(key=lambda row: row.name)
                 out[i] = rows
+        return out
+
+    async def _read_grains_shards(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        shift = self._shift
+        flat: list[Any] = []
+        for g in grain_ids:
+            flat += (g.uniform_hash() >> shift, f"{g.canonical}|")
+        reply = await self._run_shards(
+            "read_grains_shards",
+            _READ_GRAINS_SHARDS,
+            flat[0],
+            [self._shard_prefix, pack_lua(flat)],
+        )
+        out: list[list[ReminderEntry]] = []
+        at = 0
+        for g in grain_ids:
+            n = int(reply[at])
+            raws = reply[at + 1 : at + 1 + n]
+            at += 1 + n
+            rows = [
+                r
+                for raw in raws
+                if raw is not None and (r := _decode_grain_row(raw, g)) is not None
+            ]
+            if len(rows) > 1:
+                rows.sort(key=lambda row: row.name)
+            out.append(rows)
         return out
 
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
