@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import enum
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -192,7 +192,9 @@ class ReminderEntry:
         )
 
     def with_etag(self, etag: str | None) -> ReminderEntry:
-        return replace(self, etag=etag)
+        """This row with ``etag`` (``rescheduled``'s direct copy: ``replace``
+        costs twice as much, and every registration makes one)."""
+        return self.rescheduled(self.next_due, self.last_fire, etag)
 
     def rescheduled(
         self, next_due: datetime, last_fire: datetime | None, etag: str | None
