@@ -45,7 +45,7 @@ import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from orleanspy.clock import to_ms
 from orleanspy.errors import ReminderError
@@ -78,20 +78,31 @@ def _keys(defn: GrainDefinition, declared: DeclaredReminder) -> tuple[GrainKey, 
 
 
 def _desired(
-    registry: ReminderRegistry, defn: GrainDefinition, declared: DeclaredReminder, key: GrainKey
+    registry: ReminderRegistry,
+    defn: GrainDefinition,
+    declared: DeclaredReminder,
+    key: GrainKey,
+    *,
+    grain_id: GrainId | None = None,
+    now: datetime | None = None,
+    fp: str | None = None,
 ) -> ReminderEntry | None:
-    """The row the declaration asks for, anchored at now (``None`` once its
-    ``ends_at`` has passed); ``ReminderError`` naming the class and the reminder
-    when the declaration is invalid."""
-    if declared.ends_at is not None and declared.ends_at <= registry.clock.now():
+    """The row the declaration asks for, anchored at ``now`` (the clock's, by
+    default; ``None`` once its ``ends_at`` has passed); ``ReminderError`` naming
+    the class and the reminder when the declaration is invalid. ``grain_id``
+    and ``fp`` are the key's grain id and the declaration's ``fingerprint``
+    when the caller has them already."""
+    if now is None:
+        now = registry.clock.now()
+    if declared.ends_at is not None and declared.ends_at <= now:
         return None
     try:
         entry = new_entry(
             service_id=registry.service_id,
-            grain_id=defn.grain_id(key),
+            grain_id=defn.grain_id(key) if grain_id is None else grain_id,
             name=declared.name,
             # The whole second: silos starting together compute the same row.
-            now=registry.clock.now().replace(microsecond=0),
+            now=now.replace(microsecond=0),
             options=registry.options,
             due=declared.due,
             period=declared.period,
@@ -105,13 +116,15 @@ def _desired(
             ends_at=declared.ends_at,
             payload=declared.payload,
             retry=declared.retry,
+            declared=True,
+            fingerprint=fingerprint(declared) if fp is None else fp,
         )
     except (ReminderError, ValueError) as exc:
         raise ReminderError(
             f"@register_reminder({declared.name!r}) on {defn.cls.__qualname__} "
             f"(grain type {defn.type_name!r}, key {key!r}) is invalid: {exc}"
         ) from exc
-    return replace(entry, declared=True, fingerprint=fingerprint(declared))
+    return entry
 
 
 def _same_schedule(a: ReminderEntry, b: ReminderEntry) -> bool:
@@ -324,17 +337,22 @@ async def register_declared_reminders(
     (the silo does not start)."""
     created = updated = removed = 0
     for defn in definitions:
-        grains: dict[GrainId, list[ReminderEntry]] = {
-            defn.grain_id(key): [] for key in defn.reminder_keys
-        }
+        # One GrainId per key, shared by its rows (its hash is computed once).
+        ids = {key: defn.grain_id(key) for key in defn.reminder_keys}
+        grains: dict[GrainId, list[ReminderEntry]] = {gid: [] for gid in ids.values()}
         # Every name declared per grain, those whose ``ends_at`` has passed too
         # (their rows are not stale: they end on their own).
         names: dict[GrainId, set[str]] = {}
         for declared in defn.reminders:
+            # Once per declaration: every key's row is anchored at one instant.
+            fp = fingerprint(declared)
+            now = registry.clock.now()
             for key in _keys(defn, declared):
-                gid = defn.grain_id(key)
+                gid = ids.get(key)
+                if gid is None:
+                    gid = ids[key] = defn.grain_id(key)
                 grains.setdefault(gid, [])
-                desired = _desired(registry, defn, declared, key)
+                desired = _desired(registry, defn, declared, key, grain_id=gid, now=now, fp=fp)
                 names.setdefault(gid, set()).add(declared.name)
                 if desired is not None:
                     grains.setdefault(gid, []).append(desired)

@@ -165,6 +165,8 @@ class ReminderRegistry:
         self._listeners.append(listener)
 
     def _changed(self, grain_id: GrainId, name: str, entry: ReminderEntry | None) -> None:
+        if not self._listeners:
+            return  # a registry without a service (a script, a client): nothing to tell
         # A paused row left the schedule: told as a removal, as the tables do.
         live = entry is not None and not entry.paused
         change = ReminderChange(

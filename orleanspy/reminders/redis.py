@@ -201,6 +201,146 @@ return out
 """
 )
 
+# _UPSERT_MANY over rows of many shards in one call (one Redis only: on Redis
+# Cluster each call stays within one shard). ARGV[1]: etag suffix. ARGV[2]:
+# shard key prefix (``_key``). ARGV[3]: msgpack flat list of shard groups, each
+# the shard, its row count, then six items per row: key, due member, score
+# (decimal text), the record, the change message, paused. The record comes
+# encoded, as a msgpack map whose header counts one entry more than follows:
+# the script appends that entry, "e" and the row's new etag, so Redis neither
+# decodes nor re-encodes a row (``_record_without_etag``). The change message
+# is the one ``_UPSERT_MANY`` publishes (``change_payload``). A shard's etags
+# come from one INCRBY and its rows are written with one HSET and one ZADD per
+# index (in slices of at most 500 rows: Lua's unpack has a stack limit). A
+# paused row's ZREM first flushes the due ZADDs queued before it, so a row
+# twice in a batch ends as its last write. Returns the etags in order. One call
+# per batch, where one per shard cost the client a command to encode and Redis
+# a script run for a few rows each.
+_UPSERT_MANY_SHARDS: Final = """
+local prefix = ARGV[2]
+local rows = cmsgpack.unpack(ARGV[3])
+local e = cmsgpack.pack('e')
+local out = {}
+local n = 0
+local i = 1
+while i <= #rows do
+  local shard = prefix .. rows[i] .. '}:'
+  local count = rows[i + 1]
+  i = i + 2
+  local channel = shard .. 'changes'
+  local first = redis.call('INCRBY', shard .. 'etag', count) - count
+  local hset, grain, due = {}, {}, {}
+  local function flush()
+    if #hset > 0 then
+      redis.call('HSET', shard .. 'rows', unpack(hset))
+      redis.call('ZADD', shard .. 'grain', unpack(grain))
+      hset, grain = {}, {}
+    end
+    if #due > 0 then
+      redis.call('ZADD', shard .. 'due', unpack(due))
+      due = {}
+    end
+  end
+  for j = 1, count do
+    local key = rows[i]
+    local etag = string.format('%.0f', first + j) .. ARGV[1]
+    hset[#hset + 1] = key
+    hset[#hset + 1] = rows[i + 3] .. e .. cmsgpack.pack(etag)
+    grain[#grain + 1] = 0
+    grain[#grain + 1] = key
+    if rows[i + 5] then
+      flush()
+      redis.call('ZREM', shard .. 'due', rows[i + 1])
+    else
+      due[#due + 1] = rows[i + 2]
+      due[#due + 1] = rows[i + 1]
+    end
+    redis.call('SPUBLISH', channel, rows[i + 4])
+    if #hset >= 1000 then flush() end
+    n = n + 1
+    out[n] = etag
+    i = i + 6
+  end
+  flush()
+end
+return out
+"""
+
+
+# _UPSERT_IF_MANY over rows of many shards in one call (one Redis only), the
+# rows encoded as for _UPSERT_MANY_SHARDS but not grouped: eight items per row,
+# shard, key, due member, score, record, change message, paused, condition
+# ('-': only if absent, else the etag the row must have). ARGV as for
+# _UPSERT_MANY_SHARDS. Returns per row the new etag, or false where the
+# condition did not hold (nothing written or published).
+_UPSERT_IF_MANY_SHARDS: Final = """
+local prefix = ARGV[2]
+local rows = cmsgpack.unpack(ARGV[3])
+local e = cmsgpack.pack('e')
+local out = {}
+local n = 0
+for i = 1, #rows, 8 do
+  local shard = prefix .. rows[i] .. '}:'
+  local hash = shard .. 'rows'
+  local key = rows[i + 1]
+  local raw = redis.call('HGET', hash, key)
+  local cond = rows[i + 7]
+  local ok
+  if cond == '-' then
+    ok = not raw
+  else
+    ok = raw and cmsgpack.unpack(raw)['e'] == cond
+  end
+  n = n + 1
+  if ok then
+    local etag = redis.call('INCR', shard .. 'etag') .. ARGV[1]
+    redis.call('HSET', hash, key, rows[i + 4] .. e .. cmsgpack.pack(etag))
+    redis.call('ZADD', shard .. 'grain', 0, key)
+    if rows[i + 6] then
+      redis.call('ZREM', shard .. 'due', rows[i + 2])
+    else
+      redis.call('ZADD', shard .. 'due', rows[i + 3], rows[i + 2])
+    end
+    redis.call('SPUBLISH', shard .. 'changes', rows[i + 5])
+    out[n] = etag
+  else
+    out[n] = false
+  end
+end
+return out
+"""
+
+# _READ_GRAINS over grains of many shards in one call (one Redis only). ARGV[1]:
+# shard key prefix; ARGV[2]: msgpack flat list, per grain its shard and prefix
+# ("grain|"). Returns what _READ_GRAINS returns, for the grains in order.
+_READ_GRAINS_SHARDS: Final = """
+local prefix = ARGV[1]
+local g = cmsgpack.unpack(ARGV[2])
+local out = {}
+for i = 1, #g, 2 do
+  local shard = prefix .. g[i] .. '}:'
+  local p = g[i + 1]
+  local keys = redis.call('ZRANGEBYLEX', shard .. 'grain', '[' .. p, '(' .. p .. '\\255')
+  out[#out + 1] = #keys
+  if #keys > 0 then
+    local raws = redis.call('HMGET', shard .. 'rows', unpack(keys))
+    for j = 1, #raws do out[#out + 1] = raws[j] end
+  end
+end
+return out
+"""
+
+
+def _record_without_etag(record: dict[str, Any]) -> bytes:
+    """``record`` (which has no ``"e"``) as a msgpack map whose header counts one
+    entry more: ``_UPSERT_MANY_SHARDS`` appends ``"e"`` and the etag."""
+    body = pack_lua(record)
+    count = len(record) + 1
+    skip = 1 if body[0] & 0xF0 == 0x80 else 3 if body[0] == 0xDE else 5
+    head = bytes((0x80 | count,)) if count < 16 else b"\xde" + count.to_bytes(2, "big")
+    return head + body[skip:]
+
+
 # Conditional upserts into one shard in one call: as _UPSERT_MANY, each row
 # [key, due member, score, record map, paused, condition] with condition '-'
 # (only if absent) or the etag the row must have. Returns per row the new
@@ -673,6 +813,20 @@ def _decode_row(raw: bytes | str) -> ReminderEntry:
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
 
 
+def _decode_grain_row(raw: bytes | str, grain_id: GrainId) -> ReminderEntry | None:
+    """``_decode_row`` of a row read for ``grain_id``; ``None`` when it is another
+    grain's (a str key may hold '|', so a grain's prefix can match other rows)."""
+    if isinstance(raw, str):
+        return _decode_row(raw)
+    try:
+        rec = unpack(raw)
+        if rec["g"] != grain_id.canonical:
+            return None
+        return ReminderEntry.from_record(rec, grain_id)
+    except (SerializationError, KeyError, TypeError, ValueError) as exc:
+        raise StorageError(f"malformed reminder row in redis: {exc}") from exc
+
+
 class RedisReminderTable:
     """A ``ReminderTable`` (and ``BatchingReminderTable``) in Redis.
 
@@ -769,6 +923,9 @@ class RedisReminderTable:
         for name, text in (
             ("upsert", _UPSERT),
             ("upsert_many", _UPSERT_MANY),
+            ("upsert_many_shards", _UPSERT_MANY_SHARDS),
+            ("upsert_if_many_shards", _UPSERT_IF_MANY_SHARDS),
+            ("read_grains_shards", _READ_GRAINS_SHARDS),
             ("upsert_if_many", _UPSERT_IF_MANY),
             ("update_many", _UPDATE_MANY),
             ("remove", _REMOVE),
@@ -811,22 +968,31 @@ class RedisReminderTable:
         return etag
 
     async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
-        """``upsert`` each entry, in order, in one pipelined round trip: one script
-        call per shard touched, its rows packed into one argument (the script is
-        loaded first on the same connection, so NOSCRIPT cannot happen)."""
+        """``upsert`` each entry, in order, in one pipelined round trip: on one
+        Redis one script call for the whole batch (``_UPSERT_MANY_SHARDS``), on a
+        cluster one per shard touched; the rows packed into one argument (the
+        script is loaded first on the same connection, so NOSCRIPT cannot
+        happen)."""
         if not entries:
             return []
+        if not self._cluster:
+            return await self._upsert_many_shards(entries)
         by_shard: dict[int, list[int]] = {}
         packed: list[list[Any]] = []
+        shift = self._shift
         for i, entry in enumerate(entries):
-            h = entry.hash
-            by_shard.setdefault(self.shard_of(h), []).append(i)
-            due_ms = to_ms(entry.next_due)
-            record = {k: v for k, v in entry.to_record().items() if v is not None}
+            h = entry.grain_id.uniform_hash()
+            shard = by_shard.get(h >> shift)
+            if shard is None:
+                by_shard[h >> shift] = [i]
+            else:
+                shard.append(i)
+            record = entry.to_compact_record()
+            key = f"{record['g']}|{record['n']}"
             row: list[Any] = [
-                entry.key,
-                self._member(h, entry.key),
-                lane_score(int(entry.priority), due_ms),
+                key,
+                f"{h:08x}|{key}",
+                lane_score(record["r"], record["d"]),
                 record,
             ]
             if entry.paused:
@@ -834,6 +1000,74 @@ class RedisReminderTable:
             packed.append(row)
         replies = await self._write_rows("upsert_many", _UPSERT_MANY, by_shard, packed)
         return [str(etag.decode()) for etag in replies]
+
+    def _encoded(self, entry: ReminderEntry) -> tuple[int, str, str, str, bytes, bytes, bool]:
+        """A row as the ``*_SHARDS`` scripts take it: shard, key, due member,
+        score, the record without its etag (``_record_without_etag``), the
+        change message, paused."""
+        grain_id = entry.grain_id
+        h = grain_id.uniform_hash()
+        record = entry.to_compact_record()
+        record.pop("e", None)  # the script sets the new one
+        name = entry.name
+        key = f"{record['g']}|{name}"
+        due_ms = record["d"]
+        priority = record["r"]
+        score = lane_score(priority, due_ms)
+        if entry.paused:  # out of the schedule: published as a removal
+            change = change_payload(self._writer, h, grain_id, name, None)
+        else:
+            change = change_payload(self._writer, h, grain_id, name, due_ms, priority=priority)
+        return (
+            h >> self._shift,
+            key,
+            f"{h:08x}|{key}",
+            str(score),
+            _record_without_etag(record),
+            change,
+            entry.paused,
+        )
+
+    async def _run_shards(self, name: str, text: str, routing: int, args: list[Any]) -> Any:
+        """One call of a ``*_SHARDS`` script, routed by shard ``routing``'s key
+        (one Redis: the script builds the other shards' keys)."""
+        with translate_errors(f"reminder {name.removesuffix('_shards')}"):
+            (reply,) = await run_script_calls(
+                self._c,
+                text,
+                self._script(name).sha,
+                [([self._key(routing, "rows")], args)],
+                wait=self._options,
+            )
+        return reply
+
+    async def _upsert_many_shards(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        groups: dict[int, list[Any]] = {}
+        order: dict[int, list[int]] = {}
+        for i, entry in enumerate(entries):
+            shard, *row = self._encoded(entry)
+            group = groups.get(shard)
+            if group is None:
+                groups[shard] = row
+                order[shard] = [i]
+            else:
+                group += row
+                order[shard].append(i)
+        flat: list[Any] = []
+        for shard, group in groups.items():
+            flat += (shard, len(order[shard]), *group)
+        reply = await self._run_shards(
+            "upsert_many_shards",
+            _UPSERT_MANY_SHARDS,
+            flat[0],
+            [self._etag_suffix, self._shard_prefix, pack_lua(flat), self._writer],
+        )
+        out: list[str] = [""] * len(entries)
+        etags = iter(reply)
+        for indexes in order.values():
+            for i in indexes:
+                out[i] = str(next(etags).decode())
+        return out
 
     async def _write_rows(
         self, name: str, text: str, by_shard: dict[int, list[int]], packed: list[list[Any]]
@@ -871,17 +1105,28 @@ class RedisReminderTable:
         per shard touched (``_UPSERT_IF_MANY``), its rows packed in one argument."""
         if not writes:
             return []
+        if not self._cluster:
+            flat: list[Any] = []
+            for entry, etag in writes:
+                flat += self._encoded(entry)
+                flat.append("-" if etag is None else etag)
+            replies = await self._run_shards(
+                "upsert_if_many_shards",
+                _UPSERT_IF_MANY_SHARDS,
+                flat[0],
+                [self._etag_suffix, self._shard_prefix, pack_lua(flat), self._writer],
+            )
+            return [None if etag is None else str(etag.decode()) for etag in replies]
         by_shard: dict[int, list[int]] = {}
         packed: list[list[Any]] = []
         for i, (entry, etag) in enumerate(writes):
-            h = entry.hash
-            by_shard.setdefault(self.shard_of(h), []).append(i)
-            record = {k: v for k, v in entry.to_record().items() if v is not None}
-            score = lane_score(int(entry.priority), to_ms(entry.next_due))
+            h = entry.grain_id.uniform_hash()
+            by_shard.setdefault(h >> self._shift, []).append(i)
+            record = entry.to_compact_record()
+            key = f"{record['g']}|{record['n']}"
+            score = lane_score(record["r"], record["d"])
             cond = "-" if etag is None else etag
-            packed.append(
-                [entry.key, self._member(h, entry.key), score, record, entry.paused, cond]
-            )
+            packed.append([key, f"{h:08x}|{key}", score, record, entry.paused, cond])
         replies = await self._write_rows("upsert_if_many", _UPSERT_IF_MANY, by_shard, packed)
         return [None if etag is None else str(etag.decode()) for etag in replies]
 
@@ -891,6 +1136,8 @@ class RedisReminderTable:
         prefix and fetches its rows."""
         if not grain_ids:
             return []
+        if not self._cluster:
+            return await self._read_grains_shards(grain_ids)
         by_shard: dict[int, list[int]] = {}
         for i, g in enumerate(grain_ids):
             by_shard.setdefault(self.shard_of(g.uniform_hash()), []).append(i)
@@ -920,6 +1167,33 @@ class RedisReminderTable:
                 out[i] = rows
         return out
 
+    async def _read_grains_shards(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        shift = self._shift
+        flat: list[Any] = []
+        for g in grain_ids:
+            flat += (g.uniform_hash() >> shift, f"{g.canonical}|")
+        reply = await self._run_shards(
+            "read_grains_shards",
+            _READ_GRAINS_SHARDS,
+            flat[0],
+            [self._shard_prefix, pack_lua(flat)],
+        )
+        out: list[list[ReminderEntry]] = []
+        at = 0
+        for g in grain_ids:
+            n = int(reply[at])
+            raws = reply[at + 1 : at + 1 + n]
+            at += 1 + n
+            rows = [
+                r
+                for raw in raws
+                if raw is not None and (r := _decode_grain_row(raw, g)) is not None
+            ]
+            if len(rows) > 1:
+                rows.sort(key=lambda row: row.name)
+            out.append(rows)
+        return out
+
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
         """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
         ``expected_etag``; the new etag, or ``None`` when it did not hold."""
@@ -937,7 +1211,8 @@ class RedisReminderTable:
         s = self.shard_of(h)
         key = entry.key
         due_ms = to_ms(entry.next_due)
-        record = {**entry.to_record(), "e": None}
+        record = entry.to_compact_record()
+        record.pop("e", None)  # the script sets the new one
         keys = [
             self._key(s, "rows"),
             self._key(s, "due"),

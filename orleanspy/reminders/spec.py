@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ReminderError
@@ -88,6 +88,7 @@ MAX_PAYLOAD_BYTES = 4096
 MAX_GRACE = timedelta(days=366)
 
 _MS = timedelta(milliseconds=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FORBIDDEN_IN_NAME = ("|", "\n", "\r")
 
 
@@ -202,6 +203,8 @@ def new_entry(
     payload: Any = None,
     retry: RetryPolicy | None = None,
     grace: timedelta | float | None = None,
+    declared: bool = False,
+    fingerprint: str | None = None,
 ) -> ReminderEntry:
     """Validate a registration and build its row (``etag`` ``None``, never fired).
 
@@ -214,8 +217,38 @@ def new_entry(
     truncated to whole milliseconds; the cron expression is stored with its
     whitespace normalised. ``now`` must be timezone-aware (``ValueError``).
 
+    ``declared`` and ``fingerprint`` are stored as given (declared rows).
+
     Raises ``ReminderError`` for every invalid input listed in the module docstring.
     """
+    if (
+        period is not None
+        and cron is None
+        and at is None
+        and jitter is None
+        and starts_at is None
+        and ends_at is None
+        and max_ticks is None
+        and payload is None
+        and retry is None
+        and grace is None
+        and tz is None
+    ):
+        entry = _plain_interval(
+            service_id,
+            grain_id,
+            name,
+            now,
+            options,
+            due,
+            period,
+            priority,
+            action,
+            declared,
+            fingerprint,
+        )
+        if entry is not None:
+            return entry
     if now.tzinfo is None:
         raise ValueError("now must be a timezone-aware datetime")
     _check_name(name, options)
@@ -262,6 +295,8 @@ def new_entry(
         "max_ticks": max_ticks,
         "payload": payload,
         "retry": retry,
+        "declared": declared,
+        "fingerprint": fingerprint,
     }
     base: Schedule
     if period is not None:
@@ -348,6 +383,109 @@ def new_entry(
     if max_ticks is not None:
         entry = _with_final(entry, base, max_ticks)
     return _first_slot(entry)
+
+
+#: Durations given as numbers of seconds, as ``_duration`` makes them: the
+#: same few values (a declaration's, a batch's) come again and again. Keyed by
+#: type too, so ``1`` and ``1.0`` (equal, same hash) each keep their own entry.
+_SECONDS: dict[tuple[type, float], timedelta] = {}
+_SECONDS_KEPT = 4096
+_ZERO = timedelta(0)
+
+
+def _plain_interval(  # noqa: PLR0917 (positional: it runs once per row in bulk)
+    service_id: str,
+    grain_id: GrainId,
+    name: str,
+    now: datetime,
+    options: ReminderOptions,
+    due: timedelta | float | None,
+    period: timedelta | float,
+    priority: int,
+    action: MissedReminderAction,
+    declared: bool,
+    fingerprint: str | None,
+) -> ReminderEntry | None:
+    """``new_entry`` of a plain interval reminder (``period``, optional ``due``,
+    nothing else), or ``None`` when any input is not plainly valid: the caller
+    then takes the general path, which raises the error it always raised. Only
+    checks that can fail for these inputs are made; the row is the one the
+    general path builds (its first slot is ``start_at``: the grid starts there
+    and there is neither jitter nor a bound)."""
+    if (
+        now.tzinfo is None
+        or type(name) is not str
+        or not name
+        or len(name) > options.max_name_length
+        or "|" in name
+        or "\n" in name
+        or "\r" in name
+        or len(grain_id.canonical) > MAX_GRAIN_ID_LENGTH
+        or type(action) is not MissedReminderAction
+    ):
+        return None
+    if type(priority) is not int:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            return None
+        priority = int(priority)
+    if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+        return None
+    given = _seconds(period)
+    if given is None:
+        return None
+    period_td = _whole_ms(given)
+    if period_td < options.minimum_period or period_td <= _ZERO:
+        return None
+    due_td = period_td if due is None else _seconds(due)
+    if due_td is None or due_td < _ZERO:
+        return None
+    try:
+        start_at = from_ms((now - _EPOCH + due_td) // _MS)
+    except OverflowError:
+        return None
+    if start_at >= LATEST_TICK:
+        return None
+    return ReminderEntry(
+        service_id,
+        grain_id,
+        name,
+        start_at,
+        start_at,
+        period_td,
+        None,
+        None,
+        None,
+        priority,
+        action,
+        None,
+        bool(declared),
+        False,
+        fingerprint,
+    )
+
+
+def _seconds(value: timedelta | float) -> timedelta | None:
+    """``_duration(value)`` when it succeeds, else ``None`` (cached for numbers;
+    subclasses of ``timedelta``, ``int`` and ``float`` take the general path)."""
+    if type(value) is timedelta:
+        return value
+    kind = type(value)
+    if kind is not int and kind is not float:
+        return None
+    number = cast(float, value)
+    key = (kind, number)
+    td = _SECONDS.get(key)
+    if td is None:
+        if not math.isfinite(number):
+            return None
+        try:
+            td = timedelta(seconds=number)
+        except OverflowError:
+            return None
+        if len(_SECONDS) >= _SECONDS_KEPT:
+            _SECONDS.clear()
+        _SECONDS[key] = td
+    return td
 
 
 def _jitter(jitter: timedelta | float | None) -> timedelta | None:
