@@ -34,7 +34,12 @@ from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
 from orleanspy.reminders.schedule import next_slot
 from orleanspy.reminders.spec import LATEST_TICK, check_grace, new_entry
-from orleanspy.reminders.table import PausableReminderTable, ReminderTable, grain_prefix
+from orleanspy.reminders.table import (
+    PausableReminderTable,
+    ReminderTable,
+    grain_prefix,
+    remove_current,
+)
 from orleanspy.serialization import register_type
 
 __all__ = [
@@ -319,17 +324,10 @@ class ReminderOperations:
     async def delete(self, grain: GrainId, name: str) -> bool:
         """Remove a row; ``False`` if it did not exist. A row moved between the
         read and the remove is read again (a tick moves it)."""
-        for _ in range(_ATTEMPTS):
-            row = await self.table.read(grain, name)
-            if row is None or row.etag is None:
-                return False
-            if await self.table.remove(grain, name, row.etag):
-                self._told(grain, name, None)
-                return True
-        raise ReminderError(
-            f"could not remove reminder {name!r} of {grain}: it kept changing "
-            f"({_ATTEMPTS} attempts)"
-        )
+        removed = await remove_current(self.table, grain, name)
+        if removed:
+            self._told(grain, name, None)
+        return removed
 
     async def delete_where(
         self, type_name: str, key_prefix: str | None = None, dry_run: bool = False

@@ -29,11 +29,10 @@ from orleanspy.reminders.model import (
     TickStatus,
 )
 from orleanspy.reminders.spec import new_entry
-from orleanspy.reminders.table import BulkReminderTable, ReminderTable
+from orleanspy.reminders.table import BulkReminderTable, ReminderTable, remove_current
 
 __all__ = ["Registration", "ReminderRegistry"]
 
-_REMOVE_ATTEMPTS = 5
 #: Rows per round trip of ``register_many``.
 BULK_BATCH = 2000
 #: Batches of ``register_many`` in flight at once: the next batch is encoded
@@ -360,17 +359,10 @@ class ReminderRegistry:
     async def unregister(self, grain_id: GrainId, name: str) -> bool:
         """Remove the row; ``False`` if it did not exist. Retries lost etag races
         (the service may move ``next_due`` between our read and our remove)."""
-        for _ in range(_REMOVE_ATTEMPTS):
-            row = await self.table.read(grain_id, name)
-            if row is None or row.etag is None:
-                return False
-            if await self.table.remove(grain_id, name, row.etag):
-                self._changed(grain_id, name, None)
-                return True
-        raise ReminderError(
-            f"could not remove reminder {name!r} of {grain_id}: it kept changing "
-            f"({_REMOVE_ATTEMPTS} attempts)"
-        )
+        removed = await remove_current(self.table, grain_id, name)
+        if removed:
+            self._changed(grain_id, name, None)
+        return removed
 
     async def get(self, grain_id: GrainId, name: str) -> ReminderEntry | None:
         return await self.table.read(grain_id, name)

@@ -130,6 +130,7 @@ from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
+from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.ring import RingRange
@@ -507,3 +508,24 @@ def subscribe(table: ReminderTable, scope: FeedScope) -> ChangeFeed:
     if isinstance(table, ScopedChangesTable):
         return table.scoped_changes(scope)
     return table.changes()
+
+
+#: How many lost etag races in a row ``remove_current`` takes before it gives up.
+REMOVE_ATTEMPTS = 5
+
+
+async def remove_current(table: ReminderTable, grain_id: GrainId, name: str) -> bool:
+    """Remove the row whatever its etag: read it, remove it with the etag read, and
+    read again when the remove loses to a write in between (a tick moves
+    ``next_due``). ``False`` if there is no row; ``ReminderError`` after
+    ``REMOVE_ATTEMPTS`` lost races in a row."""
+    for _ in range(REMOVE_ATTEMPTS):
+        row = await table.read(grain_id, name)
+        if row is None or row.etag is None:
+            return False
+        if await table.remove(grain_id, name, row.etag):
+            return True
+    raise ReminderError(
+        f"could not remove reminder {name!r} of {grain_id}: it kept changing "
+        f"({REMOVE_ATTEMPTS} attempts)"
+    )
