@@ -16,6 +16,7 @@ from orleanspy.clock import to_ms
 from orleanspy.errors import GrainCallTimeoutError, SiloUnavailableError, StorageUnavailableError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders._service import persist
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import (
     FireOutcome,
@@ -853,6 +854,73 @@ async def test_rotation_keeps_priority_first(table, clock) -> None:
     normal = [per_row[e.key] for e in rows if int(e.priority) == 0]
     assert min(critical) >= 18, critical  # every slot of 20 s, less start-up
     assert min(normal) >= 2, sorted(normal)[:10]
+
+
+class SlowWritesTable(_Delegate):
+    """The in-memory table whose schedule writes can be held (a slow store): once
+    ``release_on_read`` is set, the next due read lets them land after it read,
+    so its answer predates them, as a network read's can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes = asyncio.Event()
+        self.writes.set()
+        self.release_on_read = False
+        self.raced = 0
+
+    async def update_schedule_many(self, *a: Any, **kw: Any) -> Any:
+        await self.writes.wait()
+        return await self.inner.update_schedule_many(*a, **kw)
+
+    async def read_due_skipping(self, *a: Any, **kw: Any) -> Any:
+        rows = await self.inner.read_due_skipping(*a, **kw)
+        if self.release_on_read:
+            self.release_on_read = False
+            self.writes.set()
+            for _ in range(20):  # the held writes land before the answer arrives
+                await asyncio.sleep(0)
+            self.raced += 1
+        return rows
+
+
+async def test_a_refill_that_raced_schedule_writes_keeps_the_rotation_going(
+    clock, monkeypatch
+) -> None:
+    # 100 rows through a window of 10. The store holds the schedule writes for a
+    # while, so the rows the rotation released pile up unwritten; then a refill's
+    # read answers with their old state while all of those writes land. The read
+    # leaves them out (its answer is stale), but they still wait: the refill must
+    # not report that nothing waits outside, or the rotation stops and the ten
+    # resident rows keep every slot until the 30 s poll.
+    # Writes go as soon as they can, not after a linger in real time: what lands
+    # during the read must not depend on the machine's speed.
+    monkeypatch.setattr(persist, "LINGER_S", 0.0)
+    table = SlowWritesTable()
+    rows = [entry(clock, i, due=0.01 * (i + 1), period=1) for i in range(100)]
+    for e in rows:
+        await table.upsert(e)
+    rec = Recorder()
+    options = replace(OPTIONS, base_bucket_size=10, permits=10)
+
+    async def run(seconds: float) -> None:
+        for _ in range(round(seconds * 10)):
+            await advance(clock, 0.1)
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+    async with running(table, clock, rec, options=options):
+        await run(2)
+        table.writes.clear()
+        await run(5)
+        table.release_on_read = True
+        await run(1)
+        assert table.raced == 1
+        since = len(rec.calls)
+        await run(10)
+    per_row = {e.key: 0 for e in rows}
+    for e, _ in rec.calls[since:]:
+        per_row[e.key] += 1
+    assert min(per_row.values()) >= 2, sorted(per_row.values())[:10]
 
 
 class ReturnCountingTable(_Delegate):

@@ -367,10 +367,19 @@ class Loader:
         batches, touched = await self._read(reads)
         # Cheap filters first; schedules are built only for rows that can make the cut.
         found: dict[str, tuple[datetime, int, ReminderEntry, datetime | None]] = {}
+        # Rows whose stored state changed while the read ran (our schedule write
+        # landed, a change arrived) are left out: the answer may predate it. They
+        # may still wait, near due, so they count as "more may wait": without it a
+        # read that raced a batch of writes would report nothing outside, the
+        # rotation would stop and the window would keep its rows until the poll.
+        raced = False
         for batch in batches:
             for entry in batch:
                 key = entry.key
-                if key in window or key in found or key in touched:
+                if key in window or key in found:
+                    continue
+                if key in touched:
+                    raced = True
                     continue
                 if not self._ownership.owns(entry.grain_id):
                     continue
@@ -394,7 +403,7 @@ class Loader:
         )[loaded:]
         if not window.priority_first:
             left = sorted((0, due) for _, due in left)
-        truncated = any(len(b) >= full for b in batches)
+        truncated = raced or any(len(b) >= full for b in batches)
         window.left_outside(len(left), left[0] if left else None, more=truncated)
         self._more_available = loaded < len(found) or truncated
         window.refilled(self._more_available)
