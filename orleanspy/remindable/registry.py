@@ -64,58 +64,92 @@ class Registration:
 
 
 class _CoalescedUpserts:
-    """Concurrent upserts made into batched writes (group commit): while one
-    round trip to the table is out, arriving upserts queue, and the queue goes
-    in the next round trip as one ``upsert_many``. Each caller gets its own
-    row's etag, or the exception of its batch. A caller that finds nothing
-    out writes its row itself with a plain ``upsert`` (no task, no wait), so a
-    lone caller pays what it paid before. Rows are written in arrival order:
-    of two upserts of one row, the later one stays."""
+    """Concurrent upserts made into batched writes (group commit): while round
+    trips to the table are out, arriving upserts queue, and the queue goes in
+    the next round trip as one ``upsert_many``.
+
+    Up to ``_BULK_IN_FLIGHT`` round trips are out at once: the next batch is
+    encoded and sent while the store runs the previous one (on one Redis the two
+    costs are about equal, and run on different cores). A batch is sent once the
+    loop has run the callers that were ready (so callers woken together share
+    one), when a round trip is free. Each caller gets its own row's etag, or
+    the exception of its batch. A caller that finds nothing out or queued writes
+    its row itself with a plain ``upsert`` (no task, no wait), so a lone caller
+    pays what it paid before. Of two upserts of one row the later one stays:
+    rows queue in arrival order, and a batch holding a row that is still on its
+    way waits until that write has landed (two round trips may be answered in
+    either order)."""
 
     def __init__(self, table: BulkReminderTable, max_batch: int) -> None:
         self._table = table
         self._max = max_batch
-        self._busy = False
-        self._pending: list[tuple[ReminderEntry, asyncio.Future[str]]] = []
-        self._task: asyncio.Task[None] | None = None
+        # (row, its key, its caller's future), in arrival order.
+        self._pending: list[tuple[ReminderEntry, str, asyncio.Future[str]]] = []
+        self._out: set[asyncio.Task[None]] = set()
+        self._lone = False  # a lone caller's plain upsert is out
+        self._launch_soon = False
+        # Row keys of the writes out now (the lone caller's included).
+        self._flying: set[str] = set()
 
     async def upsert(self, entry: ReminderEntry) -> str:
-        if self._busy:
-            fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-            self._pending.append((entry, fut))
+        key = entry.key
+        loop = asyncio.get_running_loop()
+        if self._lone or self._out or self._pending:
+            fut: asyncio.Future[str] = loop.create_future()
+            self._pending.append((entry, key, fut))
+            if not self._launch_soon:
+                self._launch_soon = True
+                loop.call_soon(self._launch)
             return await fut
-        self._busy = True
+        self._lone = True
+        self._flying.add(key)
         try:
             return await self._table.upsert(entry)
         finally:
-            if self._pending:
-                self._task = asyncio.get_running_loop().create_task(self._drain())
-            else:
-                self._busy = False
+            self._lone = False
+            self._flying.discard(key)
+            self._launch()
 
-    async def _drain(self) -> None:
+    def _launch(self) -> None:
+        """Send queued rows while a round trip is free and the next batch holds
+        no row still on its way."""
+        self._launch_soon = False
+        while self._pending and len(self._out) + self._lone < _BULK_IN_FLIGHT:
+            batch = self._pending[: self._max]
+            if any(key in self._flying for _, key, _ in batch):
+                return  # sent when the write it waits for lands
+            del self._pending[: len(batch)]
+            self._flying.update(key for _, key, _ in batch)
+            task = asyncio.get_running_loop().create_task(self._write(batch))
+            self._out.add(task)
+            task.add_done_callback(self._landed)
+
+    def _landed(self, task: asyncio.Task[None]) -> None:
+        self._out.discard(task)
+        if task.cancelled():  # the loop is closing: nothing more is sent
+            pending, self._pending = self._pending, []
+            for _, _, fut in pending:
+                fut.cancel()
+            return
+        self._launch()
+
+    async def _write(self, batch: list[tuple[ReminderEntry, str, asyncio.Future[str]]]) -> None:
         try:
-            while self._pending:
-                batch = self._pending[: self._max]
-                del self._pending[: self._max]
-                try:
-                    etags = await self._table.upsert_many([e for e, _ in batch])
-                except asyncio.CancelledError:
-                    for _, fut in batch + self._pending:
-                        fut.cancel()
-                    self._pending.clear()
-                    raise
-                except Exception as exc:  # each caller hears of its batch's failure
-                    for _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(exc)
-                    continue
-                for (_, fut), etag in zip(batch, etags, strict=True):
-                    if not fut.done():
-                        fut.set_result(etag)
+            etags = await self._table.upsert_many([e for e, _, _ in batch])
+        except asyncio.CancelledError:
+            for _, _, fut in batch:
+                fut.cancel()
+            raise
+        except Exception as exc:  # each caller hears of its batch's failure
+            for _, _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
         finally:
-            self._busy = False
-            self._task = None
+            self._flying.difference_update(key for _, key, _ in batch)
+        for (_, _, fut), etag in zip(batch, etags, strict=True):
+            if not fut.done():
+                fut.set_result(etag)
 
 
 class ReminderRegistry:

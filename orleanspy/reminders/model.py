@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from orleanspy._frozen import maker
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ReminderError, SerializationError
 from orleanspy.identity import GrainId
@@ -29,6 +30,7 @@ __all__ = [
     "TickStatus",
     "error_text",
     "extras_from_record",
+    "make_entry",
     "row_key",
 ]
 
@@ -201,33 +203,34 @@ class ReminderEntry:
     ) -> ReminderEntry:
         """This row with a new schedule and etag (what a schedule CAS stores).
 
-        Same as ``dataclasses.replace`` with those three fields, at about half
-        its cost: a table calls it once per tick.
+        Same as ``dataclasses.replace`` with those three fields, at about a
+        third of its cost (built by ``make_entry``): a table calls it once per
+        tick, and every registration once.
         """
-        return ReminderEntry(
-            service_id=self.service_id,
-            grain_id=self.grain_id,
-            name=self.name,
-            start_at=self.start_at,
-            next_due=next_due,
-            period=self.period,
-            cron=self.cron,
-            tz=self.tz,
-            last_fire=last_fire,
-            priority=self.priority,
-            action=self.action,
-            etag=etag,
-            declared=self.declared,
-            paused=self.paused,
-            fingerprint=self.fingerprint,
-            grace=self.grace,
-            jitter=self.jitter,
-            starts_at=self.starts_at,
-            ends_at=self.ends_at,
-            max_ticks=self.max_ticks,
-            final_due=self.final_due,
-            payload=self.payload,
-            retry=self.retry,
+        return make_entry(
+            self.service_id,
+            self.grain_id,
+            self.name,
+            self.start_at,
+            next_due,
+            self.period,
+            self.cron,
+            self.tz,
+            last_fire,
+            self.priority,
+            self.action,
+            etag,
+            self.declared,
+            self.paused,
+            self.fingerprint,
+            self.grace,
+            self.jitter,
+            self.starts_at,
+            self.ends_at,
+            self.max_ticks,
+            self.final_due,
+            self.payload,
+            self.retry,
         )
 
     def to_record(self) -> dict[str, Any]:
@@ -450,6 +453,13 @@ class FireOutcome(enum.StrEnum):
     MISSED_SKIPPED = "missed_skipped"  #: reached past the grace and skipped (SKIP)
     NOTIFIED = "notified"  #: skipped, and a MissedReminder published (NOTIFY)
     RETRYING = "retrying"  #: delivered; receive_reminder raised; retried (RetryPolicy)
+
+
+#: ``ReminderEntry(...)`` with the same positional parameters, without the frozen
+#: ``__init__`` (``orleanspy._frozen``) or ``__post_init__``: only for callers whose
+#: ``action`` is a ``MissedReminderAction`` already (a copy of a row, a row the
+#: spec checked). 1.2 us a row against 3.4 us.
+make_entry = maker(ReminderEntry)
 
 
 @dataclass(frozen=True, slots=True)

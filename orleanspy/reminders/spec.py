@@ -53,6 +53,7 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     ReminderPriority,
     RetryPolicy,
+    make_entry,
     payload_size,
 )
 from orleanspy.reminders.schedule import (
@@ -445,7 +446,7 @@ def _plain_interval(  # noqa: PLR0917 (positional: it runs once per row in bulk)
         return None
     if start_at >= LATEST_TICK:
         return None
-    return ReminderEntry(
+    return make_entry(  # action checked above: no __post_init__ needed
         service_id,
         grain_id,
         name,

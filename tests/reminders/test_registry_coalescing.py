@@ -129,3 +129,85 @@ async def test_register_many_writes_each_row_once_with_batches_in_flight(rows: i
         last = await table.read(GrainId(TYPE, 7), "r")
         assert last is not None and last.period is not None
         assert last.period.total_seconds() == 60 + 4007, "not the last registration"
+
+
+class GatedTable(SlowTable):
+    """``SlowTable`` whose batch writes wait at a gate (each counted as it is
+    sent); records how many were out at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.out = 0
+        self.most_out = 0
+
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        self.out += 1
+        self.most_out = max(self.most_out, self.out)
+        self.batches.append(len(entries))
+        try:
+            await self.gate.wait()
+            return [await InMemoryReminderTable.upsert(self, e) for e in entries]
+        finally:
+            self.out -= 1
+
+
+async def _until(condition: Any) -> None:
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition did not come true")
+
+
+async def test_two_batches_are_out_at_once_and_the_rest_wait_for_one_to_land() -> None:
+    table = GatedTable()
+    registry = _registry(table)
+    lone = asyncio.create_task(registry.register(GrainId(TYPE, "lone"), "r", period=60))
+    first = [
+        asyncio.create_task(registry.register(GrainId(TYPE, f"a{i}"), "r", period=60))
+        for i in range(10)
+    ]
+    await lone  # plain upserts are not gated
+    await _until(lambda: table.batches == [10])
+    second = [
+        asyncio.create_task(registry.register(GrainId(TYPE, f"b{i}"), "r", period=60))
+        for i in range(10)
+    ]
+    await _until(lambda: table.batches == [10, 10])
+    third = [
+        asyncio.create_task(registry.register(GrainId(TYPE, f"c{i}"), "r", period=60))
+        for i in range(10)
+    ]
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert table.batches == [10, 10], "a third round trip went out"
+    table.gate.set()
+    entries = await asyncio.gather(*first, *second, *third)
+    assert table.batches == [10, 10, 10] and table.most_out == 2
+    for entry in entries:
+        stored = await table.read(entry.grain_id, "r")
+        assert stored is not None and stored.etag == entry.etag
+
+
+async def test_a_row_still_on_its_way_holds_back_its_next_registration() -> None:
+    # Two round trips may be answered in either order: the later registration of
+    # a row must not be sent while the earlier one is out, or it could land first
+    # and be overwritten by the earlier one.
+    table = GatedTable()
+    registry = _registry(table)
+    gid = GrainId(TYPE, "same")
+    lone = asyncio.create_task(registry.register(GrainId(TYPE, "lone"), "r", period=60))
+    earlier = asyncio.create_task(registry.register(gid, "r", period=61))
+    await lone
+    await _until(lambda: table.batches == [1])
+    later = asyncio.create_task(registry.register(gid, "r", period=62))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert table.batches == [1], "the later registration went out beside the earlier one"
+    table.gate.set()
+    await asyncio.gather(earlier, later)
+    assert table.batches == [1, 1]
+    stored = await table.read(gid, "r")
+    assert stored is not None and stored.period is not None
+    assert stored.period.total_seconds() == 62
