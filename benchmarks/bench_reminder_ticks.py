@@ -47,7 +47,9 @@ span divided by the ticks delivered in it: ``silo_cpu_us`` for this process,
 After each silo run stops (gracefully), the table is read back: ``unpersisted``
 counts reminders whose stored ``last_fire`` is behind the last slot delivered
 to their grain (acknowledged ticks the stop left unwritten; they repeat on the
-next owner), and ``stop_s`` is how long the stop took. On PostgreSQL,
+next owner), ``stop_s`` is how long the stop took, and ``drained_s`` when, in
+it, every acknowledged tick had been written (``ReminderService.drain``
+returned; the rest of the stop deactivates grains). On PostgreSQL,
 ``commits_per_tick`` is the database's ``xact_commit`` (``pg_stat_database``)
 over the run per tick delivered, and ``statements_per_tick`` the statements the
 table sent through its pool, counted client-side (``pg_stat_statements`` needs a
@@ -278,8 +280,10 @@ async def silo_run(
             loaded_s = await loaded
             # Still ticking: persistence is measured as written versus delivered.
             stats = service.stats
+            drained = _time_drain(service)
             stopping = time.perf_counter()
         stop_s = time.perf_counter() - stopping
+        drained_s = drained[0] - stopping if drained else float("nan")
     statements = counter.get("n", 0)
     commits = (await _commits(postgres_url) - commits_before) if postgres_url else 0
     unpersisted = await _unpersisted(postgres_url or server.url, service_id)
@@ -303,12 +307,28 @@ async def silo_run(
         persisted=stats.persisted,
         missed=stats.missed,
         stop_s=stop_s,
+        drained_s=drained_s,
         unpersisted=unpersisted,
     )
     if postgres_url:
         ticks = max(stats.delivered, 1)
         row.update(commits_per_tick=commits / ticks, statements_per_tick=statements / ticks)
     return row
+
+
+def _time_drain(service: Any) -> list[float]:
+    """Have ``service.drain`` (the stop's first step: ticks in flight finish and
+    every schedule update is written) note when it returned, in the returned list."""
+    done: list[float] = []
+    drain = service.drain
+
+    async def timed(timeout: float | None = None) -> bool:
+        ok: bool = await drain(timeout)
+        done.append(time.perf_counter())
+        return ok
+
+    service.drain = timed
+    return done
 
 
 async def _loaded_at(service: Any, n: int, t0: float, seconds: float) -> float:
@@ -579,6 +599,7 @@ if __name__ == "__main__":
             "cold_ok",
             "missed",
             "stop_s",
+            "drained_s",
             "unpersisted",
             "commits_per_tick",
             "statements_per_tick",

@@ -342,6 +342,14 @@ class ReminderOptions:
     second per silo, doubling every second up to ``catch_up_ceiling``
     (``0``: no ceiling), critical rows first. ``catch_up_rate = 0`` (the
     default): no ramp, every overdue tick goes as fast as permits allow.
+    ``handover_delay``: how long a silo waits before it reads the rows of ranges
+    it took over from a silo that is still alive (a join, or a leave that moved
+    boundaries between the remaining silos, as the balanced ring does). That
+    silo stopped ticking them at the same ring change; meanwhile its ticks in
+    flight finish and its last schedule writes land, so the new owner does not
+    deliver their slots again. Rows taken over from a silo that left gracefully
+    (it drained first) or died (fenced) are read at once. ``0``: read at once
+    (a slot ticked just before the move may then be delivered twice).
     """
 
     look_ahead: timedelta = timedelta(minutes=5)
@@ -364,6 +372,7 @@ class ReminderOptions:
     catch_up_lateness: timedelta = timedelta(seconds=1)
     tick_timeout: timedelta = timedelta(seconds=10)
     minimum_tick_timeout: timedelta = timedelta(seconds=2)
+    handover_delay: timedelta = timedelta(milliseconds=500)
 
     if TYPE_CHECKING:
         # What a type checker sees of the generated __init__: durations also take
@@ -391,6 +400,7 @@ class ReminderOptions:
             catch_up_lateness: timedelta | float = ...,
             tick_timeout: timedelta | float = ...,
             minimum_tick_timeout: timedelta | float = ...,
+            handover_delay: timedelta | float = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -406,6 +416,14 @@ class ReminderOptions:
             "tick_timeout",
             "minimum_tick_timeout",
         )
+        # Zero is allowed here (read taken-over rows at once).
+        if not isinstance(self.handover_delay, timedelta):
+            delay = _as_duration(self, "handover_delay", self.handover_delay)
+            object.__setattr__(self, "handover_delay", delay)
+        if self.handover_delay < timedelta(0):
+            raise ConfigurationError(
+                f"ReminderOptions.handover_delay must be >= 0, got {self.handover_delay}"
+            )
         if self.minimum_tick_timeout > self.tick_timeout:
             raise ConfigurationError(
                 "ReminderOptions.minimum_tick_timeout must not exceed tick_timeout "

@@ -52,6 +52,7 @@ __all__ = [
     "ranges_contain",
     "ranges_size",
     "subtract_ranges",
+    "taken_from_live",
 ]
 
 HASH_SPACE = 1 << 32
@@ -366,6 +367,20 @@ class RangeDiff:
     @property
     def changed(self) -> bool:
         return bool(self.gained or self.lost)
+
+
+def taken_from_live(
+    old: ConsistentRing, new: ConsistentRing, silo: SiloAddress
+) -> tuple[RingRange, ...]:
+    """The hashes ``silo`` owns in ``new`` that another silo of ``new`` owned in
+    ``old``: taken over from a silo that is still alive (and may still be
+    finishing its work on them), as a canonical range set."""
+    gained = subtract_ranges(new.ranges_of(silo), old.ranges_of(silo))
+    if not gained:
+        return ()
+    alive = set(old.silos) & set(new.silos) - {silo}
+    held = merge_ranges(r for other in alive for r in old.ranges_of(other))
+    return intersect_ranges(gained, held)
 
 
 def diff_ranges(old: ConsistentRing, new: ConsistentRing, silo: SiloAddress) -> RangeDiff:

@@ -18,6 +18,7 @@ from orleanspy.ring import (
     ranges_contain,
     ranges_size,
     subtract_ranges,
+    taken_from_live,
 )
 
 TOP = HASH_SPACE - 1
@@ -282,3 +283,40 @@ def test_a_range_splits_into_the_intervals_a_hash_index_scans() -> None:
         covered = sum(hi - lo + 1 for lo, hi in r.intervals())
         assert covered == r.size
         assert all(lo in r and hi in r for lo, hi in r.intervals())
+
+
+# --- handovers ----------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(silo_sets, st.booleans(), st.data())
+def test_taken_from_live_is_what_a_silo_gains_from_silos_still_there(
+    silos: set[SiloAddress], balanced: bool, data: st.DataObject
+) -> None:
+    ordered = sorted(silos)
+    before = data.draw(st.lists(st.sampled_from(ordered), unique=True, min_size=1))
+    after = data.draw(st.lists(st.sampled_from(ordered), unique=True, min_size=1))
+    old = ConsistentRing.build(before, 8, balanced=balanced)
+    new = ConsistentRing.build(after, 8, balanced=balanced)
+    rng = random.Random(0)
+    for me in after:
+        taken = taken_from_live(old, new, me)
+        for h in boundary_hashes(new, rng, 50) + boundary_hashes(old, rng, 0):
+            was, now = old.owner(h), new.owner(h)
+            expected = now == me and was is not None and was != me and was in after
+            assert ranges_contain(taken, h) == expected, (h, was, now, me)
+
+
+def test_a_leave_takes_nothing_from_live_silos_on_a_hashed_ring_but_does_on_a_balanced_one() -> (
+    None
+):
+    three = [silo(1), silo(2), silo(3)]
+    for balanced, moves in ((False, False), (True, True)):
+        old = ConsistentRing.build(three, 30, balanced=balanced)
+        new = ConsistentRing.build(three[1:], 30, balanced=balanced)
+        taken = [taken_from_live(old, new, s) for s in three[1:]]
+        assert any(taken) is moves, balanced
+    # A join takes from live silos whatever the ring.
+    old = ConsistentRing.build(three[:2], 30, balanced=False)
+    new = ConsistentRing.build(three, 30, balanced=False)
+    assert ranges_size(taken_from_live(old, new, three[2])) == ranges_size(new.ranges_of(three[2]))

@@ -198,6 +198,8 @@ class ReminderService:
         )
         self._running = False
         self._tick_timeout = options.tick_timeout.total_seconds()
+        self._clock = clock
+        self._handover_delay = options.handover_delay
 
     # -- public surface ---------------------------------------------------------------
 
@@ -226,21 +228,30 @@ class ReminderService:
             "reminder service started name=%s bucket_size=%d", self._name, self._window.bucket_size
         )
 
-    def set_ranges(self, ranges: Sequence[RingRange]) -> None:
+    def set_ranges(self, ranges: Sequence[RingRange], from_live: Sequence[RingRange] = ()) -> None:
         """Own exactly ``ranges`` from now on (called on every ring change).
 
         Rows outside them leave memory at once, including due rows still waiting
         for a permit; a delivery already running finishes (at least once). Newly
-        owned ranges are read right away.
+        owned ranges are read right away, except ``from_live``: the part taken
+        over from a silo that is still alive, read ``handover_delay`` later
+        (that silo finishes its ticks in flight and writes their schedules
+        meanwhile; ``ReminderOptions.handover_delay``).
         """
-        new = self._ownership.update(ranges)
+        delay = self._handover_delay
+        if from_live and delay:
+            until = self._clock.now() + delay
+            new = self._ownership.assign(ranges, hold=from_live, until=until)
+        else:
+            new = self._ownership.assign(ranges)
         self._window.retain(lambda row: self._ownership.owns(row.entry.grain_id))
         self._loader.ranges_changed(new)
         log.info(
-            "reminder ranges changed name=%s ranges=%d new=%d resident=%d",
+            "reminder ranges changed name=%s ranges=%d new=%d held=%d resident=%d",
             self._name,
             len(self._ownership.ranges),
             len(new),
+            len(from_live) if delay else 0,
             len(self._window),
         )
 
@@ -311,6 +322,8 @@ class ReminderService:
 
     @property
     def ranges(self) -> tuple[RingRange, ...]:
+        """The ranges owned now: those the ring assigns, less parts taken over
+        from a live silo whose ``handover_delay`` has not passed yet."""
         return self._ownership.ranges
 
     @property

@@ -22,7 +22,7 @@ from orleanspy.membership.model import MembershipSnapshot, SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.messaging.transport import Transport
 from orleanspy.placement import DEFAULT_PLACEMENT
-from orleanspy.ring import ConsistentRing, RingRange
+from orleanspy.ring import ConsistentRing, RingRange, taken_from_live
 
 __all__ = ["ClusterLocator", "RingFollower"]
 
@@ -192,7 +192,8 @@ class RingFollower:
 
     On each snapshot: rebuild the ring over the Active silos (balanced unless
     ``balanced=False``, as ``MembershipOptions.balanced_ring``); if it changed,
-    pass this silo's ranges to ``on_ranges``. Silos that left (Dead or gone)
+    pass this silo's ranges to ``on_ranges``, with the part of them it took
+    over from silos that are still Active (``ring.taken_from_live``). Silos that left (Dead or gone)
     have their cached directory entries dropped and connections closed, and
     are passed to ``on_dead`` once each, before the ring change their death
     causes (the reminder service fences them before it reads their rows).
@@ -204,7 +205,7 @@ class RingFollower:
         address: Callable[[], SiloAddress],
         directory: CachedDirectory,
         transport: Transport,
-        on_ranges: Callable[[tuple[RingRange, ...]], None],
+        on_ranges: Callable[[tuple[RingRange, ...], tuple[RingRange, ...]], None],
         on_dead: Callable[[SiloAddress], None] | None = None,
         buckets_per_silo: int = 30,
         balanced: bool = True,
@@ -232,8 +233,19 @@ class RingFollower:
         active = snapshot.active_silos()
         ring = ConsistentRing.build(active, self._buckets, balanced=self._balanced)
         if ring != self.ring:
-            self.ring = ring
+            old, self.ring = self.ring, ring
             self.changes += 1
             ranges = ring.ranges_of(me) if me in active else ()
-            log.info("ring changed silos=%d own_ranges=%d", len(active), len(ranges))
-            self._on_ranges(ranges)
+            if not old.silos and me in active:
+                # This silo's first ring: the others' ring without it is what
+                # they went by until it joined.
+                others = tuple(s for s in active if s != me)
+                old = ConsistentRing.build(others, self._buckets, balanced=self._balanced)
+            from_live = taken_from_live(old, ring, me) if me in active else ()
+            log.info(
+                "ring changed silos=%d own_ranges=%d from_live=%d",
+                len(active),
+                len(ranges),
+                len(from_live),
+            )
+            self._on_ranges(ranges, from_live)

@@ -859,6 +859,9 @@ async def test_a_tick_stuck_on_a_frozen_peer_gives_its_permit_back_at_its_deadli
                 await wait_for(
                     lambda: len(holder.membership.active_silos()) == 2, 20, what="two silos"
                 )
+                # The ranges this silo took over from the live peer are its own
+                # once their handover delay has passed.
+                await wait_for(lambda: service.ranges, 5, what="ranges owned here")
                 assert frozen.address is not None
                 client = holder.client
                 key = None

@@ -211,6 +211,35 @@ async def test_set_ranges_drops_unowned_rows_and_loads_new_ones(table, clock) ->
     assert not in_low & set(rec.keys())
 
 
+@pytest.mark.parametrize("delay", [0.5, 0.0])
+async def test_ranges_taken_from_a_live_silo_are_read_after_the_handover_delay(
+    table, clock, delay: float
+) -> None:
+    # The silo that had the high half is still alive and may be finishing a tick
+    # of its rows: they are read ``handover_delay`` later, not at once (else a
+    # slot it ticked just before the move could be delivered again).
+    half = HASH_SPACE // 2
+    low, high = RingRange(0, half), RingRange(half, 0)
+    entries = [entry(clock, i, due=0.1, period=60) for i in range(40)]
+    for e in entries:
+        await table.upsert(e)
+    in_high = {e.key for e in entries if e.hash in high}
+    rec = Recorder()
+    options = replace(OPTIONS, handover_delay=timedelta(seconds=delay))
+    async with running(table, clock, rec, ranges=(low,), options=options) as svc:
+        svc.set_ranges([RingRange.full()], from_live=[high])
+        await advance(clock, 0.2)
+        await wait_for(lambda: len(rec.calls) >= 40 - len(in_high), 5.0, interval=0)
+        early = set(rec.keys())
+        await advance(clock, 0.4)
+        await wait_for(lambda: len(rec.calls) == 40, 5.0, interval=0)
+    if delay:
+        assert not early & in_high, "a row taken from a live silo was ticked at once"
+    else:
+        assert in_high <= early
+    assert set(rec.keys()) == {e.key for e in entries}
+
+
 # -- the bounded window ----------------------------------------------------------------
 
 

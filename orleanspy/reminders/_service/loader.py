@@ -149,11 +149,13 @@ class Loader:
     # -- what the owner reports -------------------------------------------------------
 
     def ranges_changed(self, new: Sequence[RingRange]) -> None:
-        """The owned ranges changed; ``new`` (from ``Ownership.update``) is read now."""
+        """The owned ranges changed; ``new`` (from ``Ownership.update``) is read now,
+        and parts held back for a handover when their time comes."""
         self._hints = {k: v for k, v in self._hints.items() if self._ownership.owns(v[0])}
         if new:
             self._new_ranges.extend(new)
-            self._wake.set()
+        if new or self._ownership.next_release is not None:
+            self._wake.set()  # the loader's next wake-up may be earlier now
 
     def fence(self, silo: SiloAddress, keep: timedelta | None = None) -> None:
         """Fence ``silo`` (an incarnation seen Dead) in the table before any
@@ -256,6 +258,9 @@ class Loader:
         while True:
             self._wake.clear()
             now = self._clock.now()
+            released = self._ownership.release(now)
+            if released:  # a handover's wait is over: read what it held back
+                self.ranges_changed(released)
             try:
                 if self._fences:
                     await self._fence_pending()
@@ -287,9 +292,11 @@ class Loader:
                 await sleep_or_wake(self._clock, retry_at, self._wake)
                 continue
             raise_if_cancelled()
-            await sleep_or_wake(
-                self._clock, min(next_poll, next_repair), self._wake, self._window.low
-            )
+            wake_at = min(next_poll, next_repair)
+            held = self._ownership.next_release
+            if held is not None:
+                wake_at = min(wake_at, held)
+            await sleep_or_wake(self._clock, wake_at, self._wake, self._window.low)
             if self._window.low.is_set():
                 self._window.low.clear()
                 self._refill_wanted = True

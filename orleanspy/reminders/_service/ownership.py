@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from orleanspy.identity import GrainId
 from orleanspy.reminders.table import FeedScope
-from orleanspy.ring import RingRange
+from orleanspy.ring import RingRange, intersect_ranges, merge_ranges, subtract_ranges
 
 __all__ = ["Ownership"]
 
@@ -22,6 +23,10 @@ class Ownership:
     def __init__(self) -> None:
         self._ranges: tuple[RingRange, ...] = ()
         self.feed_scope = FeedScope((), skip_own_writes=True)
+        # The ranges the ring assigns, and parts of them held back until a time
+        # (``assign``): owned are the assigned ranges less the held ones.
+        self._assigned: tuple[RingRange, ...] = ()
+        self._holds: list[tuple[datetime, tuple[RingRange, ...]]] = []
 
     @property
     def ranges(self) -> tuple[RingRange, ...]:
@@ -32,6 +37,42 @@ class Ownership:
 
     def owns(self, grain_id: GrainId) -> bool:
         return self.owns_hash(grain_id.uniform_hash())
+
+    def assign(
+        self,
+        ranges: Sequence[RingRange],
+        *,
+        hold: Sequence[RingRange] = (),
+        until: datetime | None = None,
+    ) -> list[RingRange]:
+        """The ring assigns ``ranges``; ``hold`` (a part of them) is not owned
+        before ``until`` (a handover: the silo that had it is still finishing).
+        Parts held by an earlier call stay held until their own time, as far
+        as they are still assigned. Returns what must be loaded now (``update``)."""
+        self._assigned = tuple(dict.fromkeys(ranges))
+        holds = [(t, intersect_ranges(r, self._assigned)) for t, r in self._holds]
+        if hold and until is not None:
+            holds.append((until, intersect_ranges(hold, self._assigned)))
+        self._holds = [(t, r) for t, r in holds if r]
+        return self._apply()
+
+    @property
+    def next_release(self) -> datetime | None:
+        """When the earliest held part becomes owned (``None``: nothing held)."""
+        return min((t for t, _ in self._holds), default=None)
+
+    def release(self, now: datetime) -> list[RingRange]:
+        """Own the held parts whose time came; return what must be loaded now."""
+        if not any(t <= now for t, _ in self._holds):
+            return []
+        self._holds = [(t, r) for t, r in self._holds if t > now]
+        return self._apply()
+
+    def _apply(self) -> list[RingRange]:
+        if not self._holds:
+            return self.update(self._assigned)
+        held = merge_ranges(r for _, rs in self._holds for r in rs)
+        return self.update(subtract_ranges(self._assigned, held))
 
     def update(self, ranges: Sequence[RingRange]) -> list[RingRange]:
         """Replace the owned ranges; return those that must be loaded now.
