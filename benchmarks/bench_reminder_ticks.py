@@ -48,8 +48,8 @@ After each silo run stops (gracefully), the table is read back: ``unpersisted``
 counts reminders whose stored ``last_fire`` is behind the last slot delivered
 to their grain (acknowledged ticks the stop left unwritten; they repeat on the
 next owner), ``stop_s`` is how long the stop took, and ``drained_s`` when, in
-it, every acknowledged tick had been written (``ReminderService.drain``
-returned; the rest of the stop deactivates grains). On PostgreSQL,
+it, every acknowledged tick had been written (``ReminderService.drain``, the first
+step of a cluster silo's stop, returned; the rest deactivates grains). On PostgreSQL,
 ``commits_per_tick`` is the database's ``xact_commit`` (``pg_stat_database``)
 over the run per tick delivered, and ``statements_per_tick`` the statements the
 table sent through its pool, counted client-side (``pg_stat_statements`` needs a
@@ -280,10 +280,13 @@ async def silo_run(
             loaded_s = await loaded
             # Still ticking: persistence is measured as written versus delivered.
             stats = service.stats
-            drained = _time_drain(service)
+            # A cluster silo's stop starts with this (``Silo._leave_cluster``);
+            # an embedded one flushes when its stack closes: drained here, so
+            # both are measured alike.
             stopping = time.perf_counter()
+            await service.drain()
+            drained_s = time.perf_counter() - stopping
         stop_s = time.perf_counter() - stopping
-        drained_s = drained[0] - stopping if drained else float("nan")
     statements = counter.get("n", 0)
     commits = (await _commits(postgres_url) - commits_before) if postgres_url else 0
     unpersisted = await _unpersisted(postgres_url or server.url, service_id)
@@ -314,21 +317,6 @@ async def silo_run(
         ticks = max(stats.delivered, 1)
         row.update(commits_per_tick=commits / ticks, statements_per_tick=statements / ticks)
     return row
-
-
-def _time_drain(service: Any) -> list[float]:
-    """Have ``service.drain`` (the stop's first step: ticks in flight finish and
-    every schedule update is written) note when it returned, in the returned list."""
-    done: list[float] = []
-    drain = service.drain
-
-    async def timed(timeout: float | None = None) -> bool:
-        ok: bool = await drain(timeout)
-        done.append(time.perf_counter())
-        return ok
-
-    service.drain = timed
-    return done
 
 
 async def _loaded_at(service: Any, n: int, t0: float, seconds: float) -> float:
