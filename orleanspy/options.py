@@ -44,14 +44,19 @@ def _positive(owner: object, name: str) -> None:
         raise ConfigurationError(f"{type(owner).__name__}.{name} must be > 0, got {value!r}")
 
 
-def _durations(owner: object, *names: str) -> None:
-    """Check ``names`` are positive durations; a number of seconds becomes the
-    ``timedelta`` it means (written past the frozen dataclass, once, here)."""
+def _durations(owner: object, *names: str, allow_zero: bool = False) -> None:
+    """Check ``names`` are positive durations (or zero, with ``allow_zero``); a
+    number of seconds becomes the ``timedelta`` it means (written past the
+    frozen dataclass, once, here)."""
     for name in names:
         value = getattr(owner, name)
         if not isinstance(value, timedelta):
-            object.__setattr__(owner, name, _as_duration(owner, name, value))
-        _positive(owner, name)
+            value = _as_duration(owner, name, value)
+            object.__setattr__(owner, name, value)
+        if not allow_zero:
+            _positive(owner, name)
+        elif value < timedelta(0):
+            raise ConfigurationError(f"{type(owner).__name__}.{name} must be >= 0, got {value}")
 
 
 def _as_duration(owner: object, name: str, value: object) -> timedelta:
@@ -416,14 +421,7 @@ class ReminderOptions:
             "tick_timeout",
             "minimum_tick_timeout",
         )
-        # Zero is allowed here (read taken-over rows at once).
-        if not isinstance(self.handover_delay, timedelta):
-            delay = _as_duration(self, "handover_delay", self.handover_delay)
-            object.__setattr__(self, "handover_delay", delay)
-        if self.handover_delay < timedelta(0):
-            raise ConfigurationError(
-                f"ReminderOptions.handover_delay must be >= 0, got {self.handover_delay}"
-            )
+        _durations(self, "handover_delay", allow_zero=True)  # 0: read taken-over rows at once
         if self.minimum_tick_timeout > self.tick_timeout:
             raise ConfigurationError(
                 "ReminderOptions.minimum_tick_timeout must not exceed tick_timeout "

@@ -26,6 +26,8 @@ from orleanspy import (
         (lambda: SiloOptions(collection_age="5m"), "collection_age.*number of seconds"),  # type: ignore[arg-type]
         (lambda: SiloOptions(collection_age=-5), "collection_age"),
         (lambda: ReminderOptions(poll_interval=float("nan")), "poll_interval.*finite"),
+        (lambda: ReminderOptions(handover_delay=-1), "handover_delay must be >= 0"),
+        (lambda: ReminderOptions(handover_delay="1s"), "handover_delay.*number of seconds"),  # type: ignore[arg-type]
         (lambda: SiloOptions(gateway_port="30000"), "gateway_port must be int or None, got str"),  # type: ignore[arg-type]
         (lambda: SiloOptions(silo_port=True), "silo_port must be int"),
         (lambda: SiloOptions(use_uvloop="yes"), "use_uvloop must be bool"),  # type: ignore[arg-type]
@@ -102,6 +104,9 @@ def test_durations_take_numbers_of_seconds_as_the_reminder_api_does() -> None:
     m = MembershipOptions(probe_timeout=1, probe_interval=2)
     assert (m.probe_timeout, m.probe_interval) == (timedelta(seconds=1), timedelta(seconds=2))
     assert MessagingOptions(response_timeout=5).response_timeout == timedelta(seconds=5)
+    # Zero where zero means something: read taken-over reminder rows at once.
+    assert ReminderOptions(handover_delay=0).handover_delay == timedelta(0)
+    assert ReminderOptions(handover_delay=0.25).handover_delay == timedelta(milliseconds=250)
 
 
 def test_a_wrong_type_names_the_field_but_never_shows_a_secret() -> None:

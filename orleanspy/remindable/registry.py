@@ -35,8 +35,9 @@ __all__ = ["Registration", "ReminderRegistry"]
 
 #: Rows per round trip of ``register_many``.
 BULK_BATCH = 2000
-#: Batches of ``register_many`` in flight at once: the next batch is encoded
-#: while the store runs the previous one (Redis: about half the time each).
+#: Batches in flight at once, of ``register_many`` and of the group commit of
+#: concurrent registrations: the next batch is encoded while the store runs the
+#: previous one (Redis: about half the time each).
 _BULK_IN_FLIGHT = 2
 
 
