@@ -16,6 +16,7 @@ from orleanspy.options import ReminderOptions
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import ReminderEntry
+from orleanspy.testing import wait_for
 
 TYPE = "test_registry_coalescing.G"
 
@@ -152,14 +153,6 @@ class GatedTable(SlowTable):
             self.out -= 1
 
 
-async def _until(condition: Any) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the condition did not come true")
-
-
 async def test_two_batches_are_out_at_once_and_the_rest_wait_for_one_to_land() -> None:
     table = GatedTable()
     registry = _registry(table)
@@ -169,12 +162,12 @@ async def test_two_batches_are_out_at_once_and_the_rest_wait_for_one_to_land() -
         for i in range(10)
     ]
     await lone  # plain upserts are not gated
-    await _until(lambda: table.batches == [10])
+    await wait_for(lambda: table.batches == [10], 5, interval=0)
     second = [
         asyncio.create_task(registry.register(GrainId(TYPE, f"b{i}"), "r", period=60))
         for i in range(10)
     ]
-    await _until(lambda: table.batches == [10, 10])
+    await wait_for(lambda: table.batches == [10, 10], 5, interval=0)
     third = [
         asyncio.create_task(registry.register(GrainId(TYPE, f"c{i}"), "r", period=60))
         for i in range(10)
@@ -200,7 +193,7 @@ async def test_a_row_still_on_its_way_holds_back_its_next_registration() -> None
     lone = asyncio.create_task(registry.register(GrainId(TYPE, "lone"), "r", period=60))
     earlier = asyncio.create_task(registry.register(gid, "r", period=61))
     await lone
-    await _until(lambda: table.batches == [1])
+    await wait_for(lambda: table.batches == [1], 5, interval=0)
     later = asyncio.create_task(registry.register(gid, "r", period=62))
     for _ in range(50):
         await asyncio.sleep(0)

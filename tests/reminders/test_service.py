@@ -843,6 +843,23 @@ async def test_a_history_backlog_does_not_keep_schedules_unwritten_at_stop(
 # -- a window smaller than the near-due set rotates ------------------------------------
 
 
+async def _steps(clock: ManualClock, seconds: float) -> None:
+    """Move the clock in 0.1 s steps, letting the tasks catch up after each."""
+    for _ in range(round(seconds * 10)):
+        await advance(clock, 0.1)
+        for _ in range(20):
+            await asyncio.sleep(0)
+
+
+def _ticks_per_row(
+    rows: list[ReminderEntry], calls: list[tuple[ReminderEntry, TickStatus]]
+) -> dict[str, int]:
+    per_row = {e.key: 0 for e in rows}
+    for e, _ in calls:
+        per_row[e.key] += 1
+    return per_row
+
+
 async def _run_rotation(
     table, clock, rows: list[ReminderEntry], seconds: int
 ) -> tuple[Recorder, dict[str, int]]:
@@ -851,16 +868,10 @@ async def _run_rotation(
     rec = Recorder()
     options = replace(OPTIONS, base_bucket_size=10, permits=10)
     async with running(table, clock, rec, options=options) as svc:
-        for _ in range(seconds * 10):
-            await advance(clock, 0.1)
-            for _ in range(20):  # let the tasks catch up with the clock
-                await asyncio.sleep(0)
+        await _steps(clock, seconds)
         assert svc.stats.rotated > 0  # the window released fired rows for waiting ones
         assert svc.stats.high_water <= 10
-    per_row = {e.key: 0 for e in rows}
-    for e, _ in rec.calls:
-        per_row[e.key] += 1
-    return rec, per_row
+    return rec, _ticks_per_row(rows, rec.calls)
 
 
 async def test_a_bucket_smaller_than_the_due_set_rotates_and_starves_no_row(table, clock) -> None:
@@ -930,25 +941,16 @@ async def test_a_refill_that_raced_schedule_writes_keeps_the_rotation_going(
         await table.upsert(e)
     rec = Recorder()
     options = replace(OPTIONS, base_bucket_size=10, permits=10)
-
-    async def run(seconds: float) -> None:
-        for _ in range(round(seconds * 10)):
-            await advance(clock, 0.1)
-            for _ in range(20):
-                await asyncio.sleep(0)
-
     async with running(table, clock, rec, options=options):
-        await run(2)
+        await _steps(clock, 2)
         table.writes.clear()
-        await run(5)
+        await _steps(clock, 5)
         table.release_on_read = True
-        await run(1)
+        await _steps(clock, 1)
         assert table.raced == 1
         since = len(rec.calls)
-        await run(10)
-    per_row = {e.key: 0 for e in rows}
-    for e, _ in rec.calls[since:]:
-        per_row[e.key] += 1
+        await _steps(clock, 10)
+    per_row = _ticks_per_row(rows, rec.calls[since:])
     assert min(per_row.values()) >= 2, sorted(per_row.values())[:10]
 
 

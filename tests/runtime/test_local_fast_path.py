@@ -235,12 +235,15 @@ async def test_an_inline_call_raises_what_a_queued_call_raises() -> None:
         assert await g.was_cancelled() is False  # the activation is still there and idle
 
 
+#: A response timeout short enough to hit: ``hang`` outlasts it.
+SHORT_TIMEOUT = SiloOptions(
+    grain_types=(InlineGrain,),
+    messaging=MessagingOptions(response_timeout=timedelta(milliseconds=80)),
+)
+
+
 async def test_an_inline_call_times_out_with_grain_call_timeout_error() -> None:
-    opts = SiloOptions(
-        grain_types=(InlineGrain,),
-        messaging=MessagingOptions(response_timeout=timedelta(milliseconds=80)),
-    )
-    async with Silo.local(opts) as silo:
+    async with Silo.local(SHORT_TIMEOUT) as silo:
         g = await _active(silo, "slow")
         with pytest.raises(GrainCallTimeoutError, match="hang"):
             await g.hang()
@@ -262,11 +265,7 @@ async def test_cancelling_the_caller_cancels_its_inline_turn() -> None:
 
 
 async def test_inline_calls_are_recorded_when_metrics_record() -> None:
-    opts = SiloOptions(
-        grain_types=(InlineGrain,),
-        messaging=MessagingOptions(response_timeout=timedelta(milliseconds=80)),
-    )
-    async with Silo.local(opts) as silo:
+    async with Silo.local(SHORT_TIMEOUT) as silo:
         g = await _active(silo, "metered")
         metrics = RecordingGrainMetrics()
         silo.dispatcher.grain_metrics = metrics  # what the silo installs with an exporter
