@@ -827,6 +827,22 @@ def _decode_grain_row(raw: bytes | str, grain_id: GrainId) -> ReminderEntry | No
         raise StorageError(f"malformed reminder row in redis: {exc}") from exc
 
 
+def _grain_rows(
+    reply: Sequence[Any], at: int, grain_id: GrainId
+) -> tuple[list[ReminderEntry], int]:
+    """``grain_id``'s rows, by name, from a ``_READ_GRAINS*`` reply at ``at`` (a
+    count, then that many rows), and where the next grain's part starts."""
+    n = int(reply[at])
+    rows = [
+        r
+        for raw in reply[at + 1 : at + 1 + n]
+        if raw is not None and (r := _decode_grain_row(raw, grain_id)) is not None
+    ]
+    if len(rows) > 1:
+        rows.sort(key=lambda row: row.name)
+    return rows, at + 1 + n
+
+
 class RedisReminderTable:
     """A ``ReminderTable`` (and ``BatchingReminderTable``) in Redis.
 
@@ -1155,16 +1171,7 @@ class RedisReminderTable:
         for indexes, flat in zip(by_shard.values(), replies, strict=True):
             at = 0
             for i in indexes:
-                n = int(flat[at])
-                raws = flat[at + 1 : at + 1 + n]
-                at += 1 + n
-                g = grain_ids[i]
-                # A str key may hold '|', so the prefix can match another grain's rows.
-                rows = [
-                    r for raw in raws if raw is not None and (r := _decode_row(raw)).grain_id == g
-                ]
-                rows.sort(key=lambda row: row.name)
-                out[i] = rows
+                out[i], at = _grain_rows(flat, at, grain_ids[i])
         return out
 
     async def _read_grains_shards(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
@@ -1181,16 +1188,7 @@ class RedisReminderTable:
         out: list[list[ReminderEntry]] = []
         at = 0
         for g in grain_ids:
-            n = int(reply[at])
-            raws = reply[at + 1 : at + 1 + n]
-            at += 1 + n
-            rows = [
-                r
-                for raw in raws
-                if raw is not None and (r := _decode_grain_row(raw, g)) is not None
-            ]
-            if len(rows) > 1:
-                rows.sort(key=lambda row: row.name)
+            rows, at = _grain_rows(reply, at, g)
             out.append(rows)
         return out
 
