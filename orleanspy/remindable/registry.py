@@ -73,7 +73,11 @@ class _CoalescedUpserts:
     encoded and sent while the store runs the previous one (on one Redis the two
     costs are about equal, and run on different cores). A batch is sent once the
     loop has run the callers that were ready (so callers woken together share
-    one), when a round trip is free. Each caller gets its own row's etag, or
+    one), when a round trip is free. Batches are kept about equal: a batch takes
+    half of the rows queued and out, so callers that all woke together (as they
+    do when one batch carries every one of them) split over both round trips
+    and the two halves overlap, where one full batch beside a batch of one would
+    leave the store and the caller's loop to take turns. Each caller gets its own row's etag, or
     the exception of its batch. A caller that finds nothing out or queued writes
     its row itself with a plain ``upsert`` (no task, no wait), so a lone caller
     pays what it paid before. Of two upserts of one row the later one stays:
@@ -87,6 +91,7 @@ class _CoalescedUpserts:
         # (row, its key, its caller's future), in arrival order.
         self._pending: list[tuple[ReminderEntry, str, asyncio.Future[str]]] = []
         self._out: set[asyncio.Task[None]] = set()
+        self._out_rows = 0  # rows in the batches out
         self._lone = False  # a lone caller's plain upsert is out
         self._launch_soon = False
         # Row keys of the writes out now (the lone caller's included).
@@ -116,11 +121,14 @@ class _CoalescedUpserts:
         no row still on its way."""
         self._launch_soon = False
         while self._pending and len(self._out) + self._lone < _BULK_IN_FLIGHT:
-            batch = self._pending[: self._max]
+            # Half of what is queued and out (rounded up): never empty.
+            share = -(-(len(self._pending) + self._out_rows + self._lone) // _BULK_IN_FLIGHT)
+            batch = self._pending[: min(self._max, share)]
             if any(key in self._flying for _, key, _ in batch):
                 return  # sent when the write it waits for lands
             del self._pending[: len(batch)]
             self._flying.update(key for _, key, _ in batch)
+            self._out_rows += len(batch)
             task = asyncio.get_running_loop().create_task(self._write(batch))
             self._out.add(task)
             task.add_done_callback(self._landed)
@@ -148,6 +156,7 @@ class _CoalescedUpserts:
             return
         finally:
             self._flying.difference_update(key for _, key, _ in batch)
+            self._out_rows -= len(batch)
         for (_, _, fut), etag in zip(batch, etags, strict=True):
             if not fut.done():
                 fut.set_result(etag)

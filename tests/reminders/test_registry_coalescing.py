@@ -69,8 +69,9 @@ async def test_64_concurrent_registrations_take_a_few_round_trips_and_each_gets_
     entries = await asyncio.gather(
         *(registry.register(GrainId(TYPE, i), "r", period=60 + i) for i in range(64))
     )
-    assert table.single + len(table.batches) <= 3, (table.single, table.batches)
-    assert table.single == 1 and sum(table.batches) == 63
+    # The first caller writes its row alone; the 63 that queued behind it split
+    # over both round trips (one of 63 beside one of 1 would not overlap).
+    assert (table.single, table.batches) == (1, [32, 31])
     for i, entry in enumerate(entries):
         stored = await table.read(GrainId(TYPE, i), "r")
         assert stored is not None and entry.etag == stored.etag, "a caller got another's etag"
@@ -95,9 +96,12 @@ async def test_a_failed_batch_fails_its_callers_only_and_later_ones_go_through()
         return_exceptions=True,
     )
     failed = [r for r in results if isinstance(r, BaseException)]
-    assert len(failed) == 9 and all(isinstance(r, StorageUnavailableError) for r in failed)
-    assert isinstance(results[0], ReminderEntry), "the first caller's own write failed"
-    assert await table.count() == 1, "a failed batch wrote rows"
+    assert table.batches == [5, 4], table.batches  # the lone write, then 9 in two halves
+    assert len(failed) == 5 and all(isinstance(r, StorageUnavailableError) for r in failed)
+    assert all(isinstance(r, ReminderEntry) for r in (results[0], *results[6:])), (
+        "a caller outside the failed batch failed"
+    )
+    assert await table.count() == 5, "a failed batch wrote rows"
     again = await asyncio.gather(
         *(registry.register(GrainId(TYPE, i), "r", period=60) for i in range(10))
     )
@@ -161,23 +165,20 @@ async def test_two_batches_are_out_at_once_and_the_rest_wait_for_one_to_land() -
         asyncio.create_task(registry.register(GrainId(TYPE, f"a{i}"), "r", period=60))
         for i in range(10)
     ]
-    await lone  # plain upserts are not gated
-    await wait_for(lambda: table.batches == [10], 5, interval=0)
+    # Beside the lone write, half of the 11 rows go; the rest take the round
+    # trip that the lone write frees (plain upserts are not gated).
+    await lone
+    await wait_for(lambda: table.batches == [6, 4], 5, interval=0)
     second = [
         asyncio.create_task(registry.register(GrainId(TYPE, f"b{i}"), "r", period=60))
         for i in range(10)
     ]
-    await wait_for(lambda: table.batches == [10, 10], 5, interval=0)
-    third = [
-        asyncio.create_task(registry.register(GrainId(TYPE, f"c{i}"), "r", period=60))
-        for i in range(10)
-    ]
     for _ in range(50):
         await asyncio.sleep(0)
-    assert table.batches == [10, 10], "a third round trip went out"
+    assert table.batches == [6, 4], "a third round trip went out"
     table.gate.set()
-    entries = await asyncio.gather(*first, *second, *third)
-    assert table.batches == [10, 10, 10] and table.most_out == 2
+    entries = await asyncio.gather(*first, *second)
+    assert sum(table.batches) == 20 and len(table.batches) <= 4 and table.most_out == 2
     for entry in entries:
         stored = await table.read(entry.grain_id, "r")
         assert stored is not None and stored.etag == entry.etag
