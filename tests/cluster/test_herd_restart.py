@@ -1,4 +1,4 @@
-"""Herd control after a full restart: two in-process silos start over 10,000
+"""Herd control after a full restart: two in-process silos start over 20,000
 overdue rows in a real Redis and ramp their catch-up ticks as configured
 (``ReminderOptions.catch_up_rate`` / ``catch_up_ceiling``), critical rows first,
 losing none."""
@@ -30,7 +30,7 @@ from orleanspy.reminders.spec import new_entry
 from orleanspy.testing.cluster import InProcessCluster
 
 TYPE = "test_herd_restart.Herd"
-ROWS = 10_000
+ROWS = 20_000
 # Per silo. The ceiling is below what one silo of this machine delivers
 # unthrottled (1,400 to 2,600 first ticks a second, each activating its grain),
 # so the bound is the throttle's, not the machine's.
