@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from orleanspy.directory.cached import CachedDirectory
 from orleanspy.directory.table import ActivationAddress
-from orleanspy.errors import UnknownGrainTypeError
+from orleanspy.errors import SiloUnavailableError, UnknownGrainTypeError
 from orleanspy.grain import GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.membership.model import MembershipSnapshot, SiloStatus
@@ -123,7 +123,16 @@ class ClusterLocator:
                     f"no active silo hosts grain type {grain_id.type_name!r}",
                     snapshot.hosted_types(),
                 )
-            silos = (self._address(),)  # not joined yet: this silo is all there is
+            me = self._address()
+            status = snapshot.status(me)
+            if status is not None and status.is_terminating:
+                # Leaving, and nobody left to take the grain: placing it here
+                # would activate it again while the silo deactivates its
+                # grains (and its queued calls would come back each round).
+                raise SiloUnavailableError(
+                    f"silo {me} is shutting down and no other silo is active to place {grain_id} on"
+                )
+            silos = (me,)  # not joined yet: this silo is all there is
         if prefer is not None and prefer in silos:
             return prefer
         chosen: SiloAddress = strategy.choose(grain_id, self._address(), silos)

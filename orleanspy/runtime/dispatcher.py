@@ -101,6 +101,9 @@ _MANAGEMENT_READS = frozenset(
 )
 # Local calls run inline (in the caller's task) this many in a row between yields.
 _INLINE_STREAK = 64
+# Dropped one-way messages are logged at most once per this many seconds, with
+# the count since the last line: a stop can drop thousands that were queued.
+_DROP_LOG_EVERY_S = 1.0
 
 
 class Dispatcher:
@@ -159,6 +162,8 @@ class Dispatcher:
         self._sent_sweep_at = 1024
         self._client_management = options.client_management_allowed
         self._strangers = 0  # requests waiting to learn whether their sender is a member
+        self._dropped_unlogged = 0  # one-way messages dropped since the last log line
+        self._drop_logged_at = -_DROP_LOG_EVERY_S
         # Grain storage providers by name, set by the silo before it starts.
         self.grain_storage: Mapping[str, GrainStorage] = {}
         self.grain_metrics = GrainMetrics()  # the silo sets a recording one
@@ -635,7 +640,17 @@ class Dispatcher:
             body = self.codec.encode(error_payload(exc))
             self.send_response(msg.response(ResponseStatus.REJECTED, body))
         else:
-            log.warning("dropped message id=%d reason=%r", msg.id, exc)
+            self._dropped_unlogged += 1
+            now = time.monotonic()
+            if now - self._drop_logged_at >= _DROP_LOG_EVERY_S:
+                log.warning(
+                    "dropped one-way message id=%d reason=%r dropped_since_last_line=%d",
+                    msg.id,
+                    exc,
+                    self._dropped_unlogged,
+                )
+                self._dropped_unlogged = 0
+                self._drop_logged_at = now
             settle(msg)
 
     # -- responses ----------------------------------------------------------------------

@@ -454,6 +454,20 @@ async def flooding(silo: SiloProc, frame: bytes, client: str) -> AsyncIterator[F
             call.cancel()
 
 
+def assert_stops_gracefully(silo: SiloProc, within: float = 8.0) -> None:
+    """SIGTERM ``silo`` and check that it exits by itself, with status 0, within
+    ``within`` seconds: the calls a flood left queued are refused, not replayed
+    into new activations while the silo deactivates its grains."""
+    started = time.monotonic()
+    silo.proc.terminate()
+    try:
+        code = silo.proc.wait(within)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the silo had not stopped {within} s after SIGTERM")
+    assert code == 0, f"the silo exited with {code}"
+    print(f"stopped {time.monotonic() - started:.1f}s after SIGTERM")
+
+
 @pytest.mark.timeout(180)
 async def test_a_million_unread_requests_keep_rss_bounded_and_the_silo_active(
     redis_url: str,
@@ -478,6 +492,7 @@ async def test_a_million_unread_requests_keep_rss_bounded_and_the_silo_active(
         assert flood.pushed_back and flood.written < 1_000_000
         assert flood.peak < rss_bound_mb
         assert silo.proc.poll() is None
+        assert_stops_gracefully(silo)
 
 
 @pytest.mark.timeout(180)
@@ -506,6 +521,7 @@ async def test_a_flood_of_one_way_messages_keeps_rss_bounded_and_the_silo_servin
         assert flood.pushed_back and flood.written < 1_000_000
         assert flood.peak < rss_bound_mb
         assert silo.proc.poll() is None
+        assert_stops_gracefully(silo)
 
 
 async def test_one_way_slots_are_freed_as_turns_run(redis_url: str) -> None:
