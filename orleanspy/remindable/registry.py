@@ -77,13 +77,13 @@ class _CoalescedUpserts:
     half of the rows queued and out, so callers that all woke together (as they
     do when one batch carries every one of them) split over both round trips
     and the two halves overlap, where one full batch beside a batch of one would
-    leave the store and the caller's loop to take turns. Each caller gets its own row's etag, or
-    the exception of its batch. A caller that finds nothing out or queued writes
-    its row itself with a plain ``upsert`` (no task, no wait), so a lone caller
-    pays what it paid before. Of two upserts of one row the later one stays:
-    rows queue in arrival order, and a batch holding a row that is still on its
-    way waits until that write has landed (two round trips may be answered in
-    either order)."""
+    leave the store and the callers' loop to take turns. Each caller gets its
+    own row's etag, or the exception of its batch. A caller that finds nothing
+    out or queued writes its row itself with a plain ``upsert`` (no task, no
+    wait), so a lone caller pays what it paid before. Of two upserts of one row
+    the later one stays: rows queue in arrival order, and a batch holding a row
+    that is still on its way waits until that write has landed (two round trips
+    may be answered in either order)."""
 
     def __init__(self, table: BulkReminderTable, max_batch: int) -> None:
         self._table = table
