@@ -231,6 +231,27 @@ async def test_history_is_bounded_in_storage_not_only_when_read(postgres_url: st
         assert len(await table.read_history(gid, "r")) == 2
 
 
+async def test_large_history_batches_keep_the_newest_per_row_run_after_run(
+    postgres_url: str,
+) -> None:
+    """Batches from ``_CUSTOM_PLAN_FROM`` records on take their own plan; run
+    more often than the five runs after which PostgreSQL may pick a generic plan,
+    each still keeps exactly the newest ``keep`` records of every row."""
+    rows, keep = 100, 3
+    per_row = -(-pg_reminders._CUSTOM_PLAN_FROM // rows)  # records per row per batch
+    async with table_at(postgres_url) as table:
+        gids = [GrainId("Pause", f"big{k}") for k in range(rows)]
+        assert await table.upsert_many([entry(f"big{k}") for k in range(rows)])
+        for run in range(8):
+            batch = [record(g, run * per_row + i) for i in range(per_row) for g in gids]
+            assert len(batch) >= pg_reminders._CUSTOM_PLAN_FROM
+            await table.append_history(batch, keep)
+            newest = [f"silo-{run * per_row + per_row - 1 - i}" for i in range(keep)]
+            for g in (gids[0], gids[-1]):
+                assert [r.silo for r in await table.read_history(g, "r")] == newest, run
+            assert await _stored_history(postgres_url) == rows * keep
+
+
 async def test_history_appends_racing_removes_never_outlive_the_row(postgres_url: str) -> None:
     """Appends racing a remove either land before it (and go with the row) or
     find no row (and are dropped): never an error, never an orphan that a new
