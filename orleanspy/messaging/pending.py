@@ -95,7 +95,14 @@ class PendingCalls(Generic[T]):
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
         deadlines = self._deadlines
+        futures = self._futures
         while True:
+            # Answered calls leave their deadlines behind: drop those at the
+            # head without waiting for their time, so the sweeper sleeps until
+            # the oldest call still waiting. (Waking at each deadline cost a
+            # loop wake-up per call, a timeout later, to a steady caller.)
+            while deadlines and deadlines[0][1] not in futures:
+                deadlines.popleft()
             if not deadlines:
                 self._wakeup.clear()
                 await self._wakeup.wait()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from orleanspy import ClosedError, GrainCallTimeoutError
+from orleanspy.messaging import pending as pending_module
 from orleanspy.messaging.pending import PendingCalls
 
 
@@ -47,3 +49,37 @@ async def test_fail_where_and_close_fail_the_right_calls() -> None:
     await pending.close(ClosedError("closed"))
     with pytest.raises(ClosedError):
         await b
+
+
+class _CountingSleeps:
+    """``asyncio`` as ``pending`` sees it, counting the sweeper's sleeps."""
+
+    def __init__(self) -> None:
+        self.sleeps = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float) -> None:
+        self.sleeps += 1
+        await asyncio.sleep(delay)
+
+
+async def test_answered_calls_do_not_wake_the_sweeper_at_their_deadlines(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A steady caller: 40 calls 5 ms apart, each answered at once, with a
+    # timeout of 50 ms. The sweeper sleeps until the oldest call still waiting,
+    # not until each answered call's deadline (one wake-up per call).
+    counting = _CountingSleeps()
+    monkeypatch.setattr(pending_module, "asyncio", counting)
+    pending: PendingCalls[str] = PendingCalls(timeout=0.05)
+    for i in range(40):
+        fut = pending.add(i, "G/a", "m")
+        assert pending.resolve(i, "ok") and await fut == "ok"
+        await asyncio.sleep(0.005)
+    unanswered = pending.add(99, "G/late", "m")
+    with pytest.raises(GrainCallTimeoutError, match=r"G/late\.m"):
+        await asyncio.wait_for(unanswered, timeout=2)
+    assert counting.sleeps <= 5, f"the sweeper slept {counting.sleeps} times for 40 answered calls"
+    await pending.close(ClosedError("done"))
