@@ -532,6 +532,12 @@ ORDER BY r.priority DESC, r.next_due, r.grain_hash
 LIMIT $3
 """
 
+#: History batches from this many records on are planned for their size
+#: (``append_history``): below it, the extra round trips and the planning cost
+#: more than a generic plan loses (measured: 250 records 19 ms custom, 16 ms
+#: generic; 500 records 33 ms custom, 39 ms generic).
+_CUSTOM_PLAN_FROM: Final = 400
+
 # append_history: $2..$11 parallel arrays of the records (oldest first), $12 keep.
 # Only rows that exist take records (locked FOR KEY SHARE, so a racing remove
 # waits or wins, and its cascade never meets a record it did not see); each
@@ -544,11 +550,6 @@ LIMIT $3
 # planner may run its lateral walk once per old record instead of once per row
 # (``keep`` times the work: 166 ms instead of 37 for 1,000 records over full
 # histories of 20, on a table not yet analyzed).
-#: History batches from this many records on are planned for their size
-#: (``append_history``): below it, the extra round trips and the planning cost
-#: more than a generic plan loses (measured: 250 records 19 ms custom, 16 ms
-#: generic; 500 records 33 ms custom, 39 ms generic).
-_CUSTOM_PLAN_FROM: Final = 400
 _APPEND_HISTORY: Final = """
 WITH u AS (
     SELECT u.*, row_number() OVER (PARTITION BY u.grain_id, u.name ORDER BY u.i DESC) AS rn
@@ -1048,8 +1049,9 @@ class PostgresReminderTable:
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
         """Append ``records`` (oldest first) to their rows' histories, keeping the
         newest ``keep`` per row; records of missing rows are dropped. One
-        statement (``_APPEND_HISTORY``, in a transaction that sets its plan mode),
-        atomic: all of it is written or none."""
+        statement (``_APPEND_HISTORY``; from ``_CUSTOM_PLAN_FROM`` records, in a
+        transaction that sets its plan mode), atomic: all of it is written or
+        none."""
         if keep < 1:
             raise ValueError(f"keep must be at least 1, not {keep}")
         if not records:
