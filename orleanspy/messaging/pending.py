@@ -113,7 +113,7 @@ class PendingCalls(Generic[T]):
                 await asyncio.sleep(delay)
                 continue
             deadlines.popleft()
-            entry = self._futures.pop(msg_id, None)
+            entry = futures.pop(msg_id, None)
             if entry is not None and not entry[0].done():
                 entry[0].set_exception(
                     GrainCallTimeoutError(
