@@ -469,14 +469,17 @@ def assert_stops_gracefully(silo: SiloProc, within: float = 8.0) -> None:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("options", [(), ("--default-options",)], ids=["fast", "defaults"])
 async def test_a_million_unread_requests_keep_rss_bounded_and_the_silo_active(
-    redis_url: str,
+    redis_url: str, options: tuple[str, ...]
 ) -> None:
     """A client writes up to 1,000,000 requests and never reads an answer. The
-    gateway stops reading at ``max_in_flight``; RSS stays under the bound."""
+    gateway stops reading at ``max_in_flight``; RSS stays under the bound; the
+    silo still stops by itself on SIGTERM, with the test's fast options and
+    with the defaults an operator runs."""
     rss_bound_mb = 300
     with cluster(redis_url) as c:
-        (silo,) = c.start(1)
+        (silo,) = c.start(1, *options)
         frame = flood_frame(pb.REQUEST, "get", "flood", args())
         async with flooding(silo, frame, "flooder") as flood:
             async with ClusterClient(redis_url) as client:
