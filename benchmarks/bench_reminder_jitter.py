@@ -28,7 +28,7 @@ from benchmarks._util import loop_name, print_report, reset_collector, run
 from orleanspy import Grain, Remindable, ReminderOptions, Silo, SiloOptions, TickStatus
 from orleanspy.identity import GrainId
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.testing import wait_for
 
 TYPE = "bench_reminder_jitter.Herd"
@@ -73,13 +73,12 @@ async def herd(n: int, jitter_s: float) -> dict[str, Any]:
     async with Silo.local(options, reminder_table=table) as silo:
         rows = [
             new_entry(
+                ReminderSpec(cron=cron, jitter=jitter_s or None),
                 service_id=service_id,
                 grain_id=GrainId(TYPE, i),
                 name="herd",
                 now=now,
                 options=options.reminders,
-                cron=cron,
-                jitter=jitter_s or None,
             )
             for i in range(n)
         ]

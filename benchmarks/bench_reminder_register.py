@@ -51,7 +51,7 @@ from orleanspy.remindable.registry import Registration, ReminderRegistry
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.tables import table_backend
 from orleanspy.testing.postgres import PostgresDatabase
@@ -110,7 +110,7 @@ async def measure(url: str, rows: int, batch: int) -> list[dict[str, Any]]:
         todo = _registrations(rows, "one")
         start = time.perf_counter()
         for r in todo:
-            await reg.register(r.grain_id, r.name, due=r.due, period=r.period)
+            await reg.register(r.grain_id, r.name, r)
         elapsed = time.perf_counter() - start
         results.append({"mode": "single, one at a time", "rows": rows, "seconds": elapsed})
 
@@ -120,7 +120,7 @@ async def measure(url: str, rows: int, batch: int) -> list[dict[str, Any]]:
 
         async def one(r: Registration) -> None:
             async with sem:
-                await reg.register(r.grain_id, r.name, due=r.due, period=r.period)
+                await reg.register(r.grain_id, r.name, r)
 
         start = time.perf_counter()
         await asyncio.gather(*map(one, todo))
@@ -140,13 +140,12 @@ async def measure(url: str, rows: int, batch: int) -> list[dict[str, Any]]:
         now = reg.clock.now()
         entries = [
             new_entry(
+                ReminderSpec(due=r.due, period=r.period),
                 service_id=reg.service_id,
                 grain_id=r.grain_id,
                 name=r.name,
                 now=now,
                 options=OPTIONS,
-                due=r.due,
-                period=r.period,
             )
             for r in todo
         ]
@@ -168,13 +167,12 @@ async def measure(url: str, rows: int, batch: int) -> list[dict[str, Any]]:
             now = reg.clock.now()
             entries = [
                 new_entry(
+                    ReminderSpec(due=r.due, period=r.period),
                     service_id=reg.service_id,
                     grain_id=r.grain_id,
                     name=r.name,
                     now=now,
                     options=OPTIONS,
-                    due=r.due,
-                    period=r.period,
                 )
                 for r in todo
             ]

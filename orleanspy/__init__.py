@@ -8,6 +8,7 @@ for one process), call them through proxies from ``silo.client`` or a
 
 from __future__ import annotations
 
+from orleanspy import outbox
 from orleanspy._loop import run
 from orleanspy.client import ClusterClient
 from orleanspy.clock import Clock, SystemClock
@@ -30,6 +31,7 @@ from orleanspy.errors import (
     SiloUnavailableError,
     StorageError,
     StorageUnavailableError,
+    TickDeadlineError,
     UnknownGrainTypeError,
 )
 from orleanspy.grain import (
@@ -50,29 +52,43 @@ from orleanspy.options import (
     TlsOptions,
 )
 from orleanspy.reference import CallInvoker, GrainReference
+from orleanspy.reminders.audit import AuditOutcome, AuditQuery, AuditRecord
+from orleanspy.reminders.calendars import Calendar, Excluded
+from orleanspy.reminders.counters import ReminderCounters
+from orleanspy.reminders.describe import FireTime, ReminderDescription
+from orleanspy.reminders.letters import DeadLetter
 from orleanspy.reminders.model import (
     MissedReminder,
     MissedReminderAction,
+    OverlapPolicy,
     ReminderEntry,
     ReminderPriority,
     RetryPolicy,
     TickStatus,
 )
+from orleanspy.runtime.guests import Guest, SiloView, register_guest
 from orleanspy.runtime.silo import Silo
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import register_type
 from orleanspy.state import PersistentState, persistent_state
-
-__version__ = "0.1.0"
+from orleanspy.versions import FeatureUnavailableError, __version__
 
 __all__ = [
     "ActivationError",
+    "AuditOutcome",
+    "AuditQuery",
+    "AuditRecord",
     "AuthenticationError",
+    "Calendar",
     "CallInvoker",
     "Clock",
     "ClosedError",
     "ClusterClient",
     "ConfigurationError",
+    "DeadLetter",
+    "Excluded",
+    "FeatureUnavailableError",
+    "FireTime",
     "Grain",
     "GrainCallError",
     "GrainCallTimeoutError",
@@ -87,8 +103,11 @@ __all__ = [
     "MissedReminder",
     "MissedReminderAction",
     "OrleansPyError",
+    "OverlapPolicy",
     "PersistentState",
     "Remindable",
+    "ReminderCounters",
+    "ReminderDescription",
     "ReminderEntry",
     "ReminderError",
     "ReminderOptions",
@@ -104,6 +123,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailableError",
     "SystemClock",
+    "TickDeadlineError",
     "TickStatus",
     "TimerHandle",
     "TlsOptions",
@@ -111,6 +131,7 @@ __all__ = [
     "__version__",
     "always_interleave",
     "one_way",
+    "outbox",
     "persistent_state",
     "read_only",
     "reentrant",
@@ -119,3 +140,14 @@ __all__ = [
     "run",
     "uniform_hash",
 ]
+
+
+def _dashboard_guest(silo: SiloView) -> Guest:
+    # Imported when a silo first serves a dashboard (SiloOptions.dashboard_port):
+    # ``import orleanspy`` imports no web framework, and the silo no dashboard.
+    from orleanspy.dashboard import silo_guest
+
+    return silo_guest(silo)
+
+
+register_guest("dashboard", _dashboard_guest)

@@ -63,7 +63,16 @@ from orleanspy.options import (
 )
 from orleanspy.tables import table_backend
 
-__all__ = ["SETTINGS", "Setting", "SiloConfig", "describe", "load"]
+__all__ = [
+    "CONNECTION_KEYS",
+    "SETTINGS",
+    "Setting",
+    "SiloConfig",
+    "client_messaging",
+    "connection_values",
+    "describe",
+    "load",
+]
 
 # The options classes and where their keys live.
 _SECTIONS: tuple[tuple[str, type[Any]], ...] = (
@@ -275,10 +284,13 @@ def read_file(path: Path) -> Values:
     return out
 
 
-def read_env(environ: Mapping[str, str]) -> Values:
-    """The keys set by ``ORLEANSPY_...`` variables (others are not looked at)."""
+def read_env(environ: Mapping[str, str], prefix: str = "") -> Values:
+    """The keys set by ``ORLEANSPY_...`` variables (others are not looked at); with
+    ``prefix``, only the keys that start with it."""
     out: Values = {}
     for s in SETTINGS.values():
+        if not s.key.startswith(prefix):
+            continue
         text = environ.get(s.env)
         if text is not None:
             out[s.key] = (_coerce(s, text, f"env {s.env}"), f"env {s.env}")
@@ -345,6 +357,52 @@ def load(
         log_level=str(level or "INFO").upper(),
         log_format=str(fmt),
     )
+
+
+#: The keys a command that talks to a cluster (``cluster status``, ``reminders``,
+#: ``dashboard``, ``migrate``) takes from ``--config``: where the tables are, which
+#: cluster, and its logging. The same file serves the silos, so its other keys
+#: (ports, probes, ...) are checked and then left to them; ``messaging.*`` (the
+#: secret, its file, TLS, timeouts) is read by ``client_messaging``.
+CONNECTION_KEYS = (
+    "redis_url",
+    "storage_url",
+    "membership_url",
+    "reminder_table_url",
+    "cluster_id",
+    "service_id",
+    "messaging.cluster_secret",
+    "log_level",
+    "log_format",
+)
+
+
+def connection_values(file: Path | None) -> Values:
+    """The ``CONNECTION_KEYS`` the TOML file at ``file`` sets, each with where it
+    came from; the whole file is checked as ``load`` checks it (an unknown key
+    or a bad value is a ``ConfigurationError`` naming it)."""
+    if file is None:
+        return {}
+    return {k: v for k, v in read_file(file).items() if k in CONNECTION_KEYS}
+
+
+def client_messaging(
+    file: Path | None, environ: Mapping[str, str], secret_flag: str | None = None
+) -> MessagingOptions:
+    """The messaging options of a command that connects to a cluster's gateways, as a
+    silo given the same sources would have them: every ``messaging.*`` key (the
+    cluster secret or its file, ``messaging.tls.*``) from ``--secret``
+    (``secret_flag``), else its variable, else the file."""
+    values: Values = {}
+    if file is not None:
+        values.update((k, v) for k, v in read_file(file).items() if k.startswith("messaging."))
+    values.update(read_env(environ, "messaging."))
+    if secret_flag is not None:
+        values["messaging.cluster_secret"] = (secret_flag, "--secret")
+    try:
+        return _messaging(values)
+    except ConfigurationError as exc:
+        raise _sourced(exc, values) from None
 
 
 def _shared_store(key: str, url: str, where: str) -> None:

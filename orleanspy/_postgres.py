@@ -21,7 +21,9 @@ from typing import Any, TypeAlias
 
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import StorageError, StorageUnavailableError
+from orleanspy.schema import MigrationReport, too_new
 from orleanspy.schemes import missing_extra
+from orleanspy.versions import __version__
 
 try:
     import asyncpg
@@ -96,13 +98,21 @@ async def connect(source: str | Pool) -> Any:
         return await source.acquire(timeout=10)
 
 
-async def migrate(pool: Pool, component: str, steps: Sequence[Sequence[str]]) -> None:
-    """Bring ``component``'s schema to version ``len(steps)``.
+async def migrate(
+    pool: Pool,
+    component: str,
+    steps: Sequence[Sequence[str]],
+    *,
+    summaries: Sequence[str] = (),
+) -> MigrationReport:
+    """Bring ``component``'s schema to version ``len(steps)`` and say what was done.
 
     Step ``i`` (1-based) is a list of statements taking the schema from version
     ``i - 1`` to ``i``; each step runs in the transaction that records its
-    version. Raises ``StorageError`` if the stored version is newer than the
-    steps this release knows (a newer silo migrated the table; run that release).
+    version and this release, under an advisory lock, so two silos starting at
+    once apply it once. ``summaries[i - 1]`` (optional) describes step ``i`` for
+    the report. Raises ``SchemaTooNewError`` if the stored version is newer than
+    the steps this release knows (a newer release migrated the table: run it).
     """
     with translate_errors(f"{component} schema migration"):
         async with pool.acquire() as conn, conn.transaction():
@@ -111,25 +121,32 @@ async def migrate(pool: Pool, component: str, steps: Sequence[Sequence[str]]) ->
                 "CREATE TABLE IF NOT EXISTS orleanspy_schema "
                 "(component text PRIMARY KEY, version integer NOT NULL)"
             )
-            stored = await conn.fetchval(
-                "SELECT version FROM orleanspy_schema WHERE component = $1", component
+            # Which release migrated last (0.2). 0.1.x writes rows without it and
+            # reads only component and version, so it runs beside this column.
+            await conn.execute("ALTER TABLE orleanspy_schema ADD COLUMN IF NOT EXISTS release text")
+            stored = await conn.fetchrow(
+                "SELECT version, release FROM orleanspy_schema WHERE component = $1", component
             )
-            current = int(stored or 0)
+            current = 0 if stored is None else int(stored["version"])
+            release = None if stored is None else stored["release"]
             if current > len(steps):
-                raise StorageError(
-                    f"the {component} schema is at version {current} but this release "
-                    f"knows versions up to {len(steps)}; run the newer release"
-                )
-            for statements in steps[current:]:
+                raise too_new("postgres", component, current, release, len(steps))
+            report = MigrationReport("postgres", component, current, len(steps), release)
+            for number, statements in enumerate(steps[current:], start=current + 1):
                 for statement in statements:
                     await conn.execute(statement)
+                summary = summaries[number - 1] if number <= len(summaries) else ""
+                report.applied.append(f"{number}: {summary}" if summary else f"step {number}")
             if current < len(steps):
                 await conn.execute(
-                    "INSERT INTO orleanspy_schema (component, version) VALUES ($1, $2) "
-                    "ON CONFLICT (component) DO UPDATE SET version = EXCLUDED.version",
+                    "INSERT INTO orleanspy_schema (component, version, release) "
+                    "VALUES ($1, $2, $3) ON CONFLICT (component) DO UPDATE "
+                    "SET version = EXCLUDED.version, release = EXCLUDED.release",
                     component,
                     len(steps),
+                    __version__,
                 )
+    return report
 
 
 @contextmanager

@@ -155,6 +155,30 @@ class SiloCollector:
                 "action",
                 rec.missed_by_action,
             )
+            yield _counter(
+                "orleanspy_reminder_ticks_deduplicated_total",
+                "Reminder ticks not run again: the grain's state had committed their "
+                "occurrence (write(tick=...)).",
+                rec.deduplicated_ticks,
+            )
+            yield _labelled(
+                "counter",
+                "orleanspy_reminder_slots_skipped_total",
+                "Reminder slots not delivered, by reason (paused, overlap, calendar, "
+                "catchup_window, late).",
+                "reason",
+                rec.skipped_by_reason,
+            )
+            yield _counter(
+                "orleanspy_reminder_dead_letters_total",
+                "Reminder ticks that failed their last attempt (dead letters).",
+                rec.dead_letters,
+            )
+            yield _counter(
+                "orleanspy_reminder_ticks_deadline_exceeded_total",
+                "Reminder ticks cancelled where they ran at their deadline.",
+                rec.deadline_cuts,
+            )
             yield _histogram(
                 "orleanspy_reminder_tick_lateness_seconds",
                 "Delivery time minus the scheduled slot, in seconds, by priority.",

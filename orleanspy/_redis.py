@@ -28,9 +28,11 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, TypeAlias
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
@@ -40,6 +42,7 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from orleanspy._retry import Backoff, seconds_left
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import ConfigurationError, StorageError, StorageUnavailableError
 
@@ -55,13 +58,16 @@ __all__ = [
     "RedisOptions",
     "call_script",
     "connect",
+    "current_slot_map",
     "is_cluster",
     "key_prefix",
     "node_client",
     "node_groups",
     "redacted",
+    "refresh_slot_map",
     "reply_error",
     "resolve",
+    "retry_failover",
     "run_script_calls",
     "translate_errors",
     "wait_reachable",
@@ -230,22 +236,55 @@ class _ClusterRedis(aioredis.RedisCluster):
     """A cluster client whose close closes every node connection.
 
     redis-py 8.1's ``RedisCluster.aclose`` does nothing while the client waits
-    to re-initialize: a connection error or timeout that outlived its retries
-    (a node killed) sets ``_initialize`` and leaves every other node's
-    connections open, to be reported unclosed by the garbage collector later.
-    Here the nodes are disconnected then too (their connections reconnect
-    lazily, so redis-py's own ``aclose`` calls, made to force a re-read of the
-    slot map, lose nothing)."""
+    to re-read its slot map: a connection error or timeout that outlived its
+    retries (a node killed) leaves every other node's connections open, to be
+    reported unclosed by the garbage collector later (8.2 closes them). Here
+    every known node is disconnected after redis-py's own close, whatever the
+    version did; disconnecting a node twice is harmless, and connections
+    reconnect lazily, so redis-py's own ``aclose`` calls, made to force a re-read
+    of the slot map, lose nothing."""
 
     async def aclose(self) -> None:
-        skipped = self._initialize  # redis-py's close is a no-op in this state
         await super().aclose()
-        if skipped:
-            manager = self.nodes_manager
-            nodes = {
-                id(n): n for n in (*manager.nodes_cache.values(), *manager.startup_nodes.values())
-            }
-            await asyncio.gather(*(n.disconnect() for n in nodes.values()), return_exceptions=True)
+        manager = self.nodes_manager
+        nodes = {id(n): n for n in (*manager.nodes_cache.values(), *manager.startup_nodes.values())}
+        await asyncio.gather(*(n.disconnect() for n in nodes.values()), return_exceptions=True)
+
+
+# -- the slot map --------------------------------------------------------------------
+#
+# What the project asks of redis-py's cluster client, all through its public
+# surface (``RedisCluster.initialize``, ``nodes_manager.initialize``,
+# ``get_node_from_key``, ``nodes_cache``, ``startup_nodes``) so that it holds on
+# every version the dependency range allows; tests/test_redis_py_surface.py
+# fails when one of them changes.
+
+_refreshes: weakref.WeakKeyDictionary[aioredis.RedisCluster, asyncio.Future[None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def current_slot_map(client: aioredis.RedisCluster) -> None:
+    """Let ``client`` read its slot map if it has none yet or redis-py asked for a
+    re-read (a cheap no-op otherwise); the current map keeps serving while a
+    re-read redis-py defers (8.2 runs them at most once a second) is pending."""
+    await client.initialize()
+
+
+async def refresh_slot_map(client: aioredis.RedisCluster) -> None:
+    """Re-read ``client``'s slot map now, from the cluster.
+
+    For the replies that say the map is stale where redis-py does not notice:
+    a script routed by a key whose slot did not move, answering "non local key"
+    for a key it builds itself; an ASK or TRYAGAIN under ``WAIT``. redis-py 8.2
+    defers a re-read asked for by its own error paths to once a second, which
+    left such a call failing for that long; this one is not deferred. Callers
+    that find the map stale at once share one re-read."""
+    running = _refreshes.get(client)
+    if running is None or running.done():
+        running = asyncio.ensure_future(client.nodes_manager.initialize())
+        _refreshes[client] = running
+    await asyncio.shield(running)
 
 
 def _netloc(parts: Any, host: str, port: int) -> str:
@@ -293,7 +332,8 @@ def _sentinel(url: str, scheme: str, max_connections: int) -> aioredis.Redis:
     }
     if scheme.startswith("rediss"):
         kwargs["ssl"] = True
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # redis-py 8.2 types Sentinel's constructor, 8.1 does not.
+    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         sentinels,
         sentinel_kwargs={"socket_connect_timeout": 2, "socket_timeout": 2},
         **{k: v for k, v in kwargs.items() if k not in ("max_connections", "retry", "db")},
@@ -387,6 +427,22 @@ def _from_redis_py(exc: BaseException) -> bool:
     return last is not None and f"{os.sep}redis{os.sep}" in last.tb_frame.f_code.co_filename
 
 
+def _through_redis_py(exc: BaseException) -> bool:
+    """Whether ``exc`` came up through the redis package (any frame of it): a
+    write to a closed transport is refused by the event loop's stream, below
+    redis-py's frames."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.startswith(_REDIS_PY):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+# Where redis-py's modules live (its package directory, with a trailing separator).
+_REDIS_PY = os.path.dirname(os.path.dirname(os.path.abspath(aioredis.__file__))) + os.sep
+
+
 @contextmanager
 def translate_errors(what: str) -> Iterator[None]:
     """Re-raise redis errors as the project's storage errors, naming ``what``; and
@@ -397,8 +453,9 @@ def translate_errors(what: str) -> Iterator[None]:
     outlived the client's retries, a cluster that is down or reconfiguring
     (``CLUSTERDOWN``, a slot without a node, a script key that moved away), a
     primary that became a replica (``READONLY``), and the ``AttributeError``
-    redis-py 8.1 raises from inside a read while its connection is torn down
-    during a failover. ``StorageError`` for every other Redis error.
+    (a read) and ``RuntimeError`` (a write to a closed transport) redis-py 8.1
+    raises from inside while a failover tears its connection down.
+    ``StorageError`` for every other Redis error.
     """
     try:
         yield
@@ -422,7 +479,101 @@ def translate_errors(what: str) -> Iterator[None]:
                 f"redis connection torn down during {what}: {exc!r}"
             ) from exc
         raise
+    except RuntimeError as exc:
+        raise_if_cancelled()
+        # redis-py 8.1 writes a command to a connection whose transport a
+        # failover closed meanwhile; the event loop refuses ("... the handler
+        # is closed"). The command did not go out.
+        if _through_redis_py(exc) and "closed" in str(exc):
+            raise StorageUnavailableError(
+                f"redis connection closed during {what}: {exc!r}"
+            ) from exc
+        raise
     raise_if_cancelled()
+
+
+# -- failover: the one retry loop of the call path ------------------------------------
+
+T = TypeVar("T")
+
+#: Backoff between attempts while a primary fails over: the first retry soon
+#: (a slot that just moved, a dropped connection), then every half second at
+#: most, so a promotion is noticed within that of its happening.
+_FAILOVER_FIRST = timedelta(milliseconds=25)
+_FAILOVER_MAX = timedelta(milliseconds=500)
+
+
+async def retry_failover(client: Client, what: str, op: Callable[[int], Awaitable[T]]) -> T:
+    """``await op(attempt)``, its Redis errors translated (``translate_errors``,
+    naming ``what``), run again while it fails with ``StorageUnavailableError``
+    and the call this task works for has time left (``_retry.seconds_left``:
+    the grain call's deadline). Then the last ``StorageUnavailableError`` is
+    raised, saying how long it tried. Outside a grain call nothing is retried
+    here (``_retry.DEFAULT_WINDOW``): the caller's own backoff applies.
+
+    What is retried is what a failover or a reshard looks like to a client: a
+    connection refused, lost or timed out; MOVED or ASK past redis-py's own
+    redirections; ``CLUSTERDOWN``, ``TRYAGAIN``, a slot without a node;
+    ``READONLY`` (a primary that became a replica), ``MASTERDOWN``, ``LOADING``;
+    ``WAIT`` answered by too few replicas. Before each retry a cluster client
+    re-reads its slot map (``refresh_slot_map``: the promoted replica serves
+    the dead primary's slots from then on) and the task backs off (25 ms
+    doubling to 0.5 s, jittered). A Sentinel client asks the sentinels for the
+    primary on its next connection by itself. ``StorageError`` (a script error,
+    a malformed record) and cancellation are never retried.
+
+    ``attempt`` counts from 0. An attempt may have run on the server although
+    its reply was lost (the connection dropped after the command went out), so
+    ``op`` must be safe to run again: a read, or a write that recognises its own
+    earlier attempt (the directory's first-writer-wins script returns the
+    stored entry, which is then this very address; a grain-state write finds
+    its own new etag stored). ``attempt > 0`` tells a write that it may be a
+    retry (a stream publish looks for its own entry first).
+    """
+    attempt = 0
+    backoff: Backoff | None = None
+    began = time.monotonic()
+    while True:
+        try:
+            with translate_errors(what):
+                result = await op(attempt)
+        except StorageUnavailableError as exc:
+            left = seconds_left()
+            if left <= 0:
+                if attempt == 0:
+                    raise
+                raise StorageUnavailableError(
+                    f"{exc} (tried {attempt + 1} times over {time.monotonic() - began:.1f} s, "
+                    "until the call's deadline)"
+                ) from exc
+            if backoff is None:
+                backoff = Backoff(_FAILOVER_FIRST, _FAILOVER_MAX)
+            delay = min(backoff.next(), left)
+            log.debug("redis retry what=%s attempt=%d in=%.3fs error=%s", what, attempt, delay, exc)
+            await _refresh_quietly(client)
+            await asyncio.sleep(delay)
+            attempt += 1
+            continue
+        if attempt:
+            log.debug(
+                "redis retry succeeded what=%s attempts=%d after=%.2fs",
+                what,
+                attempt + 1,
+                time.monotonic() - began,
+            )
+        return result
+
+
+async def _refresh_quietly(client: Client) -> None:
+    """Re-read a cluster client's slot map; a failure (the cluster is still
+    electing) is left to the next attempt."""
+    if not isinstance(client, aioredis.RedisCluster):
+        return
+    try:
+        with translate_errors("redis cluster slot map"):
+            await refresh_slot_map(client)
+    except StorageError as exc:
+        log.debug("redis cluster slot map not re-read error=%s", exc)
 
 
 def reply_error(exc: Exception, what: str) -> Exception:
@@ -492,8 +643,7 @@ async def node_groups(client: Client, keys: Sequence[str]) -> list[list[int]]:
     order of first appearance (one group on a single Redis)."""
     if not isinstance(client, aioredis.RedisCluster):
         return [list(range(len(keys)))]
-    if client._initialize:
-        await client.initialize()
+    await current_slot_map(client)
     groups: dict[str, list[int]] = {}
     for i, key in enumerate(keys):
         node = client.get_node_from_key(key)
@@ -535,6 +685,9 @@ async def run_script_calls(
     its first key; a call answered NOSCRIPT (a promoted replica has no scripts:
     they are not replicated) did not run, so only those calls are sent again
     once the script is loaded on every primary; calls that did run are not.
+    Likewise a call refused because the client's slot map is stale (MOVED past
+    redis-py's retries, CLUSTERDOWN, "non local key") is sent again, at most
+    twice, once the map is re-read (``refresh_slot_map``).
 
     With ``wait.wait_replicas`` each node's commands end with ``WAIT`` on the
     same connection; fewer replicas than asked raises ``StorageUnavailableError``
@@ -558,7 +711,7 @@ async def run_script_calls(
     results: list[Any] = [None] * len(calls)
     waited: dict[str, Any] = {}  # per node, the WAIT reply of the last attempt there
     todo = list(range(len(calls)))
-    for attempt in range(2):
+    for attempt in range(3):
         cpipe = client.pipeline(transaction=False)
         for i in todo:
             keys, args = calls[i]
@@ -566,8 +719,7 @@ async def run_script_calls(
         nodes: list[str] = []
         if replicas:
             assert wait is not None
-            if client._initialize:
-                await client.initialize()
+            await current_slot_map(client)
             seen: dict[str, Any] = {}
             for i in todo:
                 node = client.get_node_from_key(calls[i][0][0])
@@ -583,21 +735,25 @@ async def run_script_calls(
             # A script that builds keys of other shards (batches per node) is
             # routed by its one declared key, whose slot may not have moved: no
             # MOVED then, so redis-py keeps its old map and every retry would
-            # meet the same "non local key". Re-read the map before the next
-            # command (redis-py does it once under its lock, for all callers).
-            client._initialize = True
+            # meet the same "non local key". Re-read the map now.
+            await refresh_slot_map(client)
         if replicas and any(isinstance(r, (rexc.AskError, rexc.TryAgainError)) for r in replies):
-            await client.nodes_manager.initialize()  # learn where the slots went
+            await refresh_slot_map(client)  # learn where the slots went
             raise StorageUnavailableError("redis cluster slots moved during a write with WAIT")
         again: list[int] = []
         for i, reply in zip(todo, replies, strict=False):
-            if isinstance(reply, NoScriptError) and attempt == 0:
+            # A call answered NOSCRIPT or refused for a stale map did not run:
+            # sending it again cannot apply it twice.
+            if (isinstance(reply, NoScriptError) and attempt == 0) or (
+                _slot_map_stale(reply) and not replicas
+            ):
                 again.append(i)
             results[i] = reply
         waited.update(zip(nodes, replies[len(todo) :], strict=True))
-        if not again:
+        if not again or attempt == 2:
             break
-        await client.script_load(script)  # every primary
+        if any(isinstance(results[i], NoScriptError) for i in again):
+            await client.script_load(script)  # every primary
         todo = again
     for reply in waited.values():
         _check_wait(reply, replicas)

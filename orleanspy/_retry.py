@@ -1,18 +1,22 @@
-"""Retry delays shared by every part that waits out a failing store.
+"""Retry delays shared by every part that waits out a failing store, and the
+deadline of the grain call a task works for.
 
-One helper, so the reminder service, the Redis change feed and the Redis stream
-provider back off the same way: exponential delays with jitter, reset by the
-first success.
+One helper, so the reminder service, the Redis change feed, the Redis stream
+provider and the stores' failover retries back off the same way: exponential
+delays with jitter, reset by the first success. ``within`` and
+``seconds_left`` carry a call's deadline to the stores it touches (below).
 """
 
 from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import timedelta
 
-__all__ = ["Backoff"]
+__all__ = ["DEFAULT_WINDOW", "Backoff", "no_deadline", "seconds_left", "within"]
 
 
 class Backoff:
@@ -47,3 +51,45 @@ class Backoff:
 
     def reset(self) -> None:
         self._attempt = 0
+
+
+# -- the deadline of the call a task works for -----------------------------------------
+#
+# A grain call has a deadline (its message's expiry: the caller's response
+# timeout). Whatever the runtime does for the call (locate the grain, register
+# its activation, read and write its state, publish to a stream) may wait out a
+# failing store until then, and no longer: past it nobody waits for the answer.
+# The runtime sets it where a call's work starts (``within``); the stores'
+# retry loops read it (``seconds_left``). A context variable, because the work
+# runs in tasks the call spawns, which copy the context they start in.
+
+#: How long work outside any call (none set) waits out a failing store: not at
+#: all. Such work (a provider used directly, the reminder service's own reads
+#: and writes, a tick run inline) has its own backoff and would only add to it.
+DEFAULT_WINDOW = 0.0
+
+_deadline: ContextVar[float | None] = ContextVar("orleanspy_call_deadline", default=None)
+
+
+def within(seconds: float) -> None:
+    """From now on, this task (and tasks it starts) works for a call that must
+    be answered within ``seconds`` (``time.monotonic`` based). Set once where
+    the call's work begins, in a task of its own: no reset is needed, the
+    value dies with the task's context."""
+    _deadline.set(time.monotonic() + max(0.0, seconds))
+
+
+def no_deadline() -> None:
+    """From now on, this task works for no call (nothing waits for an answer):
+    ``seconds_left`` gives its default. For a task that may have inherited
+    another call's deadline with its context."""
+    _deadline.set(None)
+
+
+def seconds_left(default: float = DEFAULT_WINDOW) -> float:
+    """Seconds until the deadline of the call this task works for; ``default``
+    when it works for none (``within`` was not called). Never negative."""
+    deadline = _deadline.get()
+    if deadline is None:
+        return default
+    return max(0.0, deadline - time.monotonic())

@@ -16,12 +16,17 @@ silo's options); everything else takes options as values.
     orleanspy dashboard --storage-url redis://127.0.0.1:6379/0 --port 8787
     orleanspy reminders upcoming --minutes 10 --redis-url redis://127.0.0.1:6379/0
     orleanspy reminders get Type/key name --json
+    orleanspy audit --principal dashboard:ops --since 2h --json
     orleanspy demo
 
-Global flags (``--redis-url``, ``--storage-url``, ``--membership-url``,
+Global flags (``--config``, ``--redis-url``, ``--storage-url``, ``--membership-url``,
 ``--reminder-table-url``, ``--cluster-id``, ``--service-id``, ``--secret``,
 ``--log-level``, ``--log-format``, ``--json``) go before or after the
-subcommand. ``--storage-url`` takes a Redis or a PostgreSQL URL
+subcommand. ``--config FILE`` (``ORLEANSPY_CONFIG``) is the silos' TOML file;
+every command that talks to a cluster takes the store URLs, the ids, the
+secret (or its file), TLS (``messaging.*``) and logging from it, below the
+flags and their variables, so an operator points the commands at the file the
+silos run with. ``--storage-url`` takes a Redis or a PostgreSQL URL
 (``postgresql://...``) for the cluster's tables and means the same as
 ``--redis-url``; ``--membership-url`` and ``--reminder-table-url`` put one
 table elsewhere; ``silo --storage`` picks where grain state lives. Every flag
@@ -36,7 +41,10 @@ they went through a gateway or straight to the reminder table (Redis or
 PostgreSQL; ``cluster status`` reads membership from either, ``--watch`` repeats
 it). ``dashboard`` serves the dashboard on its own (``--port``, ``--host``,
 ``--token``). Exit status: 0
-done, 1 failed (the message says why), 2 usage error, 3 the silo stopped
+done; 1 failed, with a message that says why and no usage text (a data error:
+a file that cannot be read or is not what the command takes, such as a
+malformed import file; a bad setting; what the cluster refused); 2 usage error
+(a bad command line: the usage line, then what is wrong); 3 the silo stopped
 itself (declared Dead by the cluster, or its membership store lost its data:
 restart it).
 """
@@ -52,335 +60,74 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Container, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from orleanspy import __version__
-from orleanspy._cli_config import SETTINGS, SiloConfig, describe, load
+from orleanspy._cli_config import SiloConfig, client_messaging, connection_values, load
+from orleanspy._cli_output import (
+    history_table,
+    print_json,
+    row_detail,
+    rows_table,
+    status_text,
+    table,
+)
+from orleanspy._cli_parser import GLOBAL_KEYS, GLOBALS, LEVELS, SILO_FLAGS, build
 from orleanspy._loop import run
 from orleanspy.errors import ConfigurationError, OrleansPyError
 from orleanspy.observability import JsonFormatter, SiloNameFilter
 from orleanspy.options import MessagingOptions, SiloOptions
-from orleanspy.reminders.model import FireRecord, MissedReminderAction, ReminderEntry
+from orleanspy.reminders.letters import DeadLetter
+from orleanspy.reminders.model import ReminderEntry
 from orleanspy.schemes import check_redis_url
 from orleanspy.tables import table_backend
 
 __all__ = ["main"]
 
-_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-
 
 class UsageError(Exception):
-    """A bad command line: exit status 2."""
+    """A bad command line: exit status 2, after the usage line."""
 
 
-@dataclass(frozen=True)
-class _Global:
-    flag: str
-    env: str | None
-    default: Any
-    help: str
-    kwargs: dict[str, Any]
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
+class DataError(Exception):
+    """The command line was sound but what it named was not (a file that cannot be
+    read or written, an import file that is not an export): exit status 1, with
+    the message alone."""
 
 
-_GLOBALS = (
-    _Global("--redis-url", "ORLEANSPY_REDIS_URL", None,
-            "Redis of the cluster: redis://HOST:PORT/DB, rediss://... (TLS), "
-            "redis+cluster://HOST:PORT,..., redis+sentinel://HOST:PORT,.../MASTER or "
-            "unix:///PATH (this or --storage-url is required but for demo)",
-            {"metavar": "URL"}),
-    _Global("--storage-url", "ORLEANSPY_STORAGE_URL", None,
-            "store of the cluster's tables, Redis or postgresql://...; wins over "
-            "--redis-url", {"metavar": "URL"}),
-    _Global("--membership-url", "ORLEANSPY_MEMBERSHIP_URL", None,
-            "membership table elsewhere (Redis or PostgreSQL)", {"metavar": "URL"}),
-    _Global("--reminder-table-url", "ORLEANSPY_REMINDER_TABLE_URL", None,
-            "reminder table elsewhere (Redis or PostgreSQL)", {"metavar": "URL"}),
-    _Global("--cluster-id", "ORLEANSPY_CLUSTER_ID", "dev", "the cluster's id", {"metavar": "ID"}),
-    _Global("--service-id", "ORLEANSPY_SERVICE_ID", "default",
-            "the service's id (reminders and storage belong to it)", {"metavar": "ID"}),
-    _Global("--secret", "ORLEANSPY_CLUSTER_SECRET", None,
-            "shared secret every silo and client connection presents", {"metavar": "SECRET"}),
-    _Global("--log-level", "ORLEANSPY_LOG_LEVEL", None,
-            f"one of {', '.join(_LEVELS)}; default INFO for silo, WARNING otherwise",
-            {"metavar": "LEVEL"}),
-    _Global("--log-format", "ORLEANSPY_LOG_FORMAT", "text",
-            "text, or json for one JSON object per record", {"metavar": "FORMAT"}),
-    _Global("--json", None, False, "print JSON instead of a table (read commands; no env)",
-            {"action": "store_true"}),
-)  # fmt: skip
-
-
-def _help(text: str, default: Any, env: str | None) -> str:
-    shown = "none" if default is None else default
-    tail = f"default: {shown}" if not isinstance(default, bool) else "off by default"
-    return f"{text} ({tail}; env {env})" if env else f"{text} ({tail})"
-
-
-def _common() -> argparse.ArgumentParser:
-    """The global flags, with suppressed defaults so that a flag given after the
-    subcommand is not overwritten by the parent's default (filled in later)."""
-    common = argparse.ArgumentParser(add_help=False)
-    group = common.add_argument_group("global options (before or after the subcommand)")
-    for g in _GLOBALS:
-        group.add_argument(
-            g.flag,
-            dest=g.dest,
-            default=argparse.SUPPRESS,
-            help=_help(g.help, g.default if g.dest != "log_level" else None, g.env)
-            if g.dest != "log_level"
-            else f"{g.help} (env {g.env})",
-            **g.kwargs,
-        )
-    return common
-
-
-# The silo's own flags: flag, the key it sets (see _cli_config), help.
-_SILO_FLAGS = (
-    ("--name", "name", "the silo's name in logs and cluster status"),
-    ("--host", "host", "address the silo, gateway and metrics ports listen on"),
-    ("--advertise-host", "advertised_host",
-     "address or DNS name peers and clients dial; with a wildcard --host, the address "
-     "this host reaches the membership store from"),
-    ("--silo-port", "silo_port", "silo-to-silo port, 0 for any free port"),
-    ("--gateway-port", "gateway_port", "port clients connect to, 0 for any free port, none for no "
-     "gateway"),
-    ("--metrics-port", "metrics_port",
-     "HTTP port of /metrics, /healthz and /readyz, 0 for any free port"),
-    ("--dashboard-port", "dashboard_port",
-     "HTTP port of the dashboard (off unless set), 0 for any free port"),
-    ("--dashboard-host", "dashboard_host",
-     "address the dashboard listens on; other than loopback it needs a token or TLS"),
-    ("--dashboard-token", "dashboard_token",
-     "bearer token the dashboard requires (16+ characters)"),
-    ("--storage-timeout", "storage_start_timeout",
-     "how long start-up retries an unreachable Redis, in seconds or with a unit"),
-    ("--storage", "storage.default",
-     'grain state storage "default": a redis:// or postgresql:// URL'),
-)  # fmt: skip
-_SHOWN: dict[str, object] = {"name": "silo-<id>", "storage_start_timeout": 30.0,
-                             "storage.default": "the cluster's store"}  # fmt: skip
-_METAVARS = {"--silo-port": "PORT", "--gateway-port": "PORT", "--metrics-port": "PORT",
-             "--storage-timeout": "SECONDS", "--storage": "URL", "--host": "ADDRESS",
-             "--advertise-host": "ADDRESS", "--dashboard-port": "PORT",
-             "--dashboard-host": "ADDRESS", "--dashboard-token": "TOKEN"}  # fmt: skip
-# Global flags that are silo settings too.
-_GLOBAL_KEYS = {
-    "redis_url": "redis_url", "storage_url": "storage_url", "membership_url": "membership_url",
-    "reminder_table_url": "reminder_table_url", "cluster_id": "cluster_id",
-    "service_id": "service_id", "secret": "messaging.cluster_secret",
-    "log_level": "log_level", "log_format": "log_format",
-}  # fmt: skip
-
-
-def _env_help(text: str, default: Any, env: str) -> dict[str, Any]:
-    return {"default": os.environ.get(env, default), "help": _help(text, default, env)}
-
-
-def _parser() -> argparse.ArgumentParser:
-    common = _common()
-    parser = argparse.ArgumentParser(
-        prog="orleanspy", description=__doc__.splitlines()[0].replace("``", ""), parents=[common]
-    )
-    parser.add_argument("--version", action="version", version=f"orleanspy {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def sub(owner: Any, name: str, text: str) -> argparse.ArgumentParser:
-        p: argparse.ArgumentParser = owner.add_parser(
-            name, help=text, description=text, parents=[common]
-        )
-        return p
-
-    silo = commands.add_parser(
-        "silo", help="run one silo until SIGTERM/SIGINT", parents=[common],
-        description="run one silo until SIGTERM/SIGINT. Each setting takes the first value "
-        "found in: its flag (or --set), its environment variable, the --config file, the "
-        "default.", epilog=describe(), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    silo.add_argument("--config", metavar="FILE", default=os.environ.get("ORLEANSPY_CONFIG"),
-                      help="TOML file of settings, keys as listed below (default: none; "
-                      "env ORLEANSPY_CONFIG)")  # fmt: skip
-    silo.add_argument("--set", dest="assignments", action="append", default=[],
-                      metavar="KEY=VALUE", help="set any key listed below, e.g. "
-                      "membership.probe_interval=2s (repeatable)")  # fmt: skip
-    silo.add_argument(
-        "--import", dest="imports", action="append", metavar="MODULE",
-        help="module defining grain classes, found from the current directory too "
-        "(repeatable; default: none; env ORLEANSPY_IMPORT, comma-separated)",
-    )  # fmt: skip
-    for flag, key, text in _SILO_FLAGS:
-        setting = SETTINGS[key]
-        shown = _SHOWN.get(key, setting.default)
-        silo.add_argument(flag, dest="flag_" + key.replace(".", "__"), metavar=_METAVARS.get(flag),
-                          help=_help(text, shown, setting.env))  # fmt: skip
-
-    cluster = sub(commands, "cluster", "look at the cluster")
-    what = cluster.add_subparsers(dest="what", metavar="WHAT", required=True)
-    status = sub(what, "status", "silos: status, address, version, uptime, ring share, load, "
-                 "membership events (from the store: Redis or PostgreSQL)")  # fmt: skip
-    status.add_argument("--watch", type=float, nargs="?", const=2.0, default=None,
-                        metavar="SECONDS", help="print again every SECONDS (default 2) until "
-                        "interrupted (default: once; no env)")  # fmt: skip
-
-    dash = sub(commands, "dashboard", "serve the dashboard on its own, reading the store "
-               "(actions go through a gateway)")  # fmt: skip
-    _dashboard_args(dash, "--port", "--host", "--token")
-
-    rem = sub(commands, "reminders", "inspect and change reminder rows")
-    ops = rem.add_subparsers(dest="what", metavar="WHAT", required=True)
-    p = sub(ops, "list", "rows in the due order: priority first (higher first), then next "
-            "due time; paused rows are left out. With --type or --all: every row (paused "
-            "too) in the table's order, orphaned rows flagged; with --grain: that grain's "
-            "rows")  # fmt: skip
-    p.add_argument(
-        "--grain",
-        metavar="GRAIN",
-        help="only this grain's rows, TYPE/KEY (TYPE/ for the empty key; no env)",
-    )
-    _filter_args(p)
-    p.add_argument("--all", action="store_true", help="every row in the table's order (no env)")
-    p.add_argument("--limit", type=int, metavar="N",
-                   **_env_help("at most this many rows", 100, "ORLEANSPY_LIMIT"))  # fmt: skip
-    p = sub(ops, "get", "one row in full")
-    _row_args(p)
-    p = sub(ops, "upcoming", "rows due within --minutes")
-    p.add_argument("--minutes", type=float, metavar="M",
-                   **_env_help("horizon", 10.0, "ORLEANSPY_MINUTES"))  # fmt: skip
-    p.add_argument("--limit", type=int, metavar="N",
-                   **_env_help("at most this many rows", 100, "ORLEANSPY_LIMIT"))  # fmt: skip
-    p = sub(ops, "count", "how many rows the table holds (of --type, --prefix)")
-    _filter_args(p)
-    sub(ops, "orphans", "rows per grain type that no silo of the cluster hosts (needs a silo)")
-    p = sub(ops, "delete-many",
-            "remove every row of a grain type (and key prefix), a page at a time")  # fmt: skip
-    _filter_args(p, required=True)
-    p.add_argument("--dry-run", action="store_true", help="count what would go; remove nothing")
-    p = sub(ops, "export", "write rows as JSON lines (of --type, --prefix) to stdout or --output")
-    _filter_args(p)
-    p.add_argument("--output", metavar="FILE", help="write here instead of stdout (no env)")
-    p = sub(ops, "import", "write exported JSON lines into the table, keeping their schedules")
-    p.add_argument("input", metavar="FILE", help="an export file, or - for stdin")
-    p.add_argument("--dry-run", action="store_true",
-                   help="say what would be written; write nothing")  # fmt: skip
-    p.add_argument("--replace", action="store_true",
-                   help="replace rows that exist (each on the etag read); "
-                        "default: keep them")  # fmt: skip
-    p = sub(ops, "set-priority", "change a row's priority (-128..127)")
-    _row_args(p)
-    p.add_argument("priority", type=_priority, help="a number, or critical, normal, background")
-    p = sub(ops, "set-action", "change what a row does with missed ticks")
-    _row_args(p)
-    p.add_argument("action", type=_action, help="fire_immediately, skip or notify")
-    p = sub(ops, "set-grace", "change how late a row's ticks may be and still be on time")
-    _row_args(p)
-    p.add_argument(
-        "grace",
-        type=_grace,
-        help="seconds (e.g. 2.5), or default for ReminderOptions.missed_tick_grace (10 s)",
-    )
-    p = sub(ops, "repair", "move a row's next due time to its first slot after now")
-    _row_args(p)
-    p = sub(ops, "delete", "remove a row")
-    _row_args(p)
-    p = sub(ops, "pause", "keep a row but deliver nothing until resume")
-    _row_args(p)
-    p = sub(ops, "resume", "deliver a paused row again (missed slots follow its action)")
-    _row_args(p)
-    p = sub(ops, "trigger", "deliver one tick now, off the schedule (needs a running silo)")
-    _row_args(p)
-
-    demo = sub(commands, "demo", "run the embedded demo (one process, in memory)")
-    demo.add_argument("--seconds", type=float, metavar="S", **_env_help(
-        "how long the demo runs", 5.0, "ORLEANSPY_DEMO_SECONDS"))  # fmt: skip
-    return parser
-
-
-def _filter_args(p: argparse.ArgumentParser, *, required: bool = False) -> None:
-    p.add_argument("--type", dest="type_name", metavar="TYPE", required=required,
-                   help="only rows of this grain type (no env)")  # fmt: skip
-    p.add_argument("--prefix", dest="key_prefix", metavar="PREFIX",
-                   help="only string keys starting with this (needs --type; no env)")  # fmt: skip
-
-
-def _dashboard_args(p: argparse.ArgumentParser, port: str, host: str, token: str) -> None:
-    standalone = port == "--port"
-    p.add_argument(port, dest="dashboard_port", type=int, metavar="PORT", **_env_help(
-        "HTTP port of the dashboard, 0 for any free port", 8787 if standalone else None,
-        "ORLEANSPY_DASHBOARD_PORT"))  # fmt: skip
-    p.add_argument(host, dest="dashboard_host", metavar="HOST", **_env_help(
-        "address the dashboard listens on; off loopback it needs a token or TLS",
-        "127.0.0.1", "ORLEANSPY_DASHBOARD_HOST"))  # fmt: skip
-    p.add_argument(token, dest="dashboard_token", metavar="TOKEN", **_env_help(
-        "token the dashboard asks for (16+ characters; Authorization: Bearer, or ?token= "
-        "once in the browser)", None, "ORLEANSPY_DASHBOARD_TOKEN"))  # fmt: skip
-
-
-def _row_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "grain",
-        metavar="GRAIN",
-        help="TYPE/KEY (string key; TYPE/ is the empty key), TYPE/i:42, TYPE/u:UUID",
-    )
-    p.add_argument("name", metavar="NAME", help="the reminder's name")
-
-
-def _priority(text: str) -> int:
-    names = {"critical": 100, "normal": 0, "background": -100}
-    if text.lower() in names:
-        return names[text.lower()]
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a priority: {text!r} (a number in -128..127, or critical, normal, background)"
-        ) from None
-    if not -128 <= value <= 127:
-        raise argparse.ArgumentTypeError(f"priority {value} is outside -128..127")
-    return value
-
-
-def _grace(text: str) -> timedelta | None:
-    if text.lower() == "default":
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a grace: {text!r} (seconds, e.g. 2.5, or default)"
-        ) from None
-    if not 0 <= seconds <= 366 * 86400:
-        raise argparse.ArgumentTypeError(f"grace {text} s is outside 0 .. 366 days")
-    return timedelta(seconds=seconds)
-
-
-def _action(text: str) -> MissedReminderAction:
-    try:
-        return MissedReminderAction[text.upper().replace("-", "_")]
-    except KeyError:
-        raise argparse.ArgumentTypeError(
-            f"not an action: {text!r} (fire_immediately, skip or notify)"
-        ) from None
-
-
-def _fill_globals(args: argparse.Namespace) -> None:
-    """Flags given win, then their environment variables, then the defaults."""
-    for g in _GLOBALS:
-        if not hasattr(args, g.dest):
-            value = os.environ.get(g.env) if g.env else None
-            setattr(args, g.dest, g.default if value is None else value)
+def _fill_globals(args: argparse.Namespace, file: Mapping[str, tuple[object, str]]) -> None:
+    """Flags given win, then their environment variables, then the ``--config``
+    file's keys (``file``: key -> (value, where), ``_cli_config.connection_values``),
+    then the defaults. A bad value from the command line or the environment is a
+    usage error; one from the file names the file."""
+    came_from: dict[str, str] = {}
+    for g in GLOBALS:
+        if hasattr(args, g.dest):
+            came_from[g.dest] = g.flag
+            continue
+        value: object = os.environ.get(g.env) if g.env else None
+        came_from[g.dest] = f"env {g.env}"
+        key = GLOBAL_KEYS.get(g.dest)
+        if value is None and key is not None and key in file:
+            value, came_from[g.dest] = file[key]
+        setattr(args, g.dest, g.default if value is None else value)
     level = args.log_level or ("INFO" if args.command == "silo" else "WARNING")
-    if level.upper() not in _LEVELS:
-        raise UsageError(f"unknown log level {level!r} (--log-level): use one of "
-                         f"{', '.join(_LEVELS)}")  # fmt: skip
+    if not isinstance(level, str) or level.upper() not in LEVELS:
+        _bad_global(came_from["log_level"], "--log-level",
+                    f"unknown log level {level!r}: use one of {', '.join(LEVELS)}")  # fmt: skip
     args.log_level = level.upper()
     if args.log_format not in ("text", "json"):
-        raise UsageError(f"unknown log format {args.log_format!r} (--log-format): text or json")
+        _bad_global(came_from["log_format"], "--log-format",
+                    f"unknown log format {args.log_format!r}: text or json")  # fmt: skip
+
+
+def _bad_global(where: str, flag: str, what: str) -> None:
+    if where.startswith("-") or where.startswith("env "):
+        head, _, tail = what.partition(":")
+        raise UsageError(f"{head} ({flag}):{tail}")
+    raise ConfigurationError(f"{flag.lstrip('-').replace('-', '_')} ({where}): {what}")
 
 
 def _checked(url: str, flag: str) -> str:
@@ -443,7 +190,11 @@ def _logging(args: argparse.Namespace) -> SiloNameFilter:
 
 
 def _messaging(args: argparse.Namespace) -> MessagingOptions:
-    return MessagingOptions(cluster_secret=args.secret) if args.secret else MessagingOptions()
+    """How a command connects to the cluster's gateways: ``--secret``, else its
+    variable, else ``--config``'s ``messaging.*`` keys (the secret, its file, TLS;
+    ``_cli_config.client_messaging``, read in ``main``)."""
+    messaging: MessagingOptions = args.messaging
+    return messaging
 
 
 # -- silo -----------------------------------------------------------------------------
@@ -454,21 +205,27 @@ def silo_config(args: argparse.Namespace, given: Mapping[str, object]) -> SiloCo
     environment, then ``--config``, then the defaults (``_cli_config``)."""
     flags: dict[str, tuple[object, str]] = {}
     for dest, value in given.items():
-        if dest in _GLOBAL_KEYS:
-            flags[_GLOBAL_KEYS[dest]] = (value, "--" + dest.replace("_", "-"))
-    for flag, key, _ in _SILO_FLAGS:
+        if dest in GLOBAL_KEYS:
+            flags[GLOBAL_KEYS[dest]] = (value, "--" + dest.replace("_", "-"))
+    for flag, key, _ in SILO_FLAGS:
         value = getattr(args, "flag_" + key.replace(".", "__"))
         if value is not None:
             flags[key] = (value, flag)
     if args.imports:
         flags["import"] = (",".join(args.imports), "--import")
-    config = load(Path(args.config) if args.config else None, os.environ, flags, args.assignments)
+    config = load(_config_file(args), os.environ, flags, args.assignments)
     if not config.options.clustered:
         raise UsageError(
             "--storage-url or --redis-url (or ORLEANSPY_STORAGE_URL, ORLEANSPY_REDIS_URL, "
             "or storage_url in the --config file) is required"
         )
     return config
+
+
+def _config_file(args: argparse.Namespace) -> Path | None:
+    """``--config`` (or ``ORLEANSPY_CONFIG``), for every command."""
+    path = getattr(args, "config", None) or os.environ.get("ORLEANSPY_CONFIG")
+    return Path(path) if path else None
 
 
 def _import_grains(modules: Sequence[str]) -> None:
@@ -515,103 +272,6 @@ async def _run_silo(options: SiloOptions, names: SiloNameFilter) -> int:
     return 0
 
 
-# -- output ---------------------------------------------------------------------------
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    )
-
-
-def _print_json(doc: object) -> None:
-    print(json.dumps(doc, indent=2, sort_keys=True))
-
-
-def _schedule(row: ReminderEntry) -> str:
-    if row.cron:
-        text = f"cron {row.cron} {row.tz or 'UTC'}"
-    elif row.period is not None:
-        text = f"every {row.period}"
-    else:
-        text = f"once at {row.start_at:%Y-%m-%d %H:%M:%S}Z"
-    if row.jitter is not None:
-        text += f", jitter {row.jitter}"
-    if row.starts_at is not None:
-        text += f", from {row.starts_at:%Y-%m-%d %H:%M:%S}Z"
-    if row.ends_at is not None:
-        text += f", until {row.ends_at:%Y-%m-%d %H:%M:%S}Z"
-    if row.max_ticks is not None:
-        text += f", {row.max_ticks} ticks"
-    if row.retry is not None:
-        text += f", retry {row.retry.max_attempts}x/{row.retry.backoff}"
-    return text
-
-
-def _state(row: ReminderEntry, orphaned: bool = False) -> str:
-    parts = ["paused" if row.paused else "active"]
-    if row.declared:
-        parts.append("declared")
-    if orphaned:
-        parts.append("orphaned")
-    return ",".join(parts)
-
-
-def _rows_table(rows: Sequence[ReminderEntry], orphaned: Container[str] = ()) -> str:
-    return _table(
-        ("NEXT DUE", "GRAIN", "NAME", "SCHEDULE", "PRIORITY", "ACTION", "STATE"),
-        [
-            (
-                f"{r.next_due:%Y-%m-%d %H:%M:%S}Z",
-                str(r.grain_id),
-                r.name,
-                _schedule(r),
-                int(r.priority),
-                r.action.name.lower(),
-                _state(r, r.key in orphaned),
-            )
-            for r in rows
-        ],
-    )
-
-
-_OPTIONAL = frozenset(
-    {"one_shot", "jitter_seconds", "starts_at", "ends_at", "max_ticks", "final_due", "payload",
-     "retry"}
-)  # fmt: skip
-
-
-def _row_detail(row: ReminderEntry) -> str:
-    from orleanspy._cli_reminders import entry_json
-
-    # The optional schedule fields only when set: most rows have none of them.
-    doc = {k: v for k, v in entry_json(row).items() if k not in _OPTIONAL or v not in (None, False)}
-    width = max(len(k) for k in doc)
-    return "\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in doc.items())
-
-
-def _history_table(history: Sequence[FireRecord]) -> str:
-    return _table(
-        ("LAST FIRED SLOT", "AT", "LATENESS", "OUTCOME", "SILO", "ERROR"),
-        [
-            (
-                f"{r.slot:%Y-%m-%d %H:%M:%S}Z",
-                f"{r.at:%H:%M:%S.%f}"[:-3],
-                f"{r.lateness.total_seconds() * 1000:.0f} ms",
-                r.outcome.value
-                + (f" (attempt {r.attempt})" if r.attempt > 1 else "")
-                + (" (final)" if r.final else "")
-                + (" (triggered)" if r.triggered else ""),
-                r.silo,
-                "" if r.error is None else r.error[:80],
-            )
-            for r in history
-        ],
-    )
-
-
 # -- cluster status -------------------------------------------------------------------
 
 
@@ -632,7 +292,7 @@ async def _cluster_status(args: argparse.Namespace) -> int:
             else:
                 if args.watch is not None:
                     print("\x1b[2J\x1b[H", end="")  # clear the terminal between rounds
-                print(_status_text(status), flush=True)
+                print(status_text(status), flush=True)
             if args.watch is None:
                 break
             await asyncio.sleep(max(0.2, args.watch))
@@ -648,40 +308,6 @@ async def _cluster_status(args: argparse.Namespace) -> int:
                    f"{args.cluster_id!r}, service id {args.service_id!r}, none Active")  # fmt: skip
         print(f"orleanspy: no Active silo: {why}", file=sys.stderr)
     return 0
-
-
-def _status_text(status: Any) -> str:
-    head = (f"cluster {status.cluster_id!r} service {status.service_id!r} "
-            f"(membership version {status.table_version})")  # fmt: skip
-    headers = ("NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "UPTIME", "RING",
-               "ACTIVATIONS", "REMINDERS", "CPU", "HEARTBEAT")  # fmt: skip
-    rows = [
-        (s.name, s.status, s.address, s.gateway, s.version,
-         _duration(s.uptime_seconds) if s.status == "active" else None,
-         f"{s.ring_share:.1f}%", s.activations, s.reminders,
-         None if s.cpu_percent is None else f"{s.cpu_percent:.0f}%",
-         None if s.last_heartbeat is None else f"{s.last_heartbeat:%H:%M:%S}Z")
-        for s in status.silos
-    ]  # fmt: skip
-    events = [
-        f"  {e.at:%Y-%m-%d %H:%M:%S}Z  {e.kind:<9}  {e.name or e.silo}"
-        + (f"  (vote by {e.by})" if e.by else "")
-        for e in status.events[-10:]
-    ]
-    tail = "\n\nrecent membership events:\n" + "\n".join(events) if events else ""
-    if status.orphaned_rows:
-        tail += (f"\n\norphaned reminder rows: {status.orphaned_rows} (their grain types are "
-                 "hosted by no silo: orleanspy reminders orphans)")  # fmt: skip
-    return f"{head}\n{_table(headers, rows)}{tail}"
-
-
-def _duration(seconds: float) -> str:
-    s = int(seconds)
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 # -- dashboard ------------------------------------------------------------------------
@@ -745,6 +371,10 @@ async def _reminders(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     if getattr(args, "key_prefix", None) is not None and not args.type_name:
         raise UsageError("--prefix needs --type")
+    if args.what == "import":
+        # Read and checked whole before the cluster is asked anything: a bad
+        # file writes nothing.
+        args.items = _read_export(args.input)
     async with open_reminders(
         gateway_url,
         args.cluster_id,
@@ -757,71 +387,112 @@ async def _reminders(args: argparse.Namespace) -> int:
         return await _reminder_command(args, access, grain)
 
 
+def _read_export(path: str) -> list[ReminderEntry | DeadLetter]:
+    """The rows and dead letters of an export file (``-``: stdin); ``DataError``
+    naming the file for one that is not an export."""
+    from orleanspy._cli_reminders import parse_export_all
+    from orleanspy.errors import ReminderError
+
+    src = sys.stdin if path == "-" else _open_text(path, "r")
+    try:
+        return list(parse_export_all(src))
+    except ReminderError as exc:
+        raise DataError(f"{'stdin' if path == '-' else path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    finally:
+        if src is not sys.stdin:
+            src.close()
+
+
 def _open_text(path: str, mode: str) -> Any:
     # A CLI command is the only task of its loop: a blocking open costs nobody.
     try:
         return open(path, mode, encoding="utf-8")
     except OSError as exc:
-        raise UsageError(f"cannot open {path!r}: {exc.strerror}") from None
+        raise DataError(f"cannot open {path!r}: {exc.strerror}") from None
 
 
 async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -> int:
-    from orleanspy._cli_reminders import FOREVER, entry_json, export_line, fire_json, parse_export
-    from orleanspy.errors import ReminderError
+    from orleanspy._cli_reminders import (
+        FOREVER,
+        counters_json,
+        describe_json,
+        describe_text,
+        entry_json,
+        export_line,
+        fire_json,
+        letter_line,
+        run_schedule_command,
+    )
 
     what = args.what
+    handled = await run_schedule_command(args, access, grain)
+    if handled is not None:
+        return handled
+    labels = getattr(args, "labels", None)
     if what == "count":
-        n = await access.count(args.type_name, args.key_prefix)
-        _print_json({"count": n}) if args.json else print(n)
+        n = await access.count(args.type_name, args.key_prefix, labels)
+        print_json({"count": n}) if args.json else print(n)
         return 0
     if what == "orphans":
         orphans = await access.orphans()
         if args.json:
-            _print_json(orphans)
+            print_json(orphans)
         else:
-            print(_table(("GRAIN TYPE", "ROWS"), sorted(orphans.items())))
+            print(table(("GRAIN TYPE", "ROWS"), sorted(orphans.items())))
         return 0
     if what == "delete-many":
-        n = await access.delete_where(args.type_name, args.key_prefix, args.dry_run)
+        if not args.type_name and not labels:
+            raise UsageError("delete-many needs --type or --label (it never empties the table)")
+        n = await access.delete_where(args.type_name, args.key_prefix, args.dry_run, labels)
         verb = "would delete" if args.dry_run else "deleted"
-        _print_json({"deleted": n, "dry_run": args.dry_run}) if args.json else print(
+        print_json({"deleted": n, "dry_run": args.dry_run}) if args.json else print(
             f"{verb} {n} rows"
         )
         return 0
     if what == "export":
         out = sys.stdout if not args.output else _open_text(args.output, "w")
         n = 0
+        letters = 0
         try:
             cursor = None
             while True:
-                page = await access.page(cursor, 500, args.type_name, args.key_prefix)
+                page = await access.page(cursor, 500, args.type_name, args.key_prefix, labels)
                 for row in page.rows:
                     out.write(export_line(row) + "\n")
                     n += 1
                 cursor = page.cursor
                 if cursor is None:
                     break
+            while args.dead_letters:
+                part = await access.dead_letters(None, None, cursor, 500)
+                for letter in part.letters:
+                    out.write(letter_line(letter) + "\n")
+                    letters += 1
+                if (cursor := part.cursor) is None:
+                    break
         finally:
             if out is not sys.stdout:
                 out.close()
-        print(f"orleanspy: exported {n} rows", file=sys.stderr)
+        more = f" and {letters} dead letters" if args.dead_letters else ""
+        print(f"orleanspy: exported {n} rows{more}", file=sys.stderr)
         return 0
     if what == "import":
-        src = sys.stdin if args.input == "-" else _open_text(args.input, "r")
-        try:
-            rows = list(parse_export(src))
-        except ReminderError as exc:
-            raise UsageError(f"{args.input}: {exc}") from None
-        finally:
-            if src is not sys.stdin:
-                src.close()
+        rows = [r for r in args.items if isinstance(r, ReminderEntry)]
+        dead = [d for d in args.items if not isinstance(d, ReminderEntry)]
         done = {"created": 0, "exist": 0, "replaced": 0, "conflicts": 0}
         for i in range(0, len(rows), 500):
             result = await access.import_rows(rows[i : i + 500], args.replace, args.dry_run)
             for k in done:
                 done[k] += getattr(result, k)
+        if dead:
+            done["dead_letters"] = 0
+            for i in range(0, len(dead), 500):
+                chunk = dead[i : i + 500]
+                done["dead_letters"] += await access.import_dead_letters(chunk, args.dry_run)
         if args.json:
-            _print_json(dict(done, dry_run=args.dry_run))
+            print_json(dict(done, dry_run=args.dry_run))
         else:
             head = "would import" if args.dry_run else "imported"
             print(f"{head}: " + ", ".join(f"{k} {v}" for k, v in done.items()))
@@ -832,12 +503,16 @@ async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -
             rows = await access.upcoming(timedelta(minutes=args.minutes), args.limit)
         elif grain is not None:
             rows = (await access.list_for_grain(grain))[: args.limit]
-        elif args.type_name or args.all:
+        elif args.type_name or args.all or labels:
             rows, keys = [], set()
             cursor = None
             while len(rows) < args.limit:
                 page = await access.page(
-                    cursor, min(500, args.limit - len(rows)), args.type_name, args.key_prefix
+                    cursor,
+                    min(500, args.limit - len(rows)),
+                    args.type_name,
+                    args.key_prefix,
+                    labels,
                 )
                 rows.extend(page.rows)
                 keys.update(page.orphaned)
@@ -849,11 +524,25 @@ async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -
             rows = await access.upcoming(FOREVER, args.limit)
         if args.json:
             flag = (lambda r: r.key in orphaned) if what == "list" and orphaned else None
-            _print_json([entry_json(r, orphaned=None if flag is None else flag(r)) for r in rows])
+            print_json([entry_json(r, orphaned=None if flag is None else flag(r)) for r in rows])
         else:
-            print(_rows_table(rows, orphaned))
+            print(rows_table(rows, orphaned))
         return 0
+    if what in ("dead-letters", "replay", "discard"):
+        return await _dead_letters(args, access, grain)
     assert grain is not None
+    if what == "describe":
+        described = await access.describe(grain, args.name, args.count, args.after)
+        print_json(describe_json(described)) if args.json else print(describe_text(described))
+        return 0
+    if what == "counters":
+        doc = counters_json(await access.counters(grain, args.name))
+        if args.json:
+            print_json(doc)
+        else:
+            width = max(len(k) for k in doc)
+            print("\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in doc.items()))
+        return 0
     if what == "delete":
         if not await access.delete(grain, args.name):
             print(f"orleanspy: {grain} has no reminder {args.name!r}", file=sys.stderr)
@@ -863,7 +552,7 @@ async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -
     if what == "trigger":
         status = await access.trigger(grain, args.name)
         at = status.delivered_at.isoformat()
-        _print_json({"triggered": True, "delivered_at": at}) if args.json else print(
+        print_json({"triggered": True, "delivered_at": at}) if args.json else print(
             f"triggered {grain} {args.name} at {at}"
         )
         return 0
@@ -882,12 +571,106 @@ async def _reminder_command(args: argparse.Namespace, access: Any, grain: Any) -
         doc = entry_json(row)
         if history is not None:
             doc["history"] = [fire_json(r) for r in history]
-        _print_json(doc)
+        print_json(doc)
     else:
-        print(_row_detail(row))
+        print(row_detail(row))
         if history:
             print()
-            print(_history_table(history))
+            print(history_table(history))
+    return 0
+
+
+async def _dead_letters(args: argparse.Namespace, access: Any, grain: Any) -> int:
+    """``reminders dead-letters``, ``replay ID`` and ``discard ID``."""
+    from orleanspy._cli_reminders import letter_json
+
+    what = args.what
+    if what == "replay":
+        status = await access.replay(args.letter_id)
+        at = status.delivered_at.isoformat()
+        print_json({"replayed": args.letter_id, "delivered_at": at}) if args.json else print(
+            f"replayed {args.letter_id} (slot {status.current_tick_time.isoformat()}) at {at}"
+        )
+        return 0
+    if what == "discard":
+        letter = await access.discard(args.letter_id)
+        print_json({"discarded": letter_json(letter)}) if args.json else print(
+            f"discarded {letter.id} ({letter.grain_id} {letter.name}, slot "
+            f"{letter.slot.isoformat()})"
+        )
+        return 0
+    page = await access.dead_letters(grain, args.name, args.cursor, args.limit)
+    if args.json:
+        print_json({"letters": [letter_json(d) for d in page.letters], "cursor": page.cursor})
+        return 0
+    if args.show:
+        for d in page.letters:
+            doc = letter_json(d)
+            tb = doc.pop("traceback")
+            width = max(len(k) for k in doc)
+            print("\n".join(f"{k.ljust(width)}  {'-' if v is None else v}" for k, v in doc.items()))
+            print(tb.rstrip(), end="\n\n")
+    else:
+        print(
+            table(
+                ("ID", "GRAIN", "NAME", "SLOT", "ATTEMPTS", "ERROR", "DEAD-LETTERED"),
+                [
+                    (
+                        d.id,
+                        str(d.grain_id),
+                        d.name,
+                        f"{d.slot:%Y-%m-%d %H:%M:%S}Z",
+                        d.attempts,
+                        f"{d.error_type}: {d.message}"[:80],
+                        f"{d.at:%Y-%m-%d %H:%M:%S}Z",
+                    )
+                    for d in page.letters
+                ],
+            )
+        )
+    if page.cursor is not None:
+        print(f"orleanspy: more: --cursor {page.cursor}", file=sys.stderr)
+    return 0
+
+
+async def _audit(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from orleanspy._cli_audit import query_of, run_audit
+    from orleanspy._cli_reminders import open_reminders
+
+    try:
+        query = query_of(args, datetime.now(UTC))
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    async with open_reminders(
+        membership_url(args), args.cluster_id, args.service_id, _messaging(args),
+        table_url=reminders_url(args),
+    ) as access:  # fmt: skip
+        print(f"orleanspy: via {access.via}", file=sys.stderr)
+        return await run_audit(access, query, args.json)
+
+
+async def _migrate(args: argparse.Namespace) -> int:
+    from orleanspy._redis import redacted
+    from orleanspy.migration import migrate_storage
+
+    url = args.storage or args.storage_url or args.redis_url
+    if url is None:
+        raise UsageError("migrate needs --storage URL (or --storage-url / --redis-url)")
+    reports = await migrate_storage(url, service_id=args.service_id, cluster_id=args.cluster_id)
+    if args.json:
+        print_json(
+            [
+                {"store": r.store, "component": r.component, "before": r.before,
+                 "after": r.after, "applied": r.applied}
+                for r in reports
+            ]
+        )  # fmt: skip
+        return 0
+    print(f"orleanspy {__version__}: {redacted(url)}")
+    for report in reports:
+        print(report.line())
     return 0
 
 
@@ -901,6 +684,10 @@ async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
         return await _cluster_status(args)
     if args.command == "dashboard":
         return await _run_dashboard(args)
+    if args.command == "migrate":
+        return await _migrate(args)
+    if args.command == "audit":
+        return await _audit(args)
     if args.command == "demo":
         from orleanspy.demo import main as demo
 
@@ -912,14 +699,19 @@ async def _dispatch(args: argparse.Namespace, names: SiloNameFilter) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``orleanspy`` command; returns the exit status."""
     # gRPC's C core stays quiet unless GRPC_VERBOSITY asks (orleanspy.messaging).
-    parser = _parser()
+    parser = build()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # --help, --version (0) and usage errors (2)
         return int(exc.code or 0)
     try:
-        given = {g.dest: getattr(args, g.dest) for g in _GLOBALS if hasattr(args, g.dest)}
-        _fill_globals(args)
+        given = {g.dest: getattr(args, g.dest) for g in GLOBALS if hasattr(args, g.dest)}
+        file = _config_file(args)
+        # A silo reads the whole file itself (silo_config); the other commands
+        # take the cluster's connection from it.
+        _fill_globals(args, connection_values(file) if args.command != "silo" else {})
+        if args.command not in ("silo", "demo"):
+            args.messaging = client_messaging(file, os.environ, given.get("secret"))
         if args.command == "silo":
             config = silo_config(args, given)
             args.silo_options = config.options
@@ -935,6 +727,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"orleanspy: {exc}", file=sys.stderr)
         return 2
+    except DataError as exc:
+        print(f"orleanspy: {exc}", file=sys.stderr)
+        return 1
     except OrleansPyError as exc:
         print(f"orleanspy: {exc}", file=sys.stderr)
         return 1

@@ -20,9 +20,11 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
+from orleanspy import tracing
 from orleanspy.errors import (
     AuthenticationError,
     ClosedError,
@@ -41,6 +43,7 @@ from orleanspy.serialization import Codec, DecodeLimits
 from orleanspy.tables import TableConnections, table_backend
 
 if TYPE_CHECKING:
+    from orleanspy._otel import Tracer
     from orleanspy.membership.table import MembershipTable
     from orleanspy.messaging.transport import GatewayConnection, GatewayConnector
 
@@ -67,7 +70,8 @@ class ClusterClient:
 
     ``secret`` is the cluster secret the gateways require (the same as
     ``options=MessagingOptions(cluster_secret=...)``). ``ClusterClient.from_env()``
-    reads the settings from the environment variables the CLI reads.
+    reads the settings from the environment variables the CLI reads, the secret
+    and TLS included (``messaging_from_env``).
 
     ``connector`` makes its gateway connections (a ``GatewayConnector``; gRPC
     by default, ``InMemoryNetwork.connector()`` for silos on an in-memory
@@ -106,6 +110,7 @@ class ClusterClient:
         self._table = membership_table
         self._connector = connector
         self._state = _State.CREATED
+        self._tracing: Tracer | None = None
         self._stack = AsyncExitStack()
         self._client_id = f"client-{os.getpid()}-{os.urandom(6).hex()}"
         self._connections: dict[str, GatewayConnection] = {}
@@ -131,26 +136,48 @@ class ClusterClient:
         """A client configured as the CLI is: ``ORLEANSPY_MEMBERSHIP_URL``, else
         ``ORLEANSPY_STORAGE_URL``, else ``ORLEANSPY_REDIS_URL`` (where gateways
         are found), ``ORLEANSPY_CLUSTER_ID`` (``dev``), ``ORLEANSPY_SERVICE_ID``
-        (``default``) and ``ORLEANSPY_CLUSTER_SECRET``. Keyword arguments win over
-        the environment; ``environ`` defaults to ``os.environ``. Nothing is read
-        unless this is called (the constructor never reads the environment)."""
+        (``default``), and the messaging options of ``messaging_from_env`` (the
+        cluster secret or its file, TLS); a setting the environment leaves out
+        comes from the silos' TOML file named by ``ORLEANSPY_CONFIG``, if any.
+        Keyword arguments win over both; ``environ`` defaults to ``os.environ``.
+        Nothing is read unless this is called (the constructor never reads the
+        environment). A bad value is a ``ConfigurationError`` naming its variable
+        or key."""
+        from orleanspy._cli_config import connection_values
+
         env = os.environ if environ is None else environ
+        file = connection_values(_config_file(env))
         settings: dict[str, Any] = {}
-        url = next(
-            (env[k] for k in _URL_VARIABLES if env.get(k)),
-            None,
-        )
+        url: object = next((env[k] for k in _URL_VARIABLES if env.get(k)), None)
+        if url is None:
+            url = next((file[k][0] for k in _URL_KEYS if k in file), None)
         if url is not None:
             settings["membership_url"] = url
         for key, variable in (
             ("cluster_id", "ORLEANSPY_CLUSTER_ID"),
             ("service_id", "ORLEANSPY_SERVICE_ID"),
-            ("secret", "ORLEANSPY_CLUSTER_SECRET"),
         ):
             if env.get(variable):
                 settings[key] = env[variable]
+            elif key in file:
+                settings[key] = file[key][0]
+        settings["options"] = cls.messaging_from_env(env)
         settings.update(overrides)
         return cls(**settings)
+
+    @staticmethod
+    def messaging_from_env(environ: Mapping[str, str] | None = None) -> MessagingOptions:
+        """The messaging options the CLI gives a command that connects to a
+        cluster, for a client or a silo this process makes: the cluster secret
+        (``ORLEANSPY_CLUSTER_SECRET``, or the file ``ORLEANSPY_CLUSTER_SECRET_FILE``
+        names), TLS (``ORLEANSPY_MESSAGING_TLS_CERT_FILE``, ``..._KEY_FILE``,
+        ``..._CA_FILE``), any other ``ORLEANSPY_MESSAGING_...`` key, and what
+        the environment leaves out from the ``[messaging]`` keys of the file
+        ``ORLEANSPY_CONFIG`` names. ``environ`` defaults to ``os.environ``."""
+        from orleanspy._cli_config import client_messaging
+
+        env = os.environ if environ is None else environ
+        return client_messaging(_config_file(env), env)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -173,6 +200,8 @@ class ClusterClient:
         if self._state is not _State.CREATED:
             raise ClosedError("a ClusterClient starts once")
         self._state = _State.OPEN
+        # Whether this process traces: a tracer provider set by now counts.
+        self._tracing = tracing.refresh()
         try:
             if self._static is None and self._table is None:
                 assert self._redis_url is not None
@@ -284,6 +313,22 @@ class ClusterClient:
         """Send a call through a gateway (see ``CallInvoker``)."""
         if self._state is not _State.OPEN:
             raise self._not_open()
+        tracer = self._tracing
+        if tracer is None:
+            return await self._send(grain_id, method, args, kwargs, one_way, None)
+        # The caller's span; its context travels in the message (W3C traceparent).
+        with tracer.call(grain_id, method):
+            return await self._send(grain_id, method, args, kwargs, one_way, tracer)
+
+    async def _send(  # noqa: PLR0917 (invoke's arguments)
+        self,
+        grain_id: GrainId,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        one_way: bool,
+        tracer: Tracer | None,
+    ) -> Any:
         live = self._live
         if live:
             endpoint, conn = live[next(self._round_robin) % len(live)]
@@ -298,6 +343,8 @@ class ClusterClient:
             one_way=one_way,
             expires_at_ms=time.time_ns() // 1_000_000 + self._timeout_ms,
         )
+        if tracer is not None:
+            tracer.inject(msg.headers)
         if one_way:
             conn.send(msg)
             return None
@@ -414,6 +461,13 @@ class ClusterClient:
 
 
 _URL_VARIABLES = ("ORLEANSPY_MEMBERSHIP_URL", "ORLEANSPY_STORAGE_URL", "ORLEANSPY_REDIS_URL")
+# The same, as keys of a silo's TOML file.
+_URL_KEYS = ("membership_url", "storage_url", "redis_url")
+
+
+def _config_file(env: Mapping[str, str]) -> Path | None:
+    path = env.get("ORLEANSPY_CONFIG")
+    return Path(path) if path else None
 
 
 def _with_secret(options: MessagingOptions, secret: str) -> MessagingOptions:

@@ -34,7 +34,7 @@ from typing import Any, Final, Protocol, cast
 from orleanspy._redis import Redis, connect, key_prefix, redacted, resolve, translate_errors
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.agreement import ring_is_balanced
+from orleanspy.membership.agreement import RING_BALANCED, cluster_level, cluster_ring_mode
 from orleanspy.membership.model import MembershipSnapshot, SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
 from orleanspy.membership.table import MembershipTable
@@ -250,7 +250,10 @@ class SiloRow:
     is the percentage of the hash ring it owns (Active silos only); the fields
     from its last status record (``activations``, ``reminders``, ``version``,
     ``cpu_percent``, ``loop_lag``) are ``None`` without one, and ``record`` is
-    that record as published (the dashboard's counters)."""
+    that record as published (the dashboard's counters). ``version`` is the
+    release the membership row records (0.2 on), else the record's; ``protocols``
+    the wire protocol window the row records (``"1"`` for a 0.1.x row),
+    ``ring_mode`` the ring it builds, ``schemas`` its store schema versions."""
 
     name: str
     status: str
@@ -266,6 +269,9 @@ class SiloRow:
     cpu_percent: float | None = None
     loop_lag: float | None = None
     grain_types: tuple[str, ...] | None = None
+    protocols: str = "1"
+    ring_mode: str | None = None
+    schemas: tuple[tuple[str, int], ...] = ()
     record: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -287,6 +293,9 @@ class SiloRow:
             "activations": self.activations,
             "reminders_held": self.reminders,
             "version": self.version,
+            "protocols": self.protocols,
+            "ring_mode": self.ring_mode,
+            "schemas": dict(self.schemas),
             "cpu_percent": self.cpu_percent,
             "loop_lag_seconds": self.loop_lag,
             "status_age_seconds": None if self.status_age is None else round(self.status_age, 1),
@@ -313,7 +322,10 @@ class MembershipEvent:
 @dataclass(frozen=True, slots=True)
 class ClusterStatus:
     """``orphaned_rows``: reminder rows whose grain type no silo hosts, from the
-    newest status record that has the figure (``None``: no silo reported it)."""
+    newest status record that has the figure (``None``: no silo reported it).
+    ``feature_level`` is the newest protocol every live silo speaks (the
+    features it brings are on: ``orleanspy.versions``); ``ring`` the ring the
+    Active silos build."""
 
     cluster_id: str
     service_id: str
@@ -321,12 +333,16 @@ class ClusterStatus:
     silos: tuple[SiloRow, ...]
     events: tuple[MembershipEvent, ...] = ()
     orphaned_rows: int | None = None
+    feature_level: int = 1
+    ring: str = "balanced"
 
     def to_json(self) -> dict[str, object]:
         return {
             "cluster_id": self.cluster_id,
             "service_id": self.service_id,
             "table_version": self.table_version,
+            "feature_level": self.feature_level,
+            "ring": self.ring,
             "silos": [s.to_json() for s in self.silos],
             "events": [e.to_json() for e in self.events],
             "orphaned_reminder_rows": self.orphaned_rows,
@@ -352,7 +368,8 @@ def cluster_from(
 ) -> ClusterStatus:
     """The status of a membership snapshot and the silos' records. Ring shares
     are those of the ring the Active silos record that they build."""
-    ring = ConsistentRing.build(snap.active_silos(), balanced=ring_is_balanced(snap))
+    mode = cluster_ring_mode(snap)
+    ring = ConsistentRing.build(snap.active_silos(), balanced=mode == RING_BALANCED)
     now_ms = time.time() * 1000
     rows = []
     events: list[MembershipEvent] = []
@@ -383,12 +400,19 @@ def cluster_from(
                     None if rec is None else max(0.0, (now_ms - _num(rec, "updated_ms")) / 1000)
                 ),
                 last_heartbeat=entry.i_am_alive.astimezone(UTC),
-                version=None if rec is None else _str(rec, "version"),
+                version=entry.release or (None if rec is None else _str(rec, "version")),
                 cpu_percent=None if rec is None else _float(rec, "cpu_percent"),
                 loop_lag=None if rec is None else _float(rec, "loop_lag"),
                 grain_types=(
                     None if entry.grain_types is None else tuple(sorted(entry.grain_types))
                 ),
+                protocols=(
+                    str(entry.window.newest)
+                    if entry.window.oldest == entry.window.newest
+                    else entry.window.text()
+                ),
+                ring_mode=entry.ring_mode,
+                schemas=entry.schemas or (),
                 record=rec or {},
             )
         )
@@ -401,7 +425,14 @@ def cluster_from(
     ]
     orphaned = cast(int | None, max(reported)[1] if reported else None)
     return ClusterStatus(
-        cluster_id, service_id, snap.version.version, tuple(rows), tuple(events), orphaned
+        cluster_id,
+        service_id,
+        snap.version.version,
+        tuple(rows),
+        tuple(events),
+        orphaned,
+        feature_level=cluster_level(snap),
+        ring=mode,
     )
 
 

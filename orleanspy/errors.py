@@ -22,6 +22,8 @@
     ├── MembershipError                        the membership protocol could not proceed
     │   └── SiloDeclaredDeadError              this silo read itself Dead in the table
     ├── ReminderError (ValueError)             an invalid reminder registration
+    ├── TickDeadlineError (TimeoutError)       a reminder tick ran past its deadline and
+    │                                          was cancelled where it ran
     └── ClosedError (RuntimeError)             a silo or client used after it was stopped
 
 Expected outcomes are values, not exceptions: a lost compare-and-swap returns
@@ -52,6 +54,7 @@ __all__ = [
     "SiloUnavailableError",
     "StorageError",
     "StorageUnavailableError",
+    "TickDeadlineError",
     "UnknownGrainTypeError",
 ]
 
@@ -170,6 +173,18 @@ class SiloDeclaredDeadError(MembershipError):
 
 class ReminderError(OrleansPyError, ValueError):
     """A reminder registration is invalid (schedule, name, zone, priority)."""
+
+
+class TickDeadlineError(OrleansPyError, TimeoutError):
+    """A reminder tick's ``receive_reminder`` ran longer than its deadline (the
+    reminder's ``deadline=``, ``ReminderOptions.tick_deadline``, or the next
+    slot under ``OverlapPolicy.CANCEL_OTHER``) and was cancelled where it ran.
+
+    The reminder service takes it for a failure of the grain, not of the call
+    path: it is counted, and the row's ``RetryPolicy`` (if any) decides whether
+    the slot is delivered again; a slot with no attempt left becomes a dead
+    letter. It is not a ``GrainCallTimeoutError`` (those are retried as the
+    same tick)."""
 
 
 class ClosedError(OrleansPyError, RuntimeError):

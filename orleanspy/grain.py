@@ -18,16 +18,24 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, ClassVar, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Protocol, TypeVar, Unpack, overload
 
 from orleanspy.clock import Clock
 from orleanspy.errors import ConfigurationError, ReminderError, UnknownGrainTypeError
 from orleanspy.identity import GrainId, GrainKey, SiloAddress
 from orleanspy.reminders.model import (
     MissedReminderAction,
+    OverlapPolicy,
     ReminderEntry,
-    RetryPolicy,
+    ReminderPriority,
     TickStatus,
+)
+from orleanspy.reminders.spec import (
+    DURATION_OPTIONS,
+    ReminderArgs,
+    ReminderSpec,
+    RepeatingArgs,
+    check_keywords,
 )
 from orleanspy.state import StateDeclaration
 
@@ -41,7 +49,9 @@ __all__ = [
     "GrainTimer",
     "Remindable",
     "always_interleave",
+    "check_overlap",
     "definition_of",
+    "interleaves_ticks",
     "lookup_definition",
     "one_way",
     "read_only",
@@ -79,27 +89,8 @@ class GrainReminders(Protocol):
     """The reminder operations grain code calls, for any grain of the silo
     (served by ``orleanspy.remindable.registry.ReminderRegistry``)."""
 
-    async def register(
-        self,
-        grain_id: GrainId,
-        name: str,
-        *,
-        due: timedelta | float | None = None,
-        period: timedelta | float | None = None,
-        cron: str | None = None,
-        tz: str | None = None,
-        priority: int | None = None,
-        action: MissedReminderAction | None = None,
-        grace: timedelta | float | None = None,
-        at: datetime | None = None,
-        jitter: timedelta | float | None = None,
-        starts_at: datetime | None = None,
-        ends_at: datetime | None = None,
-        max_ticks: int | None = None,
-        payload: Any = None,
-        retry: RetryPolicy | None = None,
-    ) -> ReminderEntry:
-        """Validate and upsert the row (``ReminderError`` on bad input)."""
+    async def register(self, grain_id: GrainId, name: str, spec: ReminderSpec) -> ReminderEntry:
+        """Validate ``spec`` and upsert its row (``ReminderError`` on bad input)."""
         ...
 
     async def unregister(self, grain_id: GrainId, name: str) -> bool:
@@ -162,25 +153,14 @@ class GrainMethodInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class DeclaredReminder:
-    """A reminder declared with ``@register_reminder`` on a grain class."""
+class DeclaredReminder(ReminderSpec):
+    """A reminder declared with ``@register_reminder`` on a grain class: its name,
+    the keys it is declared for, and what it asks for (the ``ReminderSpec``
+    fields; ``at`` and ``max_ticks`` stay ``None``)."""
 
     name: str
-    due: timedelta | None
-    period: timedelta | None
-    cron: str | None
-    tz: str | None
-    priority: int
-    action: MissedReminderAction
     #: The grain keys to create the row for; ``None``: the class's ``reminder_keys``.
-    keys: tuple[GrainKey, ...] | None = None
-    #: The row's missed-tick grace; ``None``: ``ReminderOptions.missed_tick_grace``.
-    grace: timedelta | None = None
-    jitter: timedelta | None = None
-    starts_at: datetime | None = None
-    ends_at: datetime | None = None
-    payload: Any = field(default=None, hash=False)
-    retry: RetryPolicy | None = None
+    keys: tuple[GrainKey, ...] | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +189,26 @@ class GrainDefinition:
 
 
 _registry: dict[str, GrainDefinition] = {}
+
+
+def interleaves_ticks(defn: GrainDefinition) -> bool:
+    """Whether the grain's ``receive_reminder`` may run beside its other turns
+    (a ``@reentrant`` class, or ``@always_interleave`` on the method): what
+    ``OverlapPolicy.ALLOW_ALL`` needs, or its ticks would queue anyway."""
+    info = defn.methods.get("receive_reminder")
+    return defn.reentrant or (info is not None and info.always_interleave)
+
+
+def check_overlap(defn: GrainDefinition, overlap: object, what: str) -> None:
+    """``ConfigurationError`` for ``OverlapPolicy.ALLOW_ALL`` on a grain whose
+    ticks cannot interleave (``interleaves_ticks``); ``what`` names the reminder."""
+    if overlap == OverlapPolicy.ALLOW_ALL and not interleaves_ticks(defn):
+        raise ConfigurationError(
+            f"{what}: overlap=ALLOW_ALL runs ticks of one reminder side by side, but "
+            f"{defn.cls.__qualname__} is not reentrant, so its turns would queue them: mark "
+            "the class @reentrant (or receive_reminder @always_interleave), or choose "
+            "another OverlapPolicy (BUFFER_ONE, the default, queues one)"
+        )
 
 
 def _register(defn: GrainDefinition) -> None:
@@ -430,23 +430,7 @@ class Grain:
         return self._activation.reminders
 
     async def register_or_update_reminder(
-        self,
-        name: str,
-        *,
-        due: timedelta | float | None = None,
-        period: timedelta | float | None = None,
-        cron: str | None = None,
-        tz: str | None = None,
-        priority: int | None = None,
-        action: MissedReminderAction | None = None,
-        grace: timedelta | float | None = None,
-        at: datetime | None = None,
-        jitter: timedelta | float | None = None,
-        starts_at: datetime | None = None,
-        ends_at: datetime | None = None,
-        max_ticks: int | None = None,
-        payload: Any = None,
-        retry: RetryPolicy | None = None,
+        self, name: str, **options: Unpack[ReminderArgs]
     ) -> ReminderEntry:
         """Register (or replace) a durable reminder for this grain.
 
@@ -461,27 +445,20 @@ class Grain:
         its last slot), ``payload`` (a small value of the codec's types, given
         back in ``TickStatus.payload``) and ``retry`` (``RetryPolicy``:
         re-deliver a tick whose ``receive_reminder`` raised, within the slot).
+        ``overlap`` (``OverlapPolicy``: what a slot that falls due while the
+        previous tick still runs becomes; default ``BUFFER_ONE``; ``ALLOW_ALL``
+        needs a reentrant grain, ``ConfigurationError`` otherwise),
+        ``catchup_window`` (with ``action=FIRE_IMMEDIATELY``: how old the latest
+        missed slot may be and still get its catch-up tick) and ``deadline``
+        (how long ``receive_reminder`` may run before it is cancelled; default
+        ``ReminderOptions.tick_deadline``) need every silo of the cluster on
+        0.2 (``FeatureUnavailableError`` before, nothing written).
         Registering again re-anchors the schedule at now. Invalid input raises
         ``ReminderError``. The grain class must derive from ``Remindable``.
         """
-        return await self._orleanspy_reminders.register(
-            self.grain_id,
-            name,
-            due=due,
-            period=period,
-            cron=cron,
-            tz=tz,
-            priority=priority,
-            action=action,
-            grace=grace,
-            at=at,
-            jitter=jitter,
-            starts_at=starts_at,
-            ends_at=ends_at,
-            max_ticks=max_ticks,
-            payload=payload,
-            retry=retry,
-        )
+        check_keywords(options, _REMINDER_KEYWORDS, "register_or_update_reminder")
+        spec = ReminderSpec(**options)
+        return await self._orleanspy_reminders.register(self.grain_id, name, spec)
 
     async def unregister_reminder(self, name: str) -> bool:
         """Remove the reminder; ``False`` if there was none (not an error)."""
@@ -563,22 +540,12 @@ def _declared_action(cls: type, name: str, action: Any) -> MissedReminderAction:
         ) from None
 
 
+_REMINDER_KEYWORDS = ReminderArgs.__optional_keys__
+_DECLARATION_KEYWORDS = RepeatingArgs.__optional_keys__
+
+
 def register_reminder(
-    name: str,
-    *,
-    due: timedelta | float | None = None,
-    period: timedelta | float | None = None,
-    cron: str | None = None,
-    tz: str | None = None,
-    priority: int = 0,
-    action: MissedReminderAction | None = None,
-    keys: Iterable[GrainKey] | None = None,
-    grace: timedelta | float | None = None,
-    jitter: timedelta | float | None = None,
-    starts_at: datetime | None = None,
-    ends_at: datetime | None = None,
-    payload: Any = None,
-    retry: RetryPolicy | None = None,
+    name: str, *, keys: Iterable[GrainKey] | None = None, **options: Unpack[RepeatingArgs]
 ) -> Callable[[C], C]:
     """Declare a reminder on a ``Remindable`` grain class.
 
@@ -591,13 +558,17 @@ def register_reminder(
     is removed once the class no longer declares it for that key. The
     schedule is validated when the silo registers it (``ReminderError`` naming
     the class and the reminder). ``jitter``, ``starts_at``, ``ends_at``,
-    ``payload`` and ``retry`` mean what they mean for
-    ``register_or_update_reminder``; a declaration whose ``ends_at`` has passed
+    ``payload``, ``retry``, ``overlap``, ``catchup_window`` and ``deadline``
+    mean what they mean for ``register_or_update_reminder`` (``ALLOW_ALL`` on a
+    class that is not reentrant, or an option the cluster's silos do not all
+    know yet, stops the silo at start with ``ConfigurationError``, before it
+    writes a row); a declaration whose ``ends_at`` has passed
     creates no row. A declaration is applied at every start, so it cannot be a
     one-shot (it would fire again after each restart) nor take ``max_ticks``
     (the count would start again): register those from code
     (``ConfigurationError``).
     """
+    check_keywords(options, _DECLARATION_KEYWORDS, "register_reminder")
 
     def apply(cls: C) -> C:
         defn = definition_of(cls)
@@ -605,28 +576,23 @@ def register_reminder(
             raise ConfigurationError(
                 f"@register_reminder needs a Remindable grain; {cls.__qualname__} is not"
             )
-        if period is None and cron is None:
+        if options.get("period") is None and options.get("cron") is None:
             raise ConfigurationError(
                 f"@register_reminder({name!r}) on {cls.__qualname__} needs a period or a "
                 "cron: a declaration is applied at every silo start, so a one-shot would "
                 "fire again after each restart; register one-shots from code "
                 "(register_or_update_reminder(name, at=...))"
             )
-        declared = DeclaredReminder(
-            name=name,
-            due=_seconds(due, "due"),
-            period=_seconds(period, "period"),
-            cron=cron,
-            tz=tz,
-            priority=priority,
-            action=_declared_action(cls, name, action),
-            keys=None if keys is None else tuple(keys),
-            grace=_seconds(grace, "grace"),
-            jitter=_seconds(jitter, "jitter"),
-            starts_at=starts_at,
-            ends_at=ends_at,
-            payload=payload,
-            retry=retry,
+        declared = DeclaredReminder(name, keys=None if keys is None else tuple(keys), **options)
+        # Durations become timedeltas (the fingerprint hashes them), the action an enum.
+        durations: dict[str, Any] = {
+            what: _seconds(getattr(declared, what), what) for what in DURATION_OPTIONS
+        }
+        declared = replace(
+            declared,
+            priority=ReminderPriority.NORMAL if declared.priority is None else declared.priority,
+            action=_declared_action(cls, name, declared.action),
+            **durations,
         )
         others = tuple(r for r in defn.reminders if r.name != name)
         _replace_definition(cls, reminders=(declared, *others))

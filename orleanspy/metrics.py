@@ -15,7 +15,8 @@ at scrape time.
 
 Label sets are bounded: grain types are the types a silo hosts (and, for
 orphaned reminder rows, the types of the table that no silo hosts), priorities
-are -128..127, actions are the three ``MissedReminderAction`` members.
+are -128..127, actions are the three ``MissedReminderAction`` members, skip
+reasons the ``SkipReason`` members.
 """
 
 from __future__ import annotations
@@ -92,6 +93,18 @@ class ReminderMetrics:
     def missed(self, action: str) -> None:
         """A row was reached past the grace; ``action`` is its ``MissedReminderAction`` name."""
 
+    def deduplicated(self) -> None:
+        """A tick was not run again: the grain's state had committed its occurrence."""
+
+    def skipped(self, reason: str, slots: int) -> None:
+        """``slots`` slots were skipped; ``reason`` is a ``SkipReason`` value."""
+
+    def dead_lettered(self) -> None:
+        """A tick failed its last attempt (a dead letter, where they are kept)."""
+
+    def deadline_exceeded(self) -> None:
+        """A tick's run was cancelled at its deadline."""
+
     def refilled(self, rows: int) -> None:
         """A refill loaded ``rows`` rows into the window."""
 
@@ -116,6 +129,9 @@ class RecordingReminderMetrics(ReminderMetrics):
     """Keeps what ``ReminderMetrics`` is told, for the exposition to read."""
 
     __slots__ = (
+        "dead_letters",
+        "deadline_cuts",
+        "deduplicated_ticks",
         "feed_events",
         "feed_reconnects",
         "grain_errors",
@@ -125,6 +141,7 @@ class RecordingReminderMetrics(ReminderMetrics):
         "persist_batches",
         "reads",
         "refill_rows",
+        "skipped_by_reason",
         "ticks",
     )
 
@@ -139,6 +156,10 @@ class RecordingReminderMetrics(ReminderMetrics):
         self.feed_events = 0
         self.feed_reconnects = 0
         self.orphaned: dict[str, int] = {}
+        self.deduplicated_ticks = 0
+        self.skipped_by_reason: dict[str, int] = {}
+        self.dead_letters = 0
+        self.deadline_cuts = 0
 
     def tick(self, priority: int, lateness: float, grain_error: bool) -> None:
         label = priority_label(priority)
@@ -152,6 +173,18 @@ class RecordingReminderMetrics(ReminderMetrics):
 
     def missed(self, action: str) -> None:
         self.missed_by_action[action] = self.missed_by_action.get(action, 0) + 1
+
+    def deduplicated(self) -> None:
+        self.deduplicated_ticks += 1
+
+    def skipped(self, reason: str, slots: int) -> None:
+        self.skipped_by_reason[reason] = self.skipped_by_reason.get(reason, 0) + slots
+
+    def dead_lettered(self) -> None:
+        self.dead_letters += 1
+
+    def deadline_exceeded(self) -> None:
+        self.deadline_cuts += 1
 
     def refilled(self, rows: int) -> None:
         self.refill_rows.observe(rows)

@@ -17,6 +17,8 @@ import logging
 import re
 from contextvars import ContextVar, Token
 
+from orleanspy import tracing
+
 __all__ = [
     "JsonFormatter",
     "SiloNameFilter",
@@ -67,7 +69,7 @@ class SiloNameFilter(logging.Filter):
 
 
 _FIELD = re.compile(r"(?:^|\s)([a-z][a-z0-9_]*)=")
-_RESERVED = frozenset({"ts", "level", "logger", "msg", "traceback"})
+_RESERVED = frozenset({"ts", "level", "logger", "msg", "traceback", "trace_id", "span_id"})
 #: Attributes a caller may pass in ``extra`` that become keys as they are.
 _EXTRA_KEYS = ("grain", "reminder", "peer", "error")
 
@@ -105,7 +107,10 @@ def message_fields(message: str) -> dict[str, str]:
 class JsonFormatter(logging.Formatter):
     """One JSON object per line, with the record's fields as keys: ``ts`` (ISO
     8601 UTC), ``level``, ``logger``, ``msg`` (the message as text logs show it),
-    ``silo`` (when a ``SiloNameFilter`` stamped it), then every ``key=value``
+    ``silo`` (when a ``SiloNameFilter`` stamped it), ``trace_id`` and ``span_id``
+    (hex, of the span current where the record was logged, when the process
+    traces: ``orleanspy.tracing``; a log backend links them to the trace), then
+    every ``key=value``
     field of the message (``grain``, ``peer``, ``error``, ...) and the ``extra``
     attributes ``grain``, ``reminder``, ``peer``, ``error``. A reminder's row
     ``key=Type/s:k|name`` also gives ``grain`` and ``reminder``. An exception
@@ -123,6 +128,9 @@ class JsonFormatter(logging.Formatter):
         silo = getattr(record, "silo", None)
         if silo is not None:
             doc["silo"] = silo
+        ids = tracing.current_ids()
+        if ids is not None:
+            doc["trace_id"], doc["span_id"] = ids
         for key, value in message_fields(message).items():
             doc.setdefault(f"field_{key}" if key in _RESERVED else key, value)
         row = doc.get("key")

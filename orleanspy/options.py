@@ -160,8 +160,9 @@ class MessagingOptions:
     ``max_frame_items``: envelopes plus header entries one stream frame may
     hold; a frame with more ends its stream before it is decoded. With
     ``max_message_size`` it bounds what one connection holds decoded at a time.
-    At least ``2 * max_batch`` (a frame of ours holds at most ``max_batch``
-    envelopes with one call-chain header each).
+    At least ``2 * max_batch``; a sender cuts its own frames to this many items
+    too (envelopes carry up to five header entries: call chain, tick, trace
+    context, principal), so peers with the same setting never refuse them.
     """
 
     response_timeout: timedelta = timedelta(seconds=30)
@@ -242,10 +243,10 @@ class MembershipOptions:
     about a second, a silent host in about 9 s, and a silo learns its own
     verdict within 2 s.
 
-    ``balanced_ring`` (default ``True``) picks the ring that splits the hash
-    space between the Active silos; a silo whose value differs from the live
-    members' refuses to join (docs/decisions.md, "The balanced ring is the
-    default, and a silo on another ring refuses to join").
+    ``balanced_ring`` picks the ring that splits the hash space between the
+    Active silos; unset (the default), a silo builds the ring the cluster
+    builds; set, it insists, and refuses to join a cluster on the other ring
+    (docs/decisions.md, "A silo follows the cluster's ring unless told").
     """
 
     probe_interval: timedelta = timedelta(seconds=1)
@@ -266,12 +267,14 @@ class MembershipOptions:
     #: or leave moves a median 1.1-1.4x the minimal 1/N, some of it between silos
     #: that stay. ``False`` keeps the hashed ring, whose join moves hashes only
     #: to the joiner and a leave only from the leaver. Every silo of a cluster
-    #: builds the same ring: a silo whose setting differs from the live
-    #: members' refuses to start before it writes anything
-    #: (``membership.agreement``), and rows of versions that did not record it
-    #: count as ``False``. To switch a running cluster, stop every silo and
-    #: start them all with the new value.
-    balanced_ring: bool = True
+    #: builds the same ring. ``None`` (the default) follows the cluster: the
+    #: ring of the Active silos that insist on one (every 0.1.x silo does, on
+    #: its own setting), else the balanced one; so a new silo joins an older
+    #: cluster on either ring, and the balanced ring switches on once the last
+    #: silo that insists on the hashed one has left (``membership.agreement``).
+    #: ``True`` or ``False`` insists: a silo whose setting differs from the live
+    #: members' refuses to start before it writes anything.
+    balanced_ring: bool | None = None
 
     if TYPE_CHECKING:
         # What a type checker sees of the generated __init__: durations also take
@@ -291,7 +294,7 @@ class MembershipOptions:
             defunct_silo_expiration: timedelta | float = ...,
             defunct_silo_cleanup_interval: timedelta | float = ...,
             shutdown_timeout: timedelta | float = ...,
-            balanced_ring: bool = ...,
+            balanced_ring: bool | None = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:
@@ -341,12 +344,20 @@ class ReminderOptions:
     ``look_ahead`` must be at least twice
     ``poll_interval`` so a poll always sees rows before they fall due.
     ``history_size``: fire records kept per row in the table (``0``: none).
-    ``catch_up_rate``, ``catch_up_ceiling``, ``catch_up_lateness``: herd control
-    after an outage (``reminders/_service/herd.py``). Grain calls of ticks whose slot
-    is more than ``catch_up_lateness`` old start at ``catch_up_rate`` per
-    second per silo, doubling every second up to ``catch_up_ceiling``
-    (``0``: no ceiling), critical rows first. ``catch_up_rate = 0`` (the
-    default): no ramp, every overdue tick goes as fast as permits allow.
+    ``catch_up_rate``, ``catch_up_ceiling``, ``catch_up_lateness``,
+    ``catch_up_max_lag``: herd control after an outage, on by default
+    (``reminders/_service/herd.py``; the defaults are measured in
+    benchmarks/README.md, "herd restart"). Grain calls of ticks whose slot is
+    more than ``catch_up_lateness`` (10 s, the default missed-tick grace) old
+    start at ``catch_up_rate`` per second per silo, doubling every second up to
+    ``catch_up_ceiling`` (``0``: no ceiling), critical rows first; while they
+    run, an event-loop lag above ``catch_up_max_lag`` halves the rate (never
+    below ``catch_up_rate``), holds it for a second, then grows it by
+    ``catch_up_rate`` a second (``None``: the ramp alone). ``catch_up_rate = 0``
+    turns herd control off: every overdue tick goes as fast as permits allow.
+    ``backfill_rate``: how many slots per second one backfill delivers at most
+    (``client.reminders.backfill``); ``backfill_concurrency``: how many backfills
+    one silo runs at once (the others wait for a place).
     ``handover_delay``: how long a silo waits before it reads the rows of ranges
     it took over from a silo that is still alive (a join, or a leave that moved
     boundaries between the remaining silos, as the balanced ring does). That
@@ -355,6 +366,15 @@ class ReminderOptions:
     deliver their slots again. Rows taken over from a silo that left gracefully
     (it drained first) or died (fenced) are read at once. ``0``: read at once
     (a slot ticked just before the move may then be delivered twice).
+    ``audit_retention``, ``audit_max_records``: how long, and how many, records
+    of management actions the operator audit log keeps (``reminders.audit``).
+    ``tick_deadline``: how long a tick's ``receive_reminder`` may run before it
+    is cancelled where it runs (``TickDeadlineError``, handled by the row's
+    retry policy), for rows without a ``deadline`` of their own; ``None`` (the
+    default): no limit. Used once the cluster has ``Feature.TICK_DEADLINE``.
+    ``dead_letter_retention`` and ``max_dead_letters``: a failed tick's dead
+    letter is kept this long, and at most this many per service (the oldest go
+    first); both bounds are applied whenever a dead letter is written.
     """
 
     look_ahead: timedelta = timedelta(minutes=5)
@@ -372,12 +392,22 @@ class ReminderOptions:
     retry_max: timedelta = timedelta(seconds=10)
     adaptive: bool = True
     history_size: int = 20
-    catch_up_rate: float = 0.0
+    catch_up_rate: float = 50.0
     catch_up_ceiling: float = 0.0
-    catch_up_lateness: timedelta = timedelta(seconds=1)
+    # The default missed-tick grace: a tick later than that is a missed one, from
+    # an outage or a deep overload; a silo running a little behind is not braked.
+    catch_up_lateness: timedelta = timedelta(seconds=10)
+    catch_up_max_lag: timedelta | None = timedelta(milliseconds=50)
     tick_timeout: timedelta = timedelta(seconds=10)
     minimum_tick_timeout: timedelta = timedelta(seconds=2)
     handover_delay: timedelta = timedelta(milliseconds=500)
+    audit_retention: timedelta = timedelta(days=90)
+    audit_max_records: int = 100_000
+    tick_deadline: timedelta | None = None
+    dead_letter_retention: timedelta = timedelta(days=7)
+    max_dead_letters: int = 10_000
+    backfill_rate: float = 10.0
+    backfill_concurrency: int = 4
 
     if TYPE_CHECKING:
         # What a type checker sees of the generated __init__: durations also take
@@ -403,14 +433,24 @@ class ReminderOptions:
             catch_up_rate: float = ...,
             catch_up_ceiling: float = ...,
             catch_up_lateness: timedelta | float = ...,
+            catch_up_max_lag: timedelta | float | None = ...,
             tick_timeout: timedelta | float = ...,
             minimum_tick_timeout: timedelta | float = ...,
             handover_delay: timedelta | float = ...,
+            audit_retention: timedelta | float = ...,
+            audit_max_records: int = ...,
+            tick_deadline: timedelta | float | None = ...,
+            dead_letter_retention: timedelta | float = ...,
+            max_dead_letters: int = ...,
+            backfill_rate: float = ...,
+            backfill_concurrency: int = ...,
         ) -> None: ...
 
     def __post_init__(self) -> None:
         _durations(
             self,
+            "audit_retention",
+            "dead_letter_retention",
             "look_ahead",
             "poll_interval",
             "repair_interval",
@@ -429,9 +469,31 @@ class ReminderOptions:
             )
         if self.missed_tick_grace is not None:
             _durations(self, "missed_tick_grace")
+        if self.tick_deadline is not None:
+            _durations(self, "tick_deadline")
+            if self.tick_deadline > timedelta(days=1):
+                raise ConfigurationError(
+                    f"ReminderOptions.tick_deadline must be at most 1 day, got {self.tick_deadline}"
+                )
+        if self.catch_up_max_lag is not None:
+            _durations(self, "catch_up_max_lag")
         _check_types(self)
-        for name in ("base_bucket_size", "permits", "max_name_length", "persist_batch"):
+        for name in (
+            "base_bucket_size",
+            "permits",
+            "max_name_length",
+            "persist_batch",
+            "audit_max_records",
+            "max_dead_letters",
+            "backfill_concurrency",
+        ):
             _positive(self, name)
+        rate = self.backfill_rate
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 10_000:
+            raise ConfigurationError(
+                f"ReminderOptions.backfill_rate must be a number of slots per second in "
+                f"(0, 10000], got {rate!r}"
+            )
         if not 0 <= self.history_size <= 10_000:
             raise ConfigurationError(
                 f"ReminderOptions.history_size must be in 0..10000, got {self.history_size}"
@@ -550,14 +612,16 @@ class SiloOptions:
     silo refuses to start unless ``dashboard_token`` is set or the cluster has
     TLS (then the dashboard serves HTTPS and asks for a client certificate
     signed by the cluster's CA). A dashboard records metrics as
-    ``metrics_port`` does.
+    ``metrics_port`` does. ``dashboard_token_name`` names the token's holder:
+    the audit log records the dashboard's actions as ``dashboard:<name>``.
     ``tune_gc``: once started, the silo calls ``gc.freeze()`` and raises the
     garbage collector's young-generation threshold to 10,000 (never lowers it),
     so full collections are rare and do not walk start-up objects
     (``orleanspy.runtime.collector``); the last silo to stop puts the collector
-    back. ``None`` (the default) does this for a cluster silo only, never for an
-    embedded one (``Silo.local()``, which shares its process with an
-    application); ``True`` always; ``False`` never. ``redis``: how the Redis
+    back. ``True`` (the default, since 0.2) does this for every silo, embedded
+    ones too: the pauses it spares are the same wherever a silo runs (an
+    application that manages the collector itself passes ``False``); ``None``
+    means ``True`` (0.1 read it as "cluster silos only"). ``redis``: how the Redis
     providers write (``RedisOptions``: replicas to ``WAIT`` for).
     """
 
@@ -582,7 +646,7 @@ class SiloOptions:
     redis: RedisOptions = field(default_factory=RedisOptions)
     grain_types: tuple[Any, ...] | None = None
     use_uvloop: bool = True
-    tune_gc: bool | None = None
+    tune_gc: bool | None = True
     allow_client_management: bool | None = None
     storage: Mapping[str, Any] | None = None
 
@@ -597,6 +661,7 @@ class SiloOptions:
     dashboard_port: int | None = None
     dashboard_host: str = "127.0.0.1"
     dashboard_token: str | None = None
+    dashboard_token_name: str = "dashboard"
     storage_start_timeout: timedelta = timedelta(seconds=30)
 
     if TYPE_CHECKING:
@@ -633,6 +698,7 @@ class SiloOptions:
             dashboard_port: int | None = ...,
             dashboard_host: str = ...,
             dashboard_token: str | None = ...,
+            dashboard_token_name: str = ...,
             storage_start_timeout: timedelta | float = ...,
         ) -> None: ...
 
@@ -667,6 +733,16 @@ class SiloOptions:
             )
             if why is not None:
                 raise ConfigurationError(f"SiloOptions.dashboard_host: {why}")
+        token_name = self.dashboard_token_name
+        if not (
+            isinstance(token_name, str)
+            and 0 < len(token_name) <= 64
+            and all(c.isalnum() or c in "-_.@" for c in token_name)
+        ):
+            raise ConfigurationError(
+                "SiloOptions.dashboard_token_name must be 1..64 letters, digits or -_.@ "
+                f"(the audit log's principal dashboard:<name>), got {token_name!r}"
+            )
 
         # ``redis_url`` is the older name of ``storage_url`` and takes the same schemes.
         for name in ("redis_url", "storage_url", "membership_url", "reminder_table_url"):

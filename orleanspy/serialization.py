@@ -101,14 +101,27 @@ class DecodeLimits:
 
 _registry: dict[str, type[Any]] = {}
 _names: dict[type[Any], str] = {}
+#: Per registered class: each field's name and its scalar default (else _NO_DEFAULT).
+_fields: dict[type[Any], tuple[tuple[str, Any], ...]] = {}
+#: Per registered class: the fields its constructor takes.
+_init_names: dict[type[Any], frozenset[str]] = {}
+_NO_DEFAULT: Any = object()
+# Defaults compared by value to leave a field off the wire; other defaults (and
+# default factories) always travel.
+_SCALAR_DEFAULTS = frozenset({type(None), bool, int, float, str})
 
 
 def register_type(cls: type[_T] | None = None, *, name: str | None = None) -> Any:
     """Let a dataclass travel in grain calls. Usable as ``@register_type`` or a call.
 
     ``name`` (default ``module.QualName``) is what the wire carries; both sides must
-    register the class under the same name. Fields travel by name, so adding a
-    field with a default stays compatible.
+    register the class under the same name. Fields travel by name, and a field
+    whose value is its declared default (a scalar: ``None``, a bool, a number, a
+    string) does not travel at all; a receiver drops fields its class does not
+    have. So adding a field with a default stays compatible both ways: an older
+    receiver never sees the field until a sender sets it, and a newer one takes
+    the default from a sender that does not know it. A field whose name starts
+    with an underscore never travels (the receiver gets its default).
     """
 
     def apply(c: type[_T]) -> type[_T]:
@@ -120,6 +133,14 @@ def register_type(cls: type[_T] | None = None, *, name: str | None = None) -> An
             raise SerializationError(f"type name {key!r} is already registered for {existing!r}")
         _registry[key] = c
         _names[c] = key
+        _fields[c] = tuple(
+            (f.name, f.default if type(f.default) in _SCALAR_DEFAULTS else _NO_DEFAULT)
+            for f in dataclasses.fields(c)
+            # A field named with a leading underscore is the process's own (it
+            # must have a default): it never travels.
+            if not f.name.startswith("_")
+        )
+        _init_names[c] = frozenset(f.name for f in dataclasses.fields(c) if f.init)
         return c
 
     return apply(cls) if cls is not None else apply
@@ -272,7 +293,15 @@ class Codec:
                 raise SerializationError(
                     f"unknown type {name!r}: register it with orleanspy.register_type on this side"
                 )
-            return cls(**fields)
+            known = _init_names[cls]
+            if not known.issuperset(fields):
+                # A newer sender's fields: dropped, so that adding a field stays
+                # compatible with receivers of the release before.
+                fields = {k: v for k, v in fields.items() if k in known}
+            try:
+                return cls(**fields)
+            except TypeError as exc:
+                raise SerializationError(f"a {name} value does not decode: {exc}") from None
         raise SerializationError(f"unknown msgpack extension type {code}")
 
     def _nested(self, data: bytes) -> Any:
@@ -323,7 +352,15 @@ def _default(value: Any) -> Any:
         return msgpack.ExtType(_EXT_UUID, value.bytes)
     name = _names.get(type(value))
     if name is not None:
-        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+        fields = {}
+        for field_name, default in _fields[type(value)]:
+            item = getattr(value, field_name)
+            # A scalar at its default stays home (its type too: True is not 1).
+            if item is default or (
+                default is not _NO_DEFAULT and type(item) is type(default) and item == default
+            ):
+                continue
+            fields[field_name] = item
         return msgpack.ExtType(
             _EXT_DATACLASS,
             _packb([name, fields]),

@@ -9,6 +9,11 @@ registers a reminder; the demo SIGKILLs the silo that holds it, and the reminder
 fires on the survivor, which loads the saved plan. Then it stops everything and
 exits 0.
 
+With ``ORLEANSPY_CLUSTER_SECRET`` (or ``ORLEANSPY_CLUSTER_SECRET_FILE``, and TLS
+with ``ORLEANSPY_MESSAGING_TLS_*``) set, the silos and the client take them as the
+CLI does (``ClusterClient.messaging_from_env``, ``ClusterClient.from_env``), and
+the demo shows a client without the secret being refused.
+
 Run: ``make cluster-demo`` (or ``python -m samples.cluster_demo``).
 """
 
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from orleanspy import (
+    AuthenticationError,
     ClusterClient,
     Grain,
     GrainCallError,
@@ -117,6 +123,7 @@ async def serve_silo(redis_url: str, name: str) -> None:
         name=name,
         gateway_port=0,
         membership=MEMBERSHIP,
+        messaging=ClusterClient.messaging_from_env(),  # the secret and TLS, if set
     )
     async with Silo(options) as silo:
         assert silo.membership is not None
@@ -199,8 +206,11 @@ async def call_round(client: ClusterClient, names: dict[str, str], n: int) -> Co
 async def drive(redis_url: str) -> None:
     with silo_processes(redis_url) as procs:
         names = {address: f"silo-{i}" for i, address in enumerate(procs)}
-        async with ClusterClient(redis_url=redis_url, cluster_id=CLUSTER_ID) as client:
+        client = ClusterClient.from_env(membership_url=redis_url, cluster_id=CLUSTER_ID)
+        async with client:
             say(f"client connected to gateways {client.gateways}")
+            if ClusterClient.messaging_from_env().cluster_secret:
+                await without_the_secret_is_refused(redis_url)
             await call_round(client, names, 1)
             spread = await call_round(client, names, 2)
 
@@ -217,6 +227,17 @@ async def drive(redis_url: str) -> None:
             await billing_survives_sigkill(client, names, procs)
         say("client closed; stopping the remaining silos")
     say("done")
+
+
+async def without_the_secret_is_refused(redis_url: str) -> None:
+    """The silos require the secret: a client that lacks it does not get in."""
+    try:
+        async with ClusterClient(membership_url=redis_url, cluster_id=CLUSTER_ID):
+            pass
+    except AuthenticationError as exc:
+        say(f"the silos require the cluster secret: a client without it was refused ({exc})")
+        return
+    raise RuntimeError("a client without the cluster secret was let in")
 
 
 async def billing_survives_sigkill(

@@ -6,10 +6,14 @@ then::
     pip install 'orleanspy[dashboard]' fastapi
     ORLEANSPY_REDIS_URL=redis://127.0.0.1:6379/0 uvicorn samples.fastapi_dashboard:app
 
-and open http://127.0.0.1:8000/orleans/. The dashboard reads the store the
-client's membership table is in and sends reminder actions through the client's
-gateways (the silos decide with ``allow_client_management``). Put your own
-authentication in front of the mount, or pass ``token=``.
+and open http://127.0.0.1:8000/orleans/. The client is ``ClusterClient.from_env()``:
+on a secured cluster give it what the silos were given, ``ORLEANSPY_CLUSTER_SECRET``
+(or ``ORLEANSPY_CLUSTER_SECRET_FILE``) and, with TLS, ``ORLEANSPY_MESSAGING_TLS_CERT_FILE``,
+``..._KEY_FILE`` and ``..._CA_FILE`` (or ``ORLEANSPY_CONFIG``, the silos' TOML file).
+The dashboard reads the store the client's membership table is in and sends
+reminder actions through the client's gateways (the silos decide with
+``allow_client_management``). Put your own authentication in front of the
+mount, or pass ``token=``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from orleanspy import ClusterClient, dashboard
+
+LOCAL_REDIS = "redis://127.0.0.1:6379/0"
 
 
 def make_app(client: ClusterClient, *, token: str | None = None) -> FastAPI:
@@ -46,6 +52,5 @@ def make_app(client: ClusterClient, *, token: str | None = None) -> FastAPI:
     return app
 
 
-app = make_app(
-    ClusterClient(membership_url=os.environ.get("ORLEANSPY_REDIS_URL", "redis://127.0.0.1:6379/0"))
-)
+# The environment as the CLI reads it; a local Redis when it names no store.
+app = make_app(ClusterClient.from_env({"ORLEANSPY_REDIS_URL": LOCAL_REDIS, **os.environ}))

@@ -1,4 +1,5 @@
-"""Shared fixtures: a private redis-server per test session, flushed per test; a
+"""Shared fixtures: the grain registry as collection left it, for every test; a
+private redis-server per test session, flushed per test; a
 private Redis Cluster (3 masters, a replica each) and a Sentinel set-up per test
 session, started on first use; and a private PostgreSQL database per test
 session, emptied per test."""
@@ -9,8 +10,20 @@ from collections.abc import Iterator
 
 import pytest
 
+from orleanspy import grain as grain_module
 from orleanspy.testing.postgres import PostgresDatabase
 from orleanspy.testing.redis_server import RedisClusterServer, RedisSentinelSet, RedisServer
+
+
+@pytest.fixture(autouse=True)
+def _grain_registry_as_collected() -> Iterator[None]:
+    """Undo the grain classes a test registered (a module it imported, such as the
+    demo): a silo that hosts every registered class would otherwise meet them, and
+    their declared reminders, in whichever test its worker runs next."""
+    before = dict(grain_module._registry)
+    yield
+    grain_module._registry.clear()
+    grain_module._registry.update(before)
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orleanspy._cli_config import SETTINGS, load
+from orleanspy._cli_config import SETTINGS, client_messaging, connection_values, load
 from orleanspy.errors import ConfigurationError
 from orleanspy.options import (
     MembershipOptions,
@@ -244,6 +244,45 @@ def test_the_secret_comes_from_the_strongest_source(tmp_path: Path) -> None:
     write(tmp_path, "\n", "secret")
     with pytest.raises(ConfigurationError, match="is empty"):
         load(path, env_file, {})
+
+
+def test_a_command_takes_the_connection_and_messaging_from_the_silos_file(
+    tmp_path: Path,
+) -> None:
+    """What ``cluster status``, ``reminders``, ``migrate`` and ``dashboard`` read from
+    ``--config``: the connection keys (the silo-only ones stay with the silos) and
+    every ``messaging.*`` key, a secret flag over its variable over the file."""
+    for name in ("c.pem", "k.pem", "ca.pem"):
+        (tmp_path / name).write_text("-")
+    secret = write(tmp_path, "from-file\n", "secret")
+    path = write(
+        tmp_path,
+        f'storage_url = "{URL}"\ncluster_id = "prod"\nhost = "0.0.0.0"\n'
+        f'[membership]\nprobe_interval = "2s"\n'
+        f'[messaging]\ncluster_secret_file = "{secret}"\nresponse_timeout = "7s"\n'
+        f'[messaging.tls]\ncert_file = "{tmp_path}/c.pem"\nkey_file = "{tmp_path}/k.pem"\n'
+        f'ca_file = "{tmp_path}/ca.pem"\n',
+    )
+    values = connection_values(path)
+    assert {k: v for k, (v, _) in values.items()} == {"storage_url": URL, "cluster_id": "prod"}
+    assert values["cluster_id"][1] == str(path)
+    messaging = client_messaging(path, {})
+    assert messaging.cluster_secret == "from-file"
+    assert messaging.response_timeout == timedelta(seconds=7)
+    assert messaging.tls is not None and messaging.tls.ca_file == str(tmp_path / "ca.pem")
+    env = {"ORLEANSPY_CLUSTER_SECRET": "from-env"}
+    assert client_messaging(path, env).cluster_secret == "from-env"
+    assert client_messaging(path, env, "on-flag").cluster_secret == "on-flag"
+    # Without a file: the environment alone, as before.
+    assert client_messaging(None, env).cluster_secret == "from-env"
+    assert client_messaging(None, {}).cluster_secret is None
+    # A variable of a silo-only key is not looked at; a bad messaging one is named.
+    assert client_messaging(None, {"ORLEANSPY_MEMBERSHIP_PROBE_INTERVAL": "fast"}).tls is None
+    with pytest.raises(ConfigurationError, match="ORLEANSPY_MESSAGING_RESPONSE_TIMEOUT"):
+        client_messaging(None, {"ORLEANSPY_MESSAGING_RESPONSE_TIMEOUT": "soon"})
+    assert connection_values(None) == {}
+    with pytest.raises(ConfigurationError, match=r"did you mean 'membership\.probe_interval'"):
+        connection_values(write(tmp_path, "[membership]\nprobe_intervall = 1\n", "typo.toml"))
 
 
 def test_the_documented_config_file_loads_as_written(tmp_path: Path) -> None:

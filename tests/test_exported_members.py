@@ -20,6 +20,16 @@ EXPECTED = {
 }  # fmt: skip
 # Grain persistent state.
 EXPECTED |= {"InconsistentStateError", "PersistentState", "persistent_state"}
+# The transactional outbox (a module: outbox.call, outbox.publish, outbox.message_id).
+EXPECTED |= {"outbox"}
+# The operator audit log (``client.reminders.audit(AuditQuery(...))``).
+EXPECTED |= {"AuditOutcome", "AuditQuery", "AuditRecord"}
+# Scheduling depth (0.2): overlap policies, tick deadlines, dead letters, counters.
+EXPECTED |= {"DeadLetter", "OverlapPolicy", "ReminderCounters", "TickDeadlineError"}
+# Calendars for reminders, and the error of a feature the cluster has not switched on.
+EXPECTED |= {"Calendar", "Excluded", "FeatureUnavailableError"}
+# describe (``client.reminders.describe``).
+EXPECTED |= {"FireTime", "ReminderDescription"}
 
 
 def test_all_is_exactly_the_public_surface() -> None:

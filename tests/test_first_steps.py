@@ -4,6 +4,7 @@ settings like the CLI, errors say what to do, sets stay sets, days pass quickly.
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,46 @@ def test_from_env_reads_what_the_cli_reads_and_arguments_win() -> None:
     assert (client._redis_url, client._cluster_id) == ("redis://members:6379/0", "staging")
     with pytest.raises(ValueError, match="membership_url"):
         ClusterClient.from_env({})
+
+
+def test_from_env_takes_the_secret_file_tls_and_the_silos_config_file(tmp_path: Path) -> None:
+    """The secret from its file, TLS from its variables, and what the environment
+    leaves out from the silos' TOML file (``ORLEANSPY_CONFIG``), as the CLI does."""
+    for name in ("c.pem", "k.pem", "ca.pem"):
+        (tmp_path / name).write_text("-")
+    (tmp_path / "secret").write_text("from-file\n")
+    tls = {
+        f"ORLEANSPY_MESSAGING_TLS_{part}_FILE": str(tmp_path / f"{file}.pem")
+        for part, file in (("CERT", "c"), ("KEY", "k"), ("CA", "ca"))
+    }
+    env = {
+        "ORLEANSPY_REDIS_URL": "redis://r:6379/0",
+        "ORLEANSPY_CLUSTER_SECRET_FILE": str(tmp_path / "secret"),
+        **tls,
+    }
+    client = ClusterClient.from_env(env)
+    assert client._options.cluster_secret == "from-file"
+    assert client._options.tls is not None
+    assert client._options.tls.ca_file == str(tmp_path / "ca.pem")
+    assert ClusterClient.messaging_from_env(env) == client._options
+    config = tmp_path / "silo.toml"
+    config.write_text(
+        'storage_url = "redis://from-file:6379/0"\ncluster_id = "prod"\nservice_id = "shop"\n'
+        '[messaging]\ncluster_secret = "in-toml"\n'
+    )
+    from_file = ClusterClient.from_env({"ORLEANSPY_CONFIG": str(config)})
+    assert (from_file._redis_url, from_file._cluster_id, from_file._service_id) == (
+        "redis://from-file:6379/0",
+        "prod",
+        "shop",
+    )
+    assert from_file._options.cluster_secret == "in-toml"
+    over = ClusterClient.from_env(
+        {"ORLEANSPY_CONFIG": str(config), "ORLEANSPY_CLUSTER_ID": "env-wins"}
+    )
+    assert over._cluster_id == "env-wins"
+    with pytest.raises(ConfigurationError, match="ORLEANSPY_MESSAGING_RESPONSE_TIMEOUT"):
+        ClusterClient.from_env({**env, "ORLEANSPY_MESSAGING_RESPONSE_TIMEOUT": "soon"})
 
 
 # -- errors that say what to do -----------------------------------------------------

@@ -2,16 +2,17 @@
 
 Layers, lowest first; a module may import its own layer and those below, never above:
 
-    bottom     errors identity clock schemes options serialization
-    helpers    _tasks _retry _frozen _redis _postgres ring placement metrics
+    bottom     errors versions schema identity clock schemes options serialization
+    helpers    _tasks _retry _frozen _redis _redis_schema _postgres _otel ring placement metrics
+               trace_context tracing
     providers  directory/* membership/* storage/* streams/* messaging/* tables
                reminders/* (the storage side: model, spec, schedule, table, backends)
-    grain      state grain reference
+    grain      state outbox grain reference
     services   reminders/_service/* and reminders.service (the service), remindable/*
                (registry, declarations, management), observability, cluster_status
     runtime    runtime/* dashboard/* _prometheus
-    hosts      client cli __main__ _cli_config _cli_reminders _loop demo testing/* and
-               the ``orleanspy`` facade
+    hosts      client cli __main__ _cli_audit _cli_config _cli_output _cli_parser _cli_reminders
+               _loop demo migration testing/* and the ``orleanspy`` facade
 
 An edge is every ``import`` in a module: at the top (``top``), inside a function
 (``lazy``: it runs the first time the function does, so it binds the layers as
@@ -40,17 +41,21 @@ import orleanspy
 ROOT = Path(orleanspy.__file__).parent
 
 LAYERS: list[tuple[str, str]] = [
-    ("bottom", r"orleanspy\.(errors|identity|clock|schemes|options|serialization)"),
-    ("helpers", r"orleanspy\.(_tasks|_retry|_frozen|_redis|_postgres|ring|placement|metrics)"),
+    ("bottom", r"orleanspy\.(errors|versions|schema|identity|clock|schemes|options|serialization)"),
+    (
+        "helpers",
+        r"orleanspy\.(_tasks|_retry|_frozen|_redis|_redis_schema|_postgres|_otel|ring|placement"
+        r"|metrics|trace_context|tracing)",
+    ),
     (
         "providers",
         r"orleanspy\.(directory|membership|storage|streams|messaging)(\..+)?"
         r"|orleanspy\.tables"
         # reminders/ but not its service (the folder _service/ and the module
-        # that composes it).
-        r"|orleanspy\.reminders(\.(?!_service$|service$)[a-z_]+)?",
+        # that composes it); a backend may be a package (reminders/redis/...).
+        r"|orleanspy\.reminders(\.(?!_?service(\.|$))[a-z_]+(\.[a-z_]+)?)?",
     ),
-    ("grain", r"orleanspy\.(state|grain|reference)"),
+    ("grain", r"orleanspy\.(state|outbox|grain|reference)"),
     (
         "services",
         r"orleanspy\.reminders\.(service|_service(\..+)?)|orleanspy\.remindable(\..+)?"
@@ -59,7 +64,9 @@ LAYERS: list[tuple[str, str]] = [
     ("runtime", r"orleanspy\.(runtime|dashboard)(\..+)?|orleanspy\._prometheus"),
     (
         "hosts",
-        r"orleanspy(\.(client|cli|_cli_config|_cli_reminders|_loop|demo|__main__|testing(\..+)?))?",
+        r"orleanspy(\.(client|cli|_cli_audit|_cli_config|_cli_output|_cli_parser|_cli_reminders"
+        r"|_loop|demo|__main__|migration"
+        r"|testing(\..+)?))?",
     ),
 ]
 
@@ -70,12 +77,7 @@ RUNTIME_AND_GRAIN_API = r"orleanspy\.(runtime(\..+)?|client|cli|grain|reference|
 # dependency (redis, asyncpg) loads only when that backend is chosen.
 PROVIDER_PACKAGES = ("directory", "membership", "reminders", "storage", "streams")
 
-ALLOWED: dict[tuple[str, str], str] = {
-    # The dashboard's silo source reads the silo it is given; the silo loads it
-    # lazily, only for a dashboard port. (The exporter and the status record
-    # read ``Silo.readings()``, a ``runtime.readings.SiloReadings``, instead.)
-    ("orleanspy.dashboard._source", "orleanspy.runtime.silo"): "typing only; circle",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -270,6 +272,14 @@ def test_the_checker_sees_a_planted_violation(tmp_path: Path) -> None:
     assert _cycles(circle) == [["orleanspy.a", "orleanspy.b"]]
 
 
+def test_reminder_backend_packages_are_providers_and_the_service_is_not() -> None:
+    """The providers' pattern takes the backend packages' modules, never the service's."""
+    assert LAYERS[_layer("orleanspy.reminders.redis.scripts")][0] == "providers"
+    assert LAYERS[_layer("orleanspy.reminders.postgres.migrations")][0] == "providers"
+    assert LAYERS[_layer("orleanspy.reminders._service.window")][0] == "services"
+    assert LAYERS[_layer("orleanspy.reminders.service")][0] == "services"
+
+
 def test_the_reminder_storage_side_imports_nothing_of_the_service() -> None:
     """The boundary inside reminders/ is the folder _service/ (and the module
     composing it): the storage side beside it never reaches in."""
@@ -293,6 +303,7 @@ SEAMS: dict[str, set[str]] = {
     "msgpack": {"orleanspy.serialization"},
     "grpc": {"orleanspy.messaging.grpc"},
     "prometheus_client": {"orleanspy._prometheus"},
+    "opentelemetry": {"orleanspy._otel"},
 }
 
 
@@ -320,5 +331,37 @@ def test_the_architecture_page_shows_this_layer_map() -> None:
     section = page[page.index("## 1. Layers") : page.index("\n## 2.")]
     rows = [line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| ")]
     assert rows[1:] == [name for name, _ in LAYERS]  # after the header row
-    for module in ("schemes", "_redis_feed", "reminders/_service/", "__main__"):
+    for module in ("schemes", "redis/", "reminders/_service/", "__main__"):
         assert f"`{module}" in section, module
+
+
+def test_the_reminder_lua_scripts_are_one_copy_each() -> None:
+    """Every Lua script of the Redis reminder table is written once and registered
+    under one name: the table's own in ``reminders/redis/scripts.py``
+    (``SCRIPTS``), the audit log's and the stores' beside the code that calls
+    them (``AUDIT_SCRIPTS``, ``STORE_SCRIPTS``), and the shared fragments
+    (named ``*LUA*``: no script of their own); no other module of
+    ``reminders/`` holds Lua, and no two registered scripts are alike."""
+    from orleanspy.reminders.redis import audit, scripts, stores
+
+    registered = {
+        "scripts": scripts.SCRIPTS,
+        "audit": audit.AUDIT_SCRIPTS,
+        "stores": stores.STORE_SCRIPTS,
+    }
+    for name, module in (("scripts", scripts), ("audit", audit), ("stores", stores)):
+        texts = [
+            v
+            for k, v in vars(module).items()
+            if isinstance(v, str) and "redis.call" in v and "LUA" not in k
+        ]
+        assert sorted(map(id, texts)) == sorted(map(id, registered[name].values())), name
+    every = [text for table in registered.values() for text in table.values()]
+    assert len(set(every)) == len(every), "two registered scripts are alike"
+    assert len({n for table in registered.values() for n in table}) == len(every), "a name twice"
+    holders = sorted(
+        module
+        for module, path in MODULES.items()
+        if module.startswith("orleanspy.reminders") and "redis.call" in path.read_text()
+    )
+    assert holders == [f"orleanspy.reminders.redis.{m}" for m in ("audit", "scripts", "stores")]

@@ -62,3 +62,34 @@ def test_uvloop_is_an_extra_and_run_falls_back_to_asyncio() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith("asyncio")
+
+
+def test_one_place_names_the_release_and_the_metadata_reads_it() -> None:
+    import importlib.metadata
+
+    import orleanspy
+    from orleanspy import versions
+
+    assert "version" not in PROJECT and PROJECT["dynamic"] == ["version"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    attr = pyproject["tool"]["setuptools"]["dynamic"]["version"]["attr"]
+    assert attr == "orleanspy.versions.__version__"
+    assert orleanspy.__version__ == versions.__version__ != "0.1.0"
+    assert importlib.metadata.version("orleanspy") == orleanspy.__version__
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert f"\n## {orleanspy.__version__} — " in changelog
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"orleanspy-{orleanspy.__version__}-py3-none-any.whl" in readme
+
+
+def test_the_wheel_carries_the_protos_and_py_typed() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    data = pyproject["tool"]["setuptools"]["package-data"]["orleanspy"]
+    assert "py.typed" in data
+    assert "messaging/protos/orleanspy/v1/*.proto" in data
+    assert sorted(p.name for p in (ROOT / "orleanspy/messaging/protos/orleanspy/v1").iterdir()) == [
+        "messages.proto",
+        "services.proto",
+    ]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert "bash .ci/wheel" in ci

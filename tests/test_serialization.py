@@ -119,3 +119,35 @@ def test_codec_reuses_its_packer_safely() -> None:
     with pytest.raises(SerializationError, match="Unregistered"):
         codec.encode([1, 2, Unregistered(3)])
     assert codec.encode({"k": [1, 2]}) == pack({"k": [1, 2]})
+
+
+def test_fields_at_their_default_stay_off_the_wire_and_unknown_fields_are_dropped() -> None:
+    """What lets a release add a field with a default: an older receiver (no such
+    field) never sees it while it is at its default, and drops it when set; a
+    newer receiver takes the default from a sender that does not know it."""
+    import dataclasses as dc
+
+    import msgpack
+
+    from orleanspy.serialization import Codec, register_type
+
+    @register_type(name="tests.Versioned")
+    @dc.dataclass(frozen=True)
+    class Versioned:
+        a: int
+        added: str = ""
+        flag: bool = False
+
+    codec = Codec()
+    lean = codec.encode(Versioned(1))
+    assert b"added" not in lean and b"flag" not in lean
+    assert codec.decode(lean) == Versioned(1)
+    full = codec.encode(Versioned(1, "x", True))
+    assert b"added" in full and codec.decode(full) == Versioned(1, "x", True)
+    # A newer sender's field this class does not have is dropped.
+    ext = msgpack.ExtType(6, msgpack.packb(["tests.Versioned", {"a": 2, "later": [1]}]))
+    assert codec.decode(msgpack.packb(ext)) == Versioned(2)
+    # A required field missing is a SerializationError, not a TypeError.
+    bad = msgpack.ExtType(6, msgpack.packb(["tests.Versioned", {"added": "y"}]))
+    with pytest.raises(SerializationError, match=r"tests\.Versioned value does not decode"):
+        codec.decode(msgpack.packb(bad))

@@ -10,6 +10,7 @@ from orleanspy import (
     Grain,
     Remindable,
     ReminderOptions,
+    ReminderPriority,
     Silo,
     SiloOptions,
     TickStatus,
@@ -23,6 +24,12 @@ class CounterGrain(Grain, Remindable):
     async def add(self, n: int) -> int:
         self._total = getattr(self, "_total", 0) + n
         return self._total
+
+    async def remind_once(self) -> None:
+        # The reminder options are typed keywords: a misspelt one fails the check.
+        await self.register_or_update_reminder(
+            "once", due=timedelta(minutes=1), priority=ReminderPriority.CRITICAL
+        )
 
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
         await self.add(1)

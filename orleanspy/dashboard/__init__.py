@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - exercised without the extra installed
 
 from orleanspy.dashboard._app import MAX_STREAMS, Dashboard, DashboardApp
 from orleanspy.dashboard._source import ManagementRefused, SiloSource, Source, StoreSource
+from orleanspy.runtime.guests import Guest, SiloView
 
 __all__ = [
     "MAX_STREAMS",
@@ -39,6 +40,7 @@ __all__ = [
     "Source",
     "StoreSource",
     "app",
+    "silo_guest",
 ]
 
 
@@ -68,3 +70,20 @@ def app(
     else:
         source = StoreSource.of_client(cluster, storage_url)
     return Dashboard(source, token=token, read_only=read_only).asgi()
+
+
+def silo_guest(silo: SiloView) -> Guest:
+    """The dashboard as a silo's HTTP guest (``runtime.guests``): read through the
+    silo's ``SiloView``, with the silo's ``dashboard_token``. The ``orleanspy``
+    package registers this as the guest ``"dashboard"``."""
+    source = SiloSource(silo)
+    o = silo.options
+    app = Dashboard(
+        source,
+        token=o.dashboard_token,
+        token_name=o.dashboard_token_name,
+        # Without a token a dashboard off loopback runs only under the cluster's TLS,
+        # whose client certificate the HTTPS server checks.
+        principal="dashboard:tls-client" if o.messaging.tls is not None else None,
+    ).asgi()
+    return Guest(app, source.aclose)

@@ -1,11 +1,14 @@
-"""The dashboard's routes: four pages, their JSON, one event stream per page,
-and the reminder actions.
+"""The dashboard's routes: six pages, their JSON, one event stream per live
+page, the reminder and dead letter actions, and the audit log of every
+management action.
 
 Security, in order of the request's path through here:
 
 - ``token`` set: every request needs it, as ``Authorization: Bearer <token>``
   or the cookie a first visit with ``?token=`` sets (HttpOnly, SameSite=Strict);
   otherwise 401. Tokens compare in constant time.
+- An action acts for the dashboard's principal (``dashboard:<token name>``),
+  which the audit log records; nothing a request says changes it.
 - Actions are POSTs of JSON carrying the ``X-CSRF-Token`` header equal to the
   ``orleanspy_csrf`` cookie (double submit; a SameSite=Strict cookie another
   site's page cannot read or send), and, when the browser sends an ``Origin``,
@@ -29,6 +32,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator
+from datetime import datetime
 from importlib import resources
 from typing import Any, Final
 
@@ -42,15 +46,17 @@ from orleanspy.cluster_status import STATUS_INTERVAL, ClusterStatus
 from orleanspy.dashboard._pages import (
     cluster_page,
     grains_page,
+    letter_summary,
     reminder_detail,
     row_summary,
     timeliness_page,
 )
 from orleanspy.dashboard._reminder_reads import Query
 from orleanspy.dashboard._series import Series
-from orleanspy.dashboard._source import ACTIONS, ManagementRefused, Source
+from orleanspy.dashboard._source import ACTIONS, LETTER_ACTIONS, ManagementRefused, Source
 from orleanspy.errors import OrleansPyError
 from orleanspy.identity import GrainId
+from orleanspy.reminders.audit import AuditQuery
 from orleanspy.reminders.model import MissedReminderAction
 
 __all__ = ["MAX_STREAMS", "Dashboard", "DashboardApp"]
@@ -63,7 +69,9 @@ _MAX_TEXT: Final = 200
 _MAX_GRAIN: Final = 1024
 _MAX_LIMIT: Final = 100
 _MAX_BODY: Final = 8192
-_PAGES: Final = ("cluster", "grains", "reminders", "timeliness")
+_MAX_AUDIT: Final = 500
+_PAGES: Final = ("cluster", "grains", "reminders", "timeliness", "dead-letters", "audit")
+_MAX_LETTER_ID: Final = 128
 _STATES: Final = ("any", "paused", "active", "orphaned")
 _TOKEN_COOKIE: Final = "orleanspy_dashboard"
 _CSRF_COOKIE: Final = "orleanspy_csrf"
@@ -89,6 +97,29 @@ def _grain(text: str) -> GrainId:
         return GrainId.parse(text)
     except (ValueError, TypeError):
         raise BadInput("grain: not a grain id (type/s:key, type/i:42, type/u:uuid)") from None
+
+
+def _instant(value: object, what: str) -> datetime:
+    if not isinstance(value, str) or len(value) > 64:
+        raise BadInput(f"{what}: an ISO 8601 time with its offset")
+    try:
+        at = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise BadInput(f"{what}: an ISO 8601 time with its offset") from None
+    if at.tzinfo is None:
+        raise BadInput(f"{what}: give the offset (Z or +01:00)")
+    return at
+
+
+def _backfill_range(value: object) -> tuple[datetime, datetime, str | None]:
+    """A backfill action's ``{"from", "to", "overlap"?}`` (the checks on the range
+    itself are the management grain's: it refuses and writes nothing)."""
+    if not isinstance(value, dict):
+        raise BadInput('value: {"from": ISO time, "to": ISO time}')
+    overlap = value.get("overlap")
+    if overlap is not None and (not isinstance(overlap, str) or len(overlap) > 32):
+        raise BadInput("value.overlap: a policy name")
+    return _instant(value.get("from"), "value.from"), _instant(value.get("to"), "value.to"), overlap
 
 
 def _priority(text: str) -> int:
@@ -147,11 +178,19 @@ class Dashboard:
         source: Source,
         *,
         token: str | None = None,
+        token_name: str = "dashboard",
+        principal: str | None = None,
         read_only: bool = False,
         interval: float = STATUS_INTERVAL,
     ) -> None:
         self.source = source
         self._token = token
+        #: Who this dashboard's actions act for, in the audit log: the token's
+        #: holder (``dashboard:<token_name>``), else ``principal`` as the host
+        #: says (its TLS), else ``dashboard:local`` (a loopback dashboard).
+        self.principal = (
+            f"dashboard:{token_name}" if token is not None else principal or "dashboard:local"
+        )
         self._read_only = read_only
         self.hub = _Hub(source, interval)
         self._template = (
@@ -315,9 +354,28 @@ class Dashboard:
         if row is None:
             return JSONResponse({"error": f"{grain} has no reminder {name!r}"}, 404)
         history = await self.source.history(grain, name)
+        backfill = await self.source.backfill(grain, name)
+        counters = await self.source.counters(grain, name)
         hosted = _hosted(await self.hub.status())
         orphaned = hosted is not None and grain.type_name not in hosted
-        return _json(reminder_detail(row, history, orphaned))
+        return _json(reminder_detail(row, history, orphaned, backfill, counters))
+
+    async def dead_letters(self, request: Request) -> Response:
+        text = _text(request, "grain", _MAX_GRAIN)
+        grain = _grain(text) if text else None
+        name = _text(request, "name") or None
+        cursor = _text(request, "cursor", 256) or None
+        try:
+            limit = int(_text(request, "limit", 4) or "25")
+        except ValueError:
+            raise BadInput(f"limit: 1..{_MAX_LIMIT}") from None
+        if not 1 <= limit <= _MAX_LIMIT:
+            raise BadInput(f"limit: 1..{_MAX_LIMIT}")
+        try:
+            page = await self.source.dead_letters(grain, name, cursor, limit)
+        except ValueError as exc:  # a made-up cursor
+            raise BadInput(f"cursor: {exc}") from None
+        return _json({"letters": [letter_summary(d) for d in page.letters], "cursor": page.cursor})
 
     async def act(self, request: Request) -> Response:
         if not self._csrf_ok(request):
@@ -336,8 +394,10 @@ class Dashboard:
         if not isinstance(doc, dict):
             raise BadInput("body: a JSON object")
         action, name, value = doc.get("action"), doc.get("name"), doc.get("value")
+        if action in LETTER_ACTIONS:
+            return await self._act_letter(action, doc.get("id"))
         if action not in ACTIONS:
-            raise BadInput(f"action: one of {', '.join(ACTIONS)}")
+            raise BadInput(f"action: one of {', '.join(ACTIONS + LETTER_ACTIONS)}")
         if not isinstance(name, str) or not 0 < len(name) <= _MAX_TEXT:
             raise BadInput(f"name: 1..{_MAX_TEXT} characters")
         grain_text = doc.get("grain")
@@ -348,13 +408,63 @@ class Dashboard:
             not isinstance(value, str) or value.upper() not in MissedReminderAction.__members__
         ):
             raise BadInput("value: fire_immediately, skip or notify")
+        elif action == "backfill":
+            value = _backfill_range(value)
         try:
-            result = await self.source.act(action, grain, name, value)
+            result = await self.source.act(action, grain, name, value, principal=self.principal)
         except ManagementRefused as exc:
             return JSONResponse({"error": str(exc)}, 403)
         except (OrleansPyError, ValueError) as exc:
             return JSONResponse({"error": f"{type(exc).__name__}: {exc}"[:2000]}, 409)
-        log.info("dashboard action=%s grain=%s reminder=%s", action, grain, name)
+        log.info(
+            "dashboard action=%s grain=%s reminder=%s principal=%s",
+            action, grain, name, self.principal,
+        )  # fmt: skip
+        return _json({"done": action, "result": None if result is None else str(result)[:500]})
+
+    async def audit(self, request: Request) -> Response:
+        """The audit log, newest first: filters ``grain`` (with ``name``),
+        ``principal``, ``action``, ``limit`` (1..``_MAX_AUDIT``)."""
+        grain_text = _text(request, "grain", _MAX_GRAIN)
+        name = _text(request, "name") or None
+        if name is not None and not grain_text:
+            raise BadInput("name: give the grain too")
+        try:
+            limit = int(_text(request, "limit", 4) or "100")
+        except ValueError:
+            raise BadInput(f"limit: 1..{_MAX_AUDIT}") from None
+        if not 1 <= limit <= _MAX_AUDIT:
+            raise BadInput(f"limit: 1..{_MAX_AUDIT}")
+        query = AuditQuery(
+            grain_id=_grain(grain_text) if grain_text else None,
+            name=name,
+            principal=_text(request, "principal") or None,
+            action=_text(request, "action", 40) or None,
+            limit=limit,
+        )
+        records = await self.source.audit(query)
+        return _json({"records": [r.to_json() for r in records]})
+
+    async def _act_letter(self, action: str, letter_id: object) -> Response:
+        """``replay`` or ``discard`` of the dead letter ``letter_id`` (after the
+        checks ``act`` made: CSRF, read-only, a JSON body)."""
+        if (
+            not isinstance(letter_id, str)
+            or not 0 < len(letter_id) <= _MAX_LETTER_ID
+            or not letter_id.isalnum()
+        ):
+            raise BadInput(f"id: a dead letter's id (1..{_MAX_LETTER_ID} letters and digits)")
+        try:
+            result = await self.source.act_letter(action, letter_id, principal=self.principal)
+        except ManagementRefused as exc:
+            return JSONResponse({"error": str(exc)}, 403)
+        except (OrleansPyError, ValueError) as exc:
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"[:2000]}, 409)
+        except Exception as exc:  # a replay whose grain raised again: the letter stays
+            return JSONResponse({"error": f"{type(exc).__name__}: {exc}"[:2000]}, 409)
+        log.info(
+            "dashboard action=%s dead_letter=%s principal=%s", action, letter_id, self.principal
+        )
         return _json({"done": action, "result": None if result is None else str(result)[:500]})
 
     # -- assembly -----------------------------------------------------------------------
@@ -367,6 +477,8 @@ class Dashboard:
             Route("/api/reminders", self.reminders, methods=["GET"]),
             Route("/api/reminder", self.reminder, methods=["GET"]),
             Route("/api/action", self.act, methods=["POST"]),
+            Route("/api/audit", self.audit, methods=["GET"]),
+            Route("/api/dead-letters", self.dead_letters, methods=["GET"]),
             Route("/api/{page}", self.data, methods=["GET"]),
             Mount("/static", app=static),
             Route("/{page}", self.page, methods=["GET", "HEAD"]),

@@ -12,9 +12,19 @@ from typing import Any
 from orleanspy.cluster_status import ClusterStatus
 from orleanspy.dashboard._series import Series
 from orleanspy.dashboard._words import describe, next_slots
+from orleanspy.reminders.backfill import BackfillJob
+from orleanspy.reminders.counters import ReminderCounters
+from orleanspy.reminders.letters import DeadLetter
 from orleanspy.reminders.model import FireRecord, ReminderEntry
 
-__all__ = ["cluster_page", "grains_page", "reminder_detail", "row_summary", "timeliness_page"]
+__all__ = [
+    "cluster_page",
+    "grains_page",
+    "letter_summary",
+    "reminder_detail",
+    "row_summary",
+    "timeliness_page",
+]
 
 _MAX_EVENTS = 200
 
@@ -97,6 +107,28 @@ def row_summary(row: ReminderEntry, orphaned: bool) -> dict[str, Any]:
         "paused": row.paused,
         "declared": row.declared,
         "orphaned": orphaned,
+        "labels": row.labels or {},
+        "calendar": row.calendar,
+        "on_excluded": None if row.on_excluded is None else row.on_excluded.name.lower(),
+    }
+
+
+def letter_summary(letter: DeadLetter) -> dict[str, Any]:
+    """A dead letter for the dead letters page (the traceback included: the
+    detail shows it)."""
+    return {
+        "id": letter.id,
+        "grain": letter.grain_id.canonical,
+        "grain_text": str(letter.grain_id),
+        "name": letter.name,
+        "slot": _iso(letter.slot),
+        "at": _iso(letter.at),
+        "attempts": letter.attempts,
+        "error_type": letter.error_type,
+        "message": letter.message,
+        "traceback": letter.traceback,
+        "silo": letter.silo,
+        "final": letter.final,
     }
 
 
@@ -109,13 +141,35 @@ def _fire(rec: FireRecord) -> dict[str, Any]:
         "outcome": str(rec.outcome.value),
         "silo": rec.silo,
         "triggered": rec.triggered,
+        "backfill": rec.backfill,
         "error": None if error is None else str(error)[:2000],
     }
 
 
+def backfill_summary(job: BackfillJob | None) -> dict[str, Any] | None:
+    """A running backfill's progress for the reminder page."""
+    if job is None:
+        return None
+    return {
+        "from": _iso(job.start),
+        "to": _iso(job.end),
+        "next": _iso(job.next),
+        "total": job.total,
+        "delivered": job.delivered,
+        "failed": job.failed,
+        "overlap": job.overlap,
+    }
+
+
 def reminder_detail(
-    row: ReminderEntry, history: list[FireRecord], orphaned: bool
+    row: ReminderEntry,
+    history: list[FireRecord],
+    orphaned: bool,
+    backfill: BackfillJob | None = None,
+    counters: ReminderCounters | None = None,
 ) -> dict[str, Any]:
+    """A reminder as the dashboard's detail shows it: the row, its next fire times
+    (``describe``'s), its history, backfill and counters."""
     doc = row_summary(row, orphaned)
     doc.update(
         start_at=_iso(row.start_at),
@@ -124,5 +178,18 @@ def reminder_detail(
         period_seconds=None if row.period is None else row.period.total_seconds(),
         next_slots=[_iso(t) for t in next_slots(row)],
         history=[_fire(r) for r in history],
+        backfill=backfill_summary(backfill),
+        counters=None if counters is None else _counters(counters),
     )
     return doc
+
+
+def _counters(c: ReminderCounters) -> dict[str, Any]:
+    return {
+        "delivered": c.delivered, "failed": c.failed, "deadline_exceeded": c.deadline_exceeded,
+        "dead_lettered": c.dead_lettered, "deduplicated": c.deduplicated,
+        "skipped": c.skipped(), "skipped_paused": c.skipped_paused,
+        "skipped_overlap": c.skipped_overlap, "skipped_calendar": c.skipped_calendar,
+        "skipped_catchup_window": c.skipped_catchup_window, "skipped_late": c.skipped_late,
+        "last_error": c.last_error, "last_error_at": _iso(c.last_error_at),
+    }  # fmt: skip

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from orleanspy.reminders.describe import next_fire_times
 from orleanspy.reminders.model import ReminderEntry
-from orleanspy.reminders.schedule import schedule_for
 
 __all__ = ["describe", "interval_words", "next_slots"]
 
@@ -87,18 +87,12 @@ def describe(entry: ReminderEntry) -> str:
 
 
 def next_slots(entry: ReminderEntry, count: int = 5) -> list[datetime]:
-    """The row's next ``count`` slots from its ``next_due`` (that one first)."""
-    slots = [entry.next_due]
+    """The row's next ``count`` fire times from its ``next_due`` (that one first):
+    ``describe.next_fire_times``, so calendar, jitter, bounds and pause count
+    (a paused row has none; a row whose schedule does not compute, none past
+    ``next_due``)."""
     try:
-        schedule = schedule_for(entry)
-    except (ValueError, TypeError):
-        return slots
-    at: datetime | None = entry.next_due
-    while at is not None and len(slots) < count:
-        try:
-            at = schedule.next_after(at)
-        except (ValueError, OverflowError):
-            break
-        if at is not None:  # None: a one-shot or bounded schedule has ended
-            slots.append(at)
-    return slots
+        fires = next_fire_times(entry, None, count, entry.next_due - timedelta(milliseconds=1))
+    except (ValueError, TypeError, OverflowError):
+        return [entry.next_due]
+    return [f.at for f in fires]

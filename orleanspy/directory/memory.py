@@ -6,6 +6,7 @@ from contextlib import AsyncExitStack
 
 from orleanspy.directory.table import ActivationAddress
 from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.schema import MEMORY_SCHEMA, SchemaVersion
 
 __all__ = ["InMemoryGrainDirectory"]
 
@@ -16,6 +17,8 @@ class InMemoryGrainDirectory:
     Every operation completes without awaiting, so each is atomic with respect
     to other tasks. ``unregister_silo`` is exact (a per-silo index is kept).
     """
+
+    schema = SchemaVersion("memory", "directory", MEMORY_SCHEMA)
 
     __slots__ = ("_by_silo", "_entries")
 

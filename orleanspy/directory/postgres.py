@@ -23,6 +23,7 @@ from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
 from orleanspy.directory.table import ActivationAddress
 from orleanspy.errors import ConfigurationError, StorageError
 from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.schema import SchemaVersion
 
 __all__ = ["PostgresGrainDirectory"]
 
@@ -72,6 +73,8 @@ class PostgresGrainDirectory:
     closed when the stack unwinds) or an ``asyncpg`` pool (used as is).
     """
 
+    schema = SchemaVersion("postgres", "directory", len(_SCHEMA))
+
     def __init__(self, url_or_pool: str | Pool, *, cluster_id: str, service_id: str) -> None:
         if not service_id or not cluster_id:
             raise ConfigurationError("service_id and cluster_id must not be empty")
@@ -84,7 +87,7 @@ class PostgresGrainDirectory:
         """Connect and create or migrate the schema; ``StorageUnavailableError`` if
         the server cannot be reached."""
         pool = await open_pool(self._source, stack)
-        await migrate(pool, "directory", _SCHEMA)
+        self.migration = await migrate(pool, "directory", _SCHEMA)
         self._pool = pool
 
     @property

@@ -26,10 +26,20 @@ import asyncio
 from contextlib import AsyncExitStack
 from typing import Any
 
-from orleanspy._redis import Client, Redis, connect, key_prefix, resolve, translate_errors
+from orleanspy._redis import (
+    Client,
+    Redis,
+    connect,
+    key_prefix,
+    resolve,
+    retry_failover,
+    translate_errors,
+)
+from orleanspy._redis_schema import adopt, migrate
 from orleanspy.directory.table import ActivationAddress
 from orleanspy.errors import ConfigurationError, StorageError
 from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.schema import SchemaVersion
 from orleanspy.serialization import pack, unpack
 
 __all__ = ["RedisGrainDirectory"]
@@ -71,6 +81,10 @@ def _decode(data: bytes | str) -> ActivationAddress:
         raise StorageError(f"malformed grain directory entry {data!r}: {exc}") from exc
 
 
+#: The schema steps of this layout (``orleanspy._redis_schema``).
+SCHEMA_STEPS = (adopt(),)
+
+
 class RedisGrainDirectory:
     """A ``GrainDirectory`` in Redis, shared by every silo of a service.
 
@@ -81,6 +95,8 @@ class RedisGrainDirectory:
     ``max_in_flight`` commands are outstanding at once; keep it at or below the
     client's pool size.
     """
+
+    schema = SchemaVersion("redis", "directory", len(SCHEMA_STEPS))
 
     def __init__(
         self,
@@ -129,6 +145,7 @@ class RedisGrainDirectory:
             self._source = source
         with translate_errors("grain directory start"):
             self._client = await resolve(self._source)
+        self.migration = await migrate(self._client, "directory", SCHEMA_STEPS)
         self._register = self._client.register_script(_REGISTER)
         self._unregister = self._client.register_script(_UNREGISTER)
         with translate_errors("grain directory start"):
@@ -140,34 +157,48 @@ class RedisGrainDirectory:
         return self._client
 
     async def register(self, grain_id: GrainId, address: ActivationAddress) -> ActivationAddress:
-        """See ``GrainDirectory.register``: one script, set if absent else the winner."""
-        self._redis()
+        """See ``GrainDirectory.register``: one script, set if absent else the winner.
+
+        Retried through a failover (``retry_failover``). An attempt whose reply
+        was lost may have stored ``address``; the retry then finds it stored and
+        returns it, the same answer as a first attempt that won."""
+        client = self._redis()
         key = self.key_of(self.shard_of(grain_id))
+        args = [grain_id.canonical, _encode(address)]
         async with self._in_flight:
-            with translate_errors("grain directory register"):
-                winner = await self._register(
-                    keys=[key], args=[grain_id.canonical, _encode(address)]
-                )
+            winner = await retry_failover(
+                client,
+                "grain directory register",
+                lambda _attempt: self._register(keys=[key], args=args),
+            )
         return address if winner is None else _decode(winner)
 
     async def lookup(self, grain_id: GrainId) -> ActivationAddress | None:
-        """See ``GrainDirectory.lookup``."""
+        """See ``GrainDirectory.lookup``; retried through a failover."""
         client = self._redis()
         key = self.key_of(self.shard_of(grain_id))
         async with self._in_flight:
-            with translate_errors("grain directory lookup"):
-                data = await client.hget(key, grain_id.canonical)
+            data = await retry_failover(
+                client,
+                "grain directory lookup",
+                lambda _attempt: client.hget(key, grain_id.canonical),
+            )
         return None if data is None else _decode(data)
 
     async def unregister(self, grain_id: GrainId, address: ActivationAddress) -> bool:
-        """See ``GrainDirectory.unregister``: a compare-and-delete script."""
-        self._redis()
+        """See ``GrainDirectory.unregister``: a compare-and-delete script, retried
+        through a failover. A retry after an attempt whose reply was lost may
+        find the entry gone by that attempt and return ``False``: the entry is
+        gone either way, which is all callers rely on."""
+        client = self._redis()
         key = self.key_of(self.shard_of(grain_id))
+        args = [grain_id.canonical, _encode(address)]
         async with self._in_flight:
-            with translate_errors("grain directory unregister"):
-                removed = await self._unregister(
-                    keys=[key], args=[grain_id.canonical, _encode(address)]
-                )
+            removed = await retry_failover(
+                client,
+                "grain directory unregister",
+                lambda _attempt: self._unregister(keys=[key], args=args),
+            )
         return bool(removed)
 
     async def unregister_silo(self, silo: SiloAddress) -> int:

@@ -18,6 +18,7 @@ from orleanspy.membership.model import (
     SiloStatus,
     TableVersion,
 )
+from orleanspy.schema import MEMORY_SCHEMA, SchemaVersion
 
 __all__ = ["InMemoryMembershipTable"]
 
@@ -25,6 +26,8 @@ __all__ = ["InMemoryMembershipTable"]
 class InMemoryMembershipTable:
     """A ``MembershipTable`` held in a dict. Etags are the table version number
     at which a row was written, which no later write can reuse."""
+
+    schema = SchemaVersion("memory", "membership", MEMORY_SCHEMA)
 
     def __init__(self) -> None:
         self._rows: dict[SiloAddress, tuple[MembershipEntry, str]] = {}

@@ -16,6 +16,7 @@ from typing import Any
 
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.identity import SiloAddress
+from orleanspy.versions import ProtocolWindow
 
 __all__ = [
     "INITIAL_VERSION",
@@ -56,7 +57,15 @@ class MembershipEntry:
     (``membership.credentials``; ``None``: the row does not say).
     ``ring_mode`` names the ring the silo builds, ``"balanced"`` or
     ``"hashed"`` (``membership.agreement``; ``None``: the row does not say,
-    and the silo counts as hashed).
+    and the silo counts as hashed); ``ring_follows``: the silo builds the ring
+    the cluster builds rather than insisting on ``ring_mode``.
+
+    ``release`` and ``protocols`` are the silo's release and the protocol window
+    it speaks (``orleanspy.versions``; ``None``: a row of 0.1.x, which speaks
+    protocol 1 only: ``window``). ``schemas`` names the store schema versions
+    its code runs with (``("postgres:reminders", 7)``, sorted; shown, never compared).
+    ``extra`` keeps the keys of a newer release's row that this one does not
+    know, so that rewriting the row (a vote, a status) does not drop them.
     """
 
     silo: SiloAddress
@@ -70,6 +79,16 @@ class MembershipEntry:
     grain_types: frozenset[str] | None = None
     verifier: str | None = None
     ring_mode: str | None = None
+    ring_follows: bool = False
+    release: str | None = None
+    protocols: ProtocolWindow | None = None
+    schemas: tuple[tuple[str, int], ...] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def window(self) -> ProtocolWindow:
+        """The protocols the silo speaks (a row that does not say: 0.1.x's, 1 alone)."""
+        return self.protocols if self.protocols is not None else ProtocolWindow(1, 1)
 
     def hosts(self, type_name: str) -> bool:
         """Whether grains of ``type_name`` may be placed on this silo."""
@@ -127,12 +146,26 @@ class MembershipEntry:
             rec["cv"] = self.verifier
         if self.ring_mode is not None:
             rec["rm"] = self.ring_mode
+        if self.ring_follows:
+            rec["rf"] = 1
+        if self.release is not None:
+            rec["rv"] = self.release
+        if self.protocols is not None:
+            rec["pw"] = self.protocols.text()
+        if self.schemas:
+            # One string, as grain_types: a Lua script that re-encodes the row
+            # keeps a string as it is.
+            rec["sv"] = ";".join(f"{k}={v}" for k, v in self.schemas)
+        for key, value in self.extra.items():
+            rec.setdefault(key, value)
         return rec
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> MembershipEntry:
-        """Inverse of ``to_record``; extra keys (such as a stored etag) are ignored."""
+        """Inverse of ``to_record``. Keys this release does not know are kept in
+        ``extra`` (a stored etag, ``"e"``, is not: the table owns it)."""
         votes = rec.get("v") or ()
+        window = rec.get("pw")
         return cls(
             silo=SiloAddress.parse(rec["a"]),
             status=SiloStatus(rec["s"]),
@@ -145,7 +178,38 @@ class MembershipEntry:
             grain_types=_grain_types(rec.get("gt")),
             verifier=None if rec.get("cv") is None else str(rec["cv"]),
             ring_mode=None if rec.get("rm") is None else str(rec["rm"]),
+            ring_follows=bool(rec.get("rf")),
+            release=None if rec.get("rv") is None else str(rec["rv"]),
+            protocols=None if window is None else _window(window),
+            schemas=_schemas(rec.get("sv")),
+            extra={k: v for k, v in rec.items() if k not in _KNOWN_KEYS},
         )
+
+
+# The keys ``to_record`` writes, and the etag some tables store beside them.
+_KNOWN_KEYS = frozenset(
+    {"a", "s", "n", "t", "ia", "v", "h", "g", "gt", "cv", "rm", "rf", "rv", "pw", "sv", "e"}
+)
+
+
+def _window(stored: object) -> ProtocolWindow | None:
+    """A stored protocol window; a malformed one reads as unknown (``None``:
+    protocol 1), so one bad row cannot stop a silo from reading its table."""
+    try:
+        return ProtocolWindow.parse(str(stored))
+    except ValueError:
+        return None
+
+
+def _schemas(stored: object) -> tuple[tuple[str, int], ...] | None:
+    if not stored:
+        return None
+    out: list[tuple[str, int]] = []
+    for item in str(stored).split(";"):
+        name, _, number = item.partition("=")
+        if name and number.isdigit():
+            out.append((name, int(number)))
+    return tuple(sorted(out))
 
 
 @dataclass(frozen=True, slots=True)

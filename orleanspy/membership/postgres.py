@@ -36,6 +36,7 @@ from orleanspy.membership.model import (
     SiloStatus,
     TableVersion,
 )
+from orleanspy.schema import SchemaVersion
 from orleanspy.serialization import pack, unpack
 
 __all__ = ["PostgresMembershipTable"]
@@ -84,6 +85,8 @@ class PostgresMembershipTable:
     as is, never closed here). ``start`` creates or migrates the schema.
     """
 
+    schema = SchemaVersion("postgres", "membership", len(_SCHEMA))
+
     def __init__(self, url_or_pool: str | Pool, *, cluster_id: str, service_id: str) -> None:
         for what, value in (("cluster_id", cluster_id), ("service_id", service_id)):
             if not value or any(c in value for c in "{}:|"):
@@ -97,7 +100,7 @@ class PostgresMembershipTable:
         if self._pool is not None:
             raise RuntimeError("PostgresMembershipTable.start() was already called")
         pool = await open_pool(self._source, stack, max_size=4)
-        await migrate(pool, "membership", _SCHEMA)
+        self.migration = await migrate(pool, "membership", _SCHEMA)
         self._pool = pool
 
     @property

@@ -29,6 +29,7 @@ from orleanspy._redis import (
     resolve,
     translate_errors,
 )
+from orleanspy._redis_schema import adopt, migrate
 from orleanspy.clock import to_ms
 from orleanspy.errors import StorageError
 from orleanspy.identity import SiloAddress
@@ -39,6 +40,7 @@ from orleanspy.membership.model import (
     SiloStatus,
     TableVersion,
 )
+from orleanspy.schema import SchemaVersion
 from orleanspy.serialization import pack, unpack
 
 if TYPE_CHECKING:
@@ -47,6 +49,9 @@ if TYPE_CHECKING:
 __all__ = ["RedisMembershipTable"]
 
 _VERSION_FIELD = b"version"
+
+#: The schema steps of this layout (``orleanspy._redis_schema``).
+SCHEMA_STEPS = (adopt(),)
 
 # KEYS[1] the hash. ARGV: mode ("insert"|"update"), silo field, row (msgpack map
 # without etag), expected row etag, expected version etag, new version number.
@@ -105,6 +110,7 @@ return n
 
 
 class RedisMembershipTable:
+    schema = SchemaVersion("redis", "membership", len(SCHEMA_STEPS))
     """A ``MembershipTable`` in Redis.
 
     ``url_or_client``: a URL (the table opens its own client in ``start`` and
@@ -145,6 +151,7 @@ class RedisMembershipTable:
             source = self._source
         with translate_errors("membership start"):
             client = await resolve(source)
+        self.migration = await migrate(client, "membership", SCHEMA_STEPS)
         self._client = client
         self._write_script = client.register_script(_WRITE)
         self._alive_script = client.register_script(_I_AM_ALIVE)

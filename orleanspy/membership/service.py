@@ -21,10 +21,15 @@ treated the same way, with a WARNING that says what happened: the silo stops,
 and a restart joins as a new incarnation (docs/decisions.md, "A store that
 lost its data").
 
-Credentials and ring mode. Each row carries a verifier of the joining silo's
-credentials (``membership.credentials``) and the ring it builds
-(``membership.agreement``); a silo whose verifier or ring mode differs from
-that of a live member refuses to join, before it writes anything.
+Credentials, versions and ring mode. Each row carries a verifier of the joining
+silo's credentials (``membership.credentials``), its release and protocol window
+(``orleanspy.versions``) and the ring it builds (``membership.agreement``); a
+silo whose verifier differs from that of a live member, whose protocols do not
+overlap a live member's, or that insists on another ring, refuses to join,
+before it writes anything. Once joined, the service keeps those fields of its
+own row true (``_restamp``): a silo that follows the cluster's ring records the
+ring it builds when that changes, and a row rewritten by an older silo (a vote)
+that dropped fields it did not know gets them back.
 
 Timing reads the injected ``Clock``; only the probe timeout (enforced by the
 ``ping`` callable) and the bound on the final writes at shutdown run on the
@@ -45,13 +50,14 @@ from typing import Any
 from orleanspy.clock import Clock
 from orleanspy.errors import MembershipError, SiloDeclaredDeadError, StorageError
 from orleanspy.identity import SiloAddress
-from orleanspy.membership.agreement import check_ring_mode
+from orleanspy.membership.agreement import check_ring_mode, check_versions, cluster_ring_mode
 from orleanspy.membership.credentials import check_verifier
 from orleanspy.membership.health import HealthMonitor, Ping
 from orleanspy.membership.lease import ContactLease, lease_duration
 from orleanspy.membership.model import MembershipEntry, MembershipSnapshot, SiloStatus
 from orleanspy.membership.table import MembershipTable
 from orleanspy.options import MembershipOptions
+from orleanspy.versions import ProtocolWindow, __version__
 
 __all__ = ["Gossip", "MembershipListener", "MembershipService"]
 
@@ -76,7 +82,12 @@ class MembershipService:
     silo must stop too. ``verifier`` and ``ring_mode`` (optional: ``None``
     records and checks nothing) go into this silo's row and are checked
     against the live members' before joining (``CredentialsMismatchError``,
-    ``RingModeMismatchError``; nothing is written then).
+    ``RingModeMismatchError``; nothing is written then). With ``ring_follows``
+    the silo insists on no ring: it records the ring the cluster builds
+    (``agreement.cluster_ring_mode`` at join, then ``ring_built``). The row
+    also records this release, its protocol window (checked before joining:
+    ``IncompatibleVersionError``) and ``schemas``, the store schema versions
+    the silo's providers run with.
     """
 
     def __init__(
@@ -95,10 +106,15 @@ class MembershipService:
         grain_types: Collection[str] | None = None,
         verifier: str | None = None,
         ring_mode: str | None = None,
+        ring_follows: bool = False,
+        schemas: Collection[tuple[str, int]] = (),
     ) -> None:
         self._table = table
         self._verifier = verifier
         self._ring_mode = ring_mode
+        self._ring_follows = ring_follows
+        self._schemas = tuple(sorted(schemas)) or None
+        self._restamping: asyncio.Task[None] | None = None
         self.stop_reason: str | None = None
         self._joined = False
         self.address = address
@@ -270,7 +286,7 @@ class MembershipService:
                 if status == SiloStatus.DEAD:
                     return
                 raise SiloDeclaredDeadError(f"silo {self.address} is Dead in the table")
-            row = mine.with_status(status).with_i_am_alive(self._clock.now())
+            row = self._stamped(mine).with_status(status).with_i_am_alive(self._clock.now())
             version = snap.version.next()
             if await self._table.update_row(row, etag, version):
                 self._spread(version.version)
@@ -326,7 +342,11 @@ class MembershipService:
             # or votes. Checked on every pass: a lost insert re-reads the
             # table and so sees a rival joiner's row.
             check_verifier(self._verifier, snap, self.address, now, self._options)
-            check_ring_mode(self._ring_mode, snap, self.address, now, self._options)
+            check_versions(snap, self.address, now, self._options)
+            if self._ring_follows:
+                self._ring_mode = cluster_ring_mode(snap)
+            else:
+                check_ring_mode(self._ring_mode, snap, self.address, now, self._options)
             if await self._bury_earlier_incarnations(snap):
                 continue
             existing, etag = snap.get(self.address), snap.etag(self.address)
@@ -335,22 +355,23 @@ class MembershipService:
                 if existing.status == SiloStatus.DEAD:
                     raise SiloDeclaredDeadError(f"silo {self.address} is already Dead")
                 row = replace(
-                    existing.with_status(SiloStatus.JOINING).with_i_am_alive(now),
+                    self._stamped(existing).with_status(SiloStatus.JOINING).with_i_am_alive(now),
                     grain_types=self._grain_types,
                 )
                 ok = await self._table.update_row(row, etag, snap.version.next())
             else:
-                row = MembershipEntry(
-                    silo=self.address,
-                    status=SiloStatus.JOINING,
-                    name=self.name,
-                    start_time=now,
-                    i_am_alive=now,
-                    gateway_port=self._gateway_port,
-                    host_name=self._host_name,
-                    grain_types=self._grain_types,
-                    verifier=self._verifier,
-                    ring_mode=self._ring_mode,
+                row = self._stamped(
+                    MembershipEntry(
+                        silo=self.address,
+                        status=SiloStatus.JOINING,
+                        name=self.name,
+                        start_time=now,
+                        i_am_alive=now,
+                        gateway_port=self._gateway_port,
+                        host_name=self._host_name,
+                        grain_types=self._grain_types,
+                        verifier=self._verifier,
+                    )
                 )
                 ok = await self._table.insert_row(row, snap.version.next())
             if ok:
@@ -376,6 +397,71 @@ class MembershipService:
                 )
                 return True
         return False
+
+    # -- this silo's own fields ---------------------------------------------
+
+    def _stamped(self, row: MembershipEntry) -> MembershipEntry:
+        """``row`` with what this silo records of itself: release, protocol
+        window, schema versions and the ring it builds."""
+        return replace(
+            row,
+            ring_mode=self._ring_mode,
+            ring_follows=self._ring_follows,
+            release=__version__,
+            protocols=ProtocolWindow.mine(),
+            schemas=self._schemas,
+        )
+
+    @property
+    def ring_mode(self) -> str | None:
+        """The ring this silo records that it builds."""
+        return self._ring_mode
+
+    def ring_built(self, mode: str) -> None:
+        """A silo that follows the cluster's ring now builds ``mode``: record it
+        (a joining silo that insists on a ring compares with this)."""
+        if self._ring_follows and mode != self._ring_mode:
+            self._ring_mode = mode
+            self._check_stamp(self._snapshot)
+
+    def _check_stamp(self, snap: MembershipSnapshot) -> None:
+        """Rewrite this silo's row in the background if its own fields are not
+        what ``_stamped`` would write (one rewrite at a time)."""
+        mine = snap.get(self.address)
+        if (
+            mine is None
+            or not self._joined
+            or self._leaving
+            or self._dead
+            or mine.status is not SiloStatus.ACTIVE
+            or mine == self._stamped(mine)
+            or (self._restamping is not None and not self._restamping.done())
+        ):
+            return
+        self._restamping = asyncio.create_task(
+            self._restamp(), name=f"membership:{self.address}:restamp"
+        )
+
+    async def _restamp(self) -> None:
+        """CAS-write this silo's row with its own fields, re-reading the table
+        after a lost race (a few times: the next read checks again anyway); a
+        failed store is left to the next read."""
+        try:
+            snap = self._snapshot
+            for _attempt in range(5):
+                mine, etag = snap.get(self.address), snap.etag(self.address)
+                if mine is None or etag is None or mine.status is not SiloStatus.ACTIVE:
+                    return
+                if mine == self._stamped(mine):
+                    return
+                version = snap.version.next()
+                if await self._table.update_row(self._stamped(mine), etag, version):
+                    self._spread(version.version)
+                    await self.refresh()
+                    return
+                snap = await self.refresh()
+        except StorageError as exc:
+            log.warning("membership row rewrite failed silo=%s error=%r", self.address, exc)
 
     # -- loops --------------------------------------------------------------
 
@@ -434,9 +520,10 @@ class MembershipService:
 
     async def _stop_loops(self) -> None:
         await self._cancel(lambda t: True)
-        if self._catch_up is not None:
-            self._catch_up.cancel()
-            await asyncio.gather(self._catch_up, return_exceptions=True)
+        for task in (self._catch_up, self._restamping):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         # Gossip already on its way (the Dead row above all) may finish: each
         # send is bounded by the probe timeout.
         spreading = list(self._spreading)
@@ -501,6 +588,8 @@ class MembershipService:
                 self._call(listener, snap)
         if snap.status(self.address) == SiloStatus.DEAD and not self._leaving:
             self._declare_dead()
+        else:
+            self._check_stamp(snap)
 
     def _call(self, listener: MembershipListener, snap: MembershipSnapshot) -> None:
         try:

@@ -357,6 +357,7 @@ class Outbox:
         "_budget",
         "_codec",
         "_max_batch",
+        "_max_items",
         "_wakeup",
         "idle",
         "in_flight",
@@ -381,6 +382,9 @@ class Outbox:
         self._codec = codec
         self._max_batch = options.max_batch
         self._budget = options.max_message_size
+        # What a receiver counts against max_frame_items: envelopes and header
+        # entries (a traced call carries its trace context and principal too).
+        self._max_items = options.max_frame_items
         self.stats = stats
         # Counts of this destination alone (metrics per peer), beside the totals.
         self.peer = peer
@@ -431,12 +435,14 @@ class Outbox:
                 await self._wakeup.wait()
                 continue
             batch = self.in_flight
-            cost = 0
-            # Budget the frame so the receiver's size limit is not hit by many
-            # medium messages together; one message always goes, however large.
+            cost = items = 0
+            # Budget the frame so the receiver's size and item limits are not hit
+            # by many messages together; one message always goes, however large.
             while queue and len(batch) < self._max_batch:
-                cost += _frame_cost(queue[0])
-                if batch and cost > self._budget:
+                head = queue[0]
+                cost += _frame_cost(head)
+                items += 1 + len(head.headers)
+                if batch and (cost > self._budget or items > self._max_items):
                     break
                 batch.append(queue.popleft())
             frame = self._codec.encode(batch)

@@ -30,7 +30,14 @@ from collections.abc import Awaitable, Callable
 
 from orleanspy.identity import SiloAddress
 from orleanspy.messaging.frames import Outbox, unencodable
-from orleanspy.messaging.message import Message, MessageKind, settle
+from orleanspy.messaging.message import (
+    PRINCIPAL_HEADER,
+    SYSTEM_TYPE_PREFIX,
+    Message,
+    MessageKind,
+    settle,
+)
+from orleanspy.trace_context import trace_headers
 
 __all__ = ["ClientLink", "ClientRegistry", "PeerCredit", "Unanswered"]
 
@@ -105,8 +112,12 @@ class ClientLink:
         outbox: Outbox,
         write: Callable[[bytes], Awaitable[None]],
         limit: int,
+        principal: str = "anonymous",
     ) -> None:
         self.client_id = client_id
+        #: Who the transport authenticated this client as (``admit`` stamps it on
+        #: calls to the runtime's own grains).
+        self.principal = principal
         self.outbox = outbox
         self._write = write
         self._limit = limit
@@ -129,8 +140,11 @@ class ClientLink:
         Nothing the client says about the cluster is trusted: the gateway stamps
         the client and itself (``me``) as the sender, and drops the client's
         headers (a forged call chain could interleave turns on a non-reentrant
-        grain), target silo (it would bypass the directory) and forward count;
-        the deadline is capped at ``timeout_ms`` from now.
+        grain; a principal would claim another's authority) but a trace context
+        that parses within limits (``tracing.trace_headers``), its target silo
+        (it would bypass the directory) and forward count; the deadline is
+        capped at ``timeout_ms`` from now. A call to one of the runtime's own
+        grains carries the principal the transport authenticated.
         """
         if message.kind is MessageKind.RESPONSE:
             # Clients send calls; a "response" could only try to complete
@@ -142,7 +156,10 @@ class ClientLink:
         message.target_silo = None
         message.forward_count = 0
         if message.headers:
-            message.headers = {}
+            message.headers = trace_headers(message.headers)
+        grain = message.target_grain
+        if grain is not None and grain.type_name.startswith(SYSTEM_TYPE_PREFIX):
+            message.headers[PRINCIPAL_HEADER] = self.principal
         cap = _deadline_cap(timeout_ms)
         if not 0 < message.expires_at_ms <= cap:
             message.expires_at_ms = cap

@@ -19,6 +19,16 @@ Handshake
     address before the caller writes anything, so an unreachable peer or a
     refused secret is known before any message is committed to the stream.
 
+Versions
+    Every call's metadata carries the protocol window its side speaks
+    (``x-orleanspy-protocol: 1-2``, ``orleanspy.versions``), and a server's
+    initial metadata its own; a side that sends none is 0.1.x (protocol 1). A
+    server refuses a ``Connect`` whose window does not overlap its own, or is
+    malformed, with ``FAILED_PRECONDITION`` and a message naming both windows;
+    the caller raises ``IncompatibleVersionError`` with it (and checks the
+    server's window itself, since a 0.1.x server checks nothing). A link knows
+    the newest protocol both ends speak (``_PeerLink.protocol``).
+
 Failures
     Messages that were queued and not written when a stream fails (or when
     ``disconnect`` is called) go to ``MessageSink.undeliverable`` with
@@ -104,6 +114,7 @@ from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.messaging.transport import MessageSink, ProbeOutcome
 from orleanspy.options import MessagingOptions, TlsOptions
 from orleanspy.serialization import pack
+from orleanspy.versions import IncompatibleVersionError, ProtocolWindow, incompatibility
 
 __all__ = ["GrpcGatewayConnection", "GrpcTransport", "WireStats"]
 
@@ -112,6 +123,8 @@ log = logging.getLogger(__name__)
 SECRET_HEADER = "x-orleanspy-secret"
 CLIENT_HEADER = "x-orleanspy-client"
 SILO_HEADER = "x-orleanspy-silo"
+PROTOCOL_HEADER = "x-orleanspy-protocol"
+_MY_WINDOW = ProtocolWindow.mine()
 
 _SILO_CONNECT = "/orleanspy.v1.SiloService/Connect"
 _SILO_PING = "/orleanspy.v1.SiloService/Ping"
@@ -194,9 +207,29 @@ def _bind(server: grpc.aio.Server, host: str, port: int, tls: TlsOptions | None)
 
 
 def _metadata(options: MessagingOptions, *extra: tuple[str, str]) -> tuple[tuple[str, str], ...]:
+    mine = (PROTOCOL_HEADER, _MY_WINDOW.text())
     if options.cluster_secret is None:
-        return extra
-    return ((SECRET_HEADER, options.cluster_secret), *extra)
+        return (mine, *extra)
+    return ((SECRET_HEADER, options.cluster_secret), mine, *extra)
+
+
+def _served_metadata(address: str) -> tuple[tuple[str, str], ...]:
+    """A server's initial metadata: who it is, and the protocols it speaks."""
+    return ((SILO_HEADER, address), (PROTOCOL_HEADER, _MY_WINDOW.text()))
+
+
+def _peer_window(metadata: Any, who: str) -> ProtocolWindow:
+    """The window ``metadata`` declares (none: 0.1.x's, protocol 1);
+    ``IncompatibleVersionError`` if it is malformed or shares no protocol with
+    this release's, with a message naming both."""
+    try:
+        theirs = ProtocolWindow.parse(_header(metadata, PROTOCOL_HEADER))
+    except IncompatibleVersionError as exc:
+        raise IncompatibleVersionError(f"{who}: {exc}") from None
+    why = incompatibility(_MY_WINDOW, theirs, who)
+    if why is not None:
+        raise IncompatibleVersionError(why)
+    return theirs
 
 
 def _stream_call(channel: grpc.aio.Channel, path: str, metadata: Any) -> Any:
@@ -215,6 +248,31 @@ def _authorized(options: MessagingOptions, context: _Context) -> bool:
     return False
 
 
+#: The principal of a gateway client that proved the cluster secret (and no
+#: client certificate): whoever holds the secret.
+SECRET_PRINCIPAL = "cluster-secret"
+#: The principal of a gateway client on a cluster with neither secret nor TLS.
+ANONYMOUS_PRINCIPAL = "anonymous"
+_MAX_PRINCIPAL = 256
+
+
+def client_principal(options: MessagingOptions, context: _Context) -> str:
+    """Who a gateway client is, from what this connection authenticated (never
+    from anything the client sends): ``tls:<certificate subject>`` under mutual
+    TLS, ``cluster-secret`` when it proved the cluster secret, else
+    ``anonymous``. The management grain's audit log records it."""
+    if options.tls is not None:
+        auth = context.auth_context() or {}
+        for key in ("x509_subject", "x509_common_name"):
+            values = list(auth.get(key) or ())
+            if values:
+                subject = bytes(values[0]).decode(errors="replace")
+                return "tls:" + "".join(c for c in subject if c.isprintable())[:_MAX_PRINCIPAL]
+    if options.cluster_secret is not None:
+        return SECRET_PRINCIPAL
+    return ANONYMOUS_PRINCIPAL
+
+
 def _header(metadata: Any, key: str) -> str | None:
     for k, v in metadata or ():
         if k == key:
@@ -222,18 +280,26 @@ def _header(metadata: Any, key: str) -> str | None:
     return None
 
 
-async def _handshake(call: Any, what: str) -> str:
-    """Wait for the server's initial metadata; return the silo it names.
+async def _handshake(call: Any, what: str) -> tuple[str, int]:
+    """Wait for the server's initial metadata; return the silo it names and the
+    newest protocol both ends speak.
 
-    Raises ``AuthenticationError`` when the server refused the secret and
-    ``SiloUnavailableError`` for anything else that ended the call first.
+    Raises ``AuthenticationError`` when the server refused the secret,
+    ``IncompatibleVersionError`` when either side refused the other's protocol
+    window, and ``SiloUnavailableError`` for anything else that ended the call
+    first.
     """
     try:
         async with asyncio.timeout(_CONNECT_TIMEOUT):
             metadata = await call.initial_metadata()
             silo = _header(metadata, SILO_HEADER)
             if silo is not None:
-                return silo
+                try:
+                    window = _peer_window(metadata, what)
+                except IncompatibleVersionError:
+                    call.cancel()
+                    raise
+                return silo, _MY_WINDOW.common(window)
             code = await call.code()
             details = await call.details()
     except grpc.aio.AioRpcError as exc:
@@ -247,12 +313,14 @@ async def _handshake(call: Any, what: str) -> str:
 def _call_error(what: str, code: grpc.StatusCode | None, details: str | None) -> Exception:
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return AuthenticationError(f"{what}: refused: wrong or missing cluster secret")
+    if code == grpc.StatusCode.FAILED_PRECONDITION and details and "protocol" in details:
+        return IncompatibleVersionError(f"{what} refused this side's protocol: {details}")
     name = code.name if code is not None else "UNKNOWN"
     return SiloUnavailableError(f"{what}: {name} {details or ''}".rstrip())
 
 
 def _error_of(exc: BaseException, what: str) -> Exception:
-    if isinstance(exc, AuthenticationError | SiloUnavailableError):
+    if isinstance(exc, AuthenticationError | SiloUnavailableError | IncompatibleVersionError):
         return exc
     if isinstance(exc, grpc.aio.AioRpcError):
         return _call_error(what, exc.code(), exc.details())
@@ -277,6 +345,8 @@ class _PeerLink:
         self.outbox = Outbox(transport._codec, transport._options, transport.stats, peer)
         self._broken: Exception | None = None
         self.closed = False
+        #: The newest protocol both ends speak, once the handshake is done.
+        self.protocol: int | None = None
         self.task = asyncio.get_running_loop().create_task(
             self._run(), name=f"orleanspy-grpc-peer-{target}"
         )
@@ -311,7 +381,7 @@ class _PeerLink:
                     transport._options, (SILO_HEADER, transport._codec.text(transport.address))
                 ),
             )
-            await _handshake(call, what)
+            _silo, self.protocol = await _handshake(call, what)
             transport._link_up(self.target)
             watcher = asyncio.create_task(self._watch(call, what))
             try:
@@ -694,11 +764,21 @@ class GrpcTransport:
         data: bytes = pb.PingReply(silo=self._codec.text(self.address)).SerializeToString()
         return data
 
+    async def _check_protocol(self, context: _Context, what: str) -> None:
+        """Abort a call whose protocol window is malformed or shares none with
+        this release's (``FAILED_PRECONDITION``, naming both)."""
+        try:
+            _peer_window(context.invocation_metadata(), what)
+        except IncompatibleVersionError as exc:
+            log.warning("refused %s peer=%s: %s", what, context.peer(), exc)
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"protocol: {exc}")
+
     async def _serve_silo(self, _requests: Any, context: _Context) -> None:
         if not _authorized(self._options, context):
             log.warning("refused silo stream without the cluster secret peer=%s", context.peer())
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "cluster secret required")
-        await context.send_initial_metadata(((SILO_HEADER, self._codec.text(self.address)),))
+        await self._check_protocol(context, "a silo stream")
+        await context.send_initial_metadata(_served_metadata(self._codec.text(self.address)))
         sender = _claimed_silo(context)
         peer_stats = self.peer_stats
         while True:
@@ -730,9 +810,16 @@ class GrpcTransport:
                 grpc.StatusCode.INVALID_ARGUMENT, f"{CLIENT_HEADER} header required"
             )
         assert client_id is not None
-        await context.send_initial_metadata(((SILO_HEADER, self._codec.text(self.address)),))
+        await self._check_protocol(context, f"gateway client {client_id[:64]!r}")
+        await context.send_initial_metadata(_served_metadata(self._codec.text(self.address)))
         outbox = Outbox(self._codec, self._options, self.stats)
-        link = ClientLink(client_id, outbox, context.write, self._options.max_in_flight)
+        link = ClientLink(
+            client_id,
+            outbox,
+            context.write,
+            self._options.max_in_flight,
+            client_principal(self._options, context),
+        )
         self._clients.add(link)
         log.debug("gateway client connected client=%s", client_id)
         try:
@@ -912,6 +999,8 @@ class GrpcGatewayConnection:
         self._closed = False
         self._unsent: list[Message] = []
         self.gateway: SiloAddress | None = None
+        #: The newest protocol both ends speak, once connected.
+        self.protocol: int | None = None
 
     @property
     def closed(self) -> bool:
@@ -942,7 +1031,7 @@ class GrpcGatewayConnection:
             _metadata(self._options, (CLIENT_HEADER, self._client_id)),
         )
         try:
-            silo = await _handshake(self._call, what)
+            silo, self.protocol = await _handshake(self._call, what)
         except BaseException:
             self._closed = True
             await self._channel.close(None)

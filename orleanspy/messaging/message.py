@@ -10,7 +10,23 @@ from typing import Any
 
 from orleanspy.identity import GrainId, SiloAddress
 
-__all__ = ["Message", "MessageKind", "ResponseStatus", "next_message_id", "settle"]
+__all__ = [
+    "PRINCIPAL_HEADER",
+    "SYSTEM_TYPE_PREFIX",
+    "Message",
+    "MessageKind",
+    "ResponseStatus",
+    "next_message_id",
+    "settle",
+]
+
+#: The header naming who a call to one of the runtime's own grains acts for (the
+#: reminder management grain: its audit log records it). A gateway sets it from
+#: what its transport authenticated and drops any a client sent; a silo sets it
+#: on its own such calls; silos pass it on as members of the cluster.
+PRINCIPAL_HEADER = "principal"
+#: The runtime's own grain types are named ``orleanspy.<Name>``.
+SYSTEM_TYPE_PREFIX = "orleanspy."
 
 
 class MessageKind(enum.IntEnum):
@@ -46,7 +62,11 @@ class Message:
     gateway client behind it when the request came from a ``ClusterClient``.
     ``expires_at_ms`` (epoch ms, 0 = never) lets a receiver drop work whose
     caller has given up. ``headers["chain"]`` lists the grain ids of the call
-    chain (newline separated) for call-chain reentrancy.
+    chain (newline separated) for call-chain reentrancy; ``traceparent`` and
+    ``tracestate`` carry the caller's trace context (``orleanspy.tracing``);
+    ``principal`` who a call to a runtime grain acts for (``PRINCIPAL_HEADER``).
+    A peer that does not know a header ignores it (the map is in every
+    release's envelope).
     """
 
     id: int

@@ -1,4 +1,4 @@
-"""Regenerate ``orleanspy/messaging/_generated`` from ``protos/orleanspy/v1``.
+"""Regenerate ``orleanspy/messaging/_generated`` from ``orleanspy/messaging/protos``.
 
 Run as ``python -m orleanspy.messaging.protogen``. The generated code is committed;
 ``tests/messaging/test_protos_fresh.py`` fails when it differs from a fresh run.
@@ -19,12 +19,16 @@ from pathlib import Path
 
 __all__ = ["GENERATED_DIR", "PROTOS", "PROTO_ROOT", "generate", "main"]
 
-_REPO = Path(__file__).resolve().parents[2]
-PROTO_ROOT = _REPO / "protos"
+# The protos travel in the wheel beside the code generated from them; protoc is
+# run from their root so the files keep their import path, orleanspy/v1/....
+PROTO_ROOT = Path(__file__).resolve().parent / "protos"
 PROTOS = ("orleanspy/v1/messages.proto",)
 GENERATED_DIR = Path(__file__).resolve().parent / "_generated"
 
-_INIT = '"""Generated from protos/orleanspy/v1 by orleanspy.messaging.protogen; do not edit."""\n'
+_INIT = (
+    '"""Generated from orleanspy/messaging/protos by orleanspy.messaging.protogen; '
+    'do not edit."""\n'
+)
 _PROTO_IMPORT = "from orleanspy.v1 import "
 _OUR_IMPORT = "from orleanspy.messaging._generated import "
 

@@ -21,7 +21,7 @@ The parts, and where each lives:
 
 The wire form (``Message`` <-> protobuf frames, the batching outbox) lives in
 ``frames.py``; ``grpc.py`` owns the connections and is the only ``grpc``
-importer; the protobuf definitions are under ``protos/``.
+importer; the protobuf definitions are under ``messaging/protos/``.
 """
 
 from __future__ import annotations

@@ -18,7 +18,20 @@ keys (``keys=[...]`` on the declaration, else the class's ``reminder_keys``):
   names what the code overrode. A row from before fingerprints gets the
   declaration as it did then, and the fingerprint;
 - a declaration whose ``ends_at`` has passed creates no row (and its row,
-  if any, ends on its own after its last slot).
+  if any, ends on its own after its last slot);
+- a declaration naming a ``calendar`` takes it from the table as stored then
+  (an unknown calendar stops the silo's start with ``ReminderError``: set it
+  first, ``orleanspy reminders calendar set`` works with no silo up); one with
+  ``labels`` or a calendar needs the cluster's feature level
+  (``FeatureUnavailableError`` naming the silos that lack it; roll the
+  release in before code that declares them). A later change of the calendar
+  reaches the row through the calendar, not the declaration.
+
+Before any row is written, every declaration is checked for what validation
+alone cannot say (``ReminderRegistry.check_spec``): ``OverlapPolicy.ALLOW_ALL``
+on a class that is not reentrant, or an option some live silo does not know
+yet (``FeatureUnavailableError``), is a ``ConfigurationError`` naming the
+class and the reminder, and the silo does not start.
 
 Then, for every key the class declares reminders for, a row marked
 ``declared`` whose name the class no longer declares for that key is removed
@@ -51,10 +64,12 @@ from orleanspy.clock import to_ms
 from orleanspy.errors import ReminderError
 from orleanspy.grain import DeclaredReminder, GrainDefinition
 from orleanspy.identity import GrainId, GrainKey
-from orleanspy.remindable.registry import ReminderRegistry
+from orleanspy.remindable.registry import ReminderRegistry, read_calendar
+from orleanspy.reminders.calendars import StoredCalendar
 from orleanspy.reminders.model import (
     MissedReminderAction,
     ReminderEntry,
+    ReminderPriority,
     encode_payload,
 )
 from orleanspy.reminders.spec import new_entry
@@ -86,6 +101,7 @@ def _desired(
     grain_id: GrainId | None = None,
     now: datetime | None = None,
     fp: str | None = None,
+    calendar: StoredCalendar | None = None,
 ) -> ReminderEntry | None:
     """The row the declaration asks for, anchored at ``now`` (the clock's, by
     default; ``None`` once its ``ends_at`` has passed); ``ReminderError`` naming
@@ -98,26 +114,16 @@ def _desired(
         return None
     try:
         entry = new_entry(
+            declared,
             service_id=registry.service_id,
             grain_id=defn.grain_id(key) if grain_id is None else grain_id,
             name=declared.name,
             # The whole second: silos starting together compute the same row.
             now=now.replace(microsecond=0),
             options=registry.options,
-            due=declared.due,
-            period=declared.period,
-            cron=declared.cron,
-            tz=declared.tz,
-            priority=declared.priority,
-            action=declared.action,
-            grace=declared.grace,
-            jitter=declared.jitter,
-            starts_at=declared.starts_at,
-            ends_at=declared.ends_at,
-            payload=declared.payload,
-            retry=declared.retry,
             declared=True,
             fingerprint=fingerprint(declared) if fp is None else fp,
+            calendar=calendar,
         )
     except (ReminderError, ValueError) as exc:
         raise ReminderError(
@@ -138,23 +144,41 @@ def _same_schedule(a: ReminderEntry, b: ReminderEntry) -> bool:
     )
 
 
-def _ms(d: timedelta | None) -> int | None:
-    return None if d is None else d // timedelta(milliseconds=1)
+def _ms(d: timedelta | float | None) -> int | None:
+    """Whole milliseconds of a duration (a number is seconds, as ``@register_reminder``
+    turns it into a ``timedelta``)."""
+    if d is None:
+        return None
+    return (d if isinstance(d, timedelta) else timedelta(seconds=d)) // timedelta(milliseconds=1)
 
 
 def _extras_digest(declared: DeclaredReminder) -> str:
-    """A hash of the payload and retry policy (12 hex digits); empty when the
-    declaration sets neither, so fingerprints from before them still match."""
-    if declared.payload is None and declared.retry is None:
+    """A hash of the payload, retry policy, overlap policy, catch-up window,
+    deadline and labels (12 hex digits); empty when the declaration sets none of
+    them, so fingerprints from before them still match (and the last four join
+    the hash only when set, so neither do those of 0.2's first declarations)."""
+    later = (declared.overlap, declared.catchup_window, declared.deadline)
+    if (
+        declared.payload is None
+        and declared.retry is None
+        and later == (None, None, None)
+        and not declared.labels
+    ):
         return ""
     retry = declared.retry
-    extras = repr(
-        (
-            None if declared.payload is None else encode_payload(declared.payload),
-            None if retry is None else (retry.max_attempts, _ms(retry.backoff)),
-        )
+    parts: tuple[object, ...] = (
+        None if declared.payload is None else encode_payload(declared.payload),
+        None if retry is None else (retry.max_attempts, _ms(retry.backoff)),
     )
-    return hashlib.sha256(extras.encode()).hexdigest()[:12]
+    if later != (None, None, None):
+        parts += (
+            None if declared.overlap is None else int(declared.overlap),
+            _ms(declared.catchup_window),
+            _ms(declared.deadline),
+        )
+    if declared.labels:
+        parts += (sorted(dict(declared.labels).items()),)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
 
 
 def fingerprint(declared: DeclaredReminder) -> str:
@@ -178,11 +202,14 @@ def fingerprint(declared: DeclaredReminder) -> str:
             None if declared.starts_at is None else to_ms(declared.starts_at),
             None if declared.ends_at is None else to_ms(declared.ends_at),
         )
+    if declared.calendar is not None:
+        on_excluded = declared.on_excluded
+        parts += (declared.calendar, None if on_excluded is None else int(on_excluded))
     digest = hashlib.sha256(repr(parts).encode()).hexdigest()[:12]
     grace = _ms(declared.grace)
-    fp = (
-        f"{digest}:{int(declared.priority)}:{int(declared.action)}:{'' if grace is None else grace}"
-    )
+    priority = ReminderPriority.NORMAL if declared.priority is None else declared.priority
+    action = MissedReminderAction.SKIP if declared.action is None else declared.action
+    fp = f"{digest}:{int(priority)}:{int(action)}:{'' if grace is None else grace}"
     extras = _extras_digest(declared)
     return f"{fp}:{extras}" if extras else fp
 
@@ -227,6 +254,9 @@ def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEnt
                 grace=desired.grace,
                 payload=desired.payload,
                 retry=desired.retry,
+                overlap=desired.overlap,
+                catchup_window=desired.catchup_window,
+                deadline=desired.deadline,
             )
         return replace(base, declared=True, fingerprint=fp), []
     overridden: list[str] = []
@@ -250,7 +280,15 @@ def _rewrite(stored: ReminderEntry, desired: ReminderEntry) -> tuple[ReminderEnt
         grace = new[3]
     if new[4] != old[4]:
         # No operator command sets these: the code's simply replace them.
-        base = replace(base, payload=desired.payload, retry=desired.retry)
+        base = replace(
+            base,
+            payload=desired.payload,
+            retry=desired.retry,
+            overlap=desired.overlap,
+            catchup_window=desired.catchup_window,
+            deadline=desired.deadline,
+            labels=desired.labels,
+        )
     write = replace(
         base, priority=priority, action=action, grace=grace, declared=True, fingerprint=fp
     )
@@ -335,6 +373,14 @@ async def register_declared_reminders(
     whose declaration is gone (module docstring). No grain is activated. An
     invalid declaration raises ``ReminderError`` naming its class and reminder
     (the silo does not start)."""
+    definitions = list(definitions)
+    for defn in definitions:  # all, before any row is written
+        for declared in defn.reminders:
+            registry.check_spec(
+                defn,
+                declared,
+                f"@register_reminder({declared.name!r}) on {defn.cls.__qualname__}",
+            )
     created = updated = removed = 0
     for defn in definitions:
         # One GrainId per key, shared by its rows (its hash is computed once).
@@ -346,13 +392,16 @@ async def register_declared_reminders(
         for declared in defn.reminders:
             # Once per declaration: every key's row is anchored at one instant.
             fp = fingerprint(declared)
+            calendar = await read_calendar(registry.table, declared.calendar)
             now = registry.clock.now()
             for key in _keys(defn, declared):
                 gid = ids.get(key)
                 if gid is None:
                     gid = ids[key] = defn.grain_id(key)
                 grains.setdefault(gid, [])
-                desired = _desired(registry, defn, declared, key, grain_id=gid, now=now, fp=fp)
+                desired = _desired(
+                    registry, defn, declared, key, grain_id=gid, now=now, fp=fp, calendar=calendar
+                )
                 names.setdefault(gid, set()).add(declared.name)
                 if desired is not None:
                     grains.setdefault(gid, []).append(desired)

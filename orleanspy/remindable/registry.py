@@ -2,36 +2,45 @@
 
 Registrations go straight to the shared table (every silo's service sees the
 write on the change feed; the local service is told at once as well). The
-registry validates input (``ReminderError``) and refuses grains that are not
-``Remindable``.
+registry validates input (``ReminderError``), refuses grains that are not
+``Remindable``, ``OverlapPolicy.ALLOW_ALL`` on grains that cannot interleave
+their ticks (``ConfigurationError``), and options the cluster's silos do not
+all know yet (``FeatureUnavailableError``, through ``require``); nothing is
+written then.
+
+Labels and a ``calendar`` are such options (``Feature.REMINDER_LABELS``,
+``REMINDER_CALENDARS``; ``policies.needed_features``). A ``calendar`` is read from the table
+(``stores.CalendarStore``) and its rules copied into the row; a registration
+that raced a change of the calendar is written again with the new rules.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any
+from dataclasses import dataclass, replace
 
+from orleanspy import tracing
 from orleanspy.clock import Clock
 from orleanspy.errors import ReminderError
-from orleanspy.grain import GrainDefinition
+from orleanspy.grain import GrainDefinition, check_overlap
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.remindable.operations import ReminderOperations
-from orleanspy.reminders.model import (
-    MissedReminderAction,
-    ReminderChange,
-    ReminderEntry,
-    ReminderPriority,
-    RetryPolicy,
-    TickStatus,
-)
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.calendars import StoredCalendar
+from orleanspy.reminders.model import ReminderChange, ReminderEntry, TickStatus
+from orleanspy.reminders.policies import needed_features
+from orleanspy.reminders.spec import ReminderSpec, new_entry
+from orleanspy.reminders.stores import CalendarStore
 from orleanspy.reminders.table import BulkReminderTable, ReminderTable, remove_current
+from orleanspy.versions import PROTOCOL, Feature
 
-__all__ = ["Registration", "ReminderRegistry"]
+#: ``require(feature, what)`` raises ``FeatureUnavailableError`` (naming ``what``
+#: and the silos that lack it) unless every live silo has ``feature`` (a
+#: ``Feature``, or its name).
+Require = Callable[[Feature | str, str], None]
+
+__all__ = ["Registration", "ReminderRegistry", "Require", "read_calendar"]
 
 #: Rows per round trip of ``register_many``.
 BULK_BATCH = 2000
@@ -39,29 +48,31 @@ BULK_BATCH = 2000
 #: concurrent registrations: the next batch is encoded while the store runs the
 #: previous one (Redis: about half the time each).
 _BULK_IN_FLIGHT = 2
+#: Times a registration with a calendar is written again when the calendar
+#: changed while it was written.
+_CALENDAR_ATTEMPTS = 5
+
+
+async def read_calendar(table: ReminderTable, name: str | None) -> StoredCalendar | None:
+    """The stored calendar ``name`` (``None`` for no name, and for an unknown one:
+    ``new_entry`` then says so); ``ReminderError`` for a table that keeps none."""
+    if name is None:
+        return None
+    if not isinstance(table, CalendarStore):
+        raise ReminderError(
+            f"calendar {name!r}: the reminder table ({type(table).__name__}) keeps no calendars"
+        )
+    return await table.read_calendar(name)
 
 
 @dataclass(frozen=True, slots=True)
-class Registration:
-    """One reminder to register in bulk (``ReminderRegistry.register_many``);
-    the fields mean what ``register_or_update_reminder``'s arguments mean."""
+class Registration(ReminderSpec):
+    """One reminder to register in bulk (``ReminderRegistry.register_many``):
+    the grain, the name, and what it asks for (the ``ReminderSpec`` fields, as
+    keywords: they mean what ``register_or_update_reminder``'s arguments mean)."""
 
     grain_id: GrainId
     name: str
-    due: timedelta | float | None = None
-    period: timedelta | float | None = None
-    cron: str | None = None
-    tz: str | None = None
-    priority: int = ReminderPriority.NORMAL
-    action: MissedReminderAction = MissedReminderAction.SKIP
-    grace: timedelta | float | None = None
-    at: datetime | None = None
-    jitter: timedelta | float | None = None
-    starts_at: datetime | None = None
-    ends_at: datetime | None = None
-    max_ticks: int | None = None
-    payload: Any = field(default=None, hash=False)
-    retry: RetryPolicy | None = None
 
 
 class _CoalescedUpserts:
@@ -189,6 +200,15 @@ class ReminderRegistry:
         #: The grain types some silo of the cluster hosts (orphans are rows of
         #: other types); set by the silo, ``None`` when not known.
         self.hosted_types: Callable[[], Awaitable[Iterable[str]]] | None = None
+        #: The cluster's feature level (``versions.Feature``); set by the silo.
+        self.feature_level: Callable[[], int] = lambda: PROTOCOL
+        #: Where management actions run, for their audit records (the silo's name).
+        self.via: str | None = None
+        #: Checks that the cluster has a feature (set by a cluster silo; ``None``:
+        #: a silo of its own, which has every feature of its release).
+        self.require: Require | None = None
+        #: Told when a backfill was asked for here (the local service looks now).
+        self.backfill_started: Callable[[], None] | None = None
 
     @property
     def operations(self) -> ReminderOperations:
@@ -201,6 +221,11 @@ class ReminderRegistry:
             options=self.options,
             notify=self._changed,
             hosted_types=self.hosted_types,
+            level=self.feature_level,
+            via=self.via,
+            require=self.require,
+            definitions=self._definitions,
+            backfill_started=self.backfill_started,
         )
 
     def add_listener(self, listener: Callable[[ReminderChange], None]) -> None:
@@ -222,62 +247,84 @@ class ReminderRegistry:
         for listener in self._listeners:
             listener(change)
 
-    def _check_remindable(self, grain_id: GrainId) -> None:
+    def _trace_context(self) -> str | None:
+        """The current span's ``traceparent`` for a row to keep (its ticks link to
+        it), when this process traces and the cluster's level has
+        ``Feature.TRACE_LINKS``; else ``None``."""
+        tracer = tracing.active()
+        if tracer is None or self.feature_level() < Feature.TRACE_LINKS:
+            return None
+        return tracer.current_traceparent()
+
+    def _check_remindable(self, grain_id: GrainId) -> GrainDefinition:
         defn = self._definitions(grain_id.type_name)
         if defn is None or not defn.remindable:
             raise ReminderError(
                 f"{grain_id.type_name} cannot have reminders: derive the grain class from "
                 "orleanspy.Remindable and implement receive_reminder"
             )
+        return defn
 
-    async def register(
-        self,
-        grain_id: GrainId,
-        name: str,
-        *,
-        due: timedelta | float | None = None,
-        period: timedelta | float | None = None,
-        cron: str | None = None,
-        tz: str | None = None,
-        priority: int | None = None,
-        action: MissedReminderAction | None = None,
-        grace: timedelta | float | None = None,
-        at: datetime | None = None,
-        jitter: timedelta | float | None = None,
-        starts_at: datetime | None = None,
-        ends_at: datetime | None = None,
-        max_ticks: int | None = None,
-        payload: Any = None,
-        retry: RetryPolicy | None = None,
-    ) -> ReminderEntry:
+    def check_spec(self, defn: GrainDefinition, spec: ReminderSpec, what: str) -> None:
+        """What validation cannot say from the spec alone: ``ALLOW_ALL`` needs a
+        grain that interleaves its ticks, and every option the cluster's silos
+        must know (``needed_features``) needs them all to know it."""
+        check_overlap(defn, spec.overlap, what)
+        if self.require is not None:
+            for feature in needed_features(spec):
+                self.require(feature, what)
+
+    async def register(self, grain_id: GrainId, name: str, spec: ReminderSpec) -> ReminderEntry:
         """Validate and upsert (last writer wins; the schedule re-anchors at now).
         Concurrent registrations on one silo share round trips to the table
         (``_CoalescedUpserts``); each is told its own row."""
-        self._check_remindable(grain_id)
-        entry = new_entry(
-            service_id=self.service_id,
-            grain_id=grain_id,
-            name=name,
-            now=self.clock.now(),
-            options=self.options,
-            due=due,
-            period=period,
-            cron=cron,
-            tz=tz,
-            priority=ReminderPriority.NORMAL if priority is None else priority,
-            action=MissedReminderAction.SKIP if action is None else action,
-            grace=grace,
-            at=at,
-            jitter=jitter,
-            starts_at=starts_at,
-            ends_at=ends_at,
-            max_ticks=max_ticks,
-            payload=payload,
-            retry=retry,
-        )
+        defn = self._check_remindable(grain_id)
+        self.check_spec(defn, spec, f"reminder {name!r} of {grain_id}")
+        now = self.clock.now()
+        calendar = await read_calendar(self.table, spec.calendar)
+        trace_context = self._trace_context()
+
+        def build(calendar: StoredCalendar | None) -> ReminderEntry:
+            entry = new_entry(
+                spec,
+                service_id=self.service_id,
+                grain_id=grain_id,
+                name=name,
+                now=now,
+                options=self.options,
+                calendar=calendar,
+            )
+            return entry if trace_context is None else replace(entry, trace_context=trace_context)
+
+        entry = build(calendar)
         upsert = self.table.upsert if self._upserts is None else self._upserts.upsert
         entry = entry.with_etag(await upsert(entry))
         self._changed(grain_id, name, entry)
+        if calendar is not None:
+            entry = await self._recheck_calendar(entry, calendar, build)
+        return entry
+
+    async def _recheck_calendar(
+        self,
+        entry: ReminderEntry,
+        calendar: StoredCalendar,
+        build: Callable[[StoredCalendar | None], ReminderEntry],
+    ) -> ReminderEntry:
+        """After writing a row with ``calendar``: if the calendar changed meanwhile
+        (its change may have walked the rows before this one was written), write
+        the row again with the calendar as it is now, on the etag just written (a
+        later writer wins)."""
+        for _ in range(_CALENDAR_ATTEMPTS):
+            now = await read_calendar(self.table, calendar.name)
+            if now is None or now.version <= calendar.version:
+                return entry
+            again = build(now)
+            assert entry.etag is not None
+            etag = await self.table.upsert_if(again, entry.etag)
+            if etag is None:
+                return entry  # another writer moved the row: its write stands
+            entry, calendar = again.with_etag(etag), now
+            self._changed(entry.grain_id, entry.name, entry)
         return entry
 
     async def register_many(
@@ -295,39 +342,36 @@ class ReminderRegistry:
             raise ValueError(f"batch must be at least 1, got {batch}")
         now = self.clock.now()
         entries: list[ReminderEntry] = []
-        checked: set[str] = set()
+        checked: dict[str, GrainDefinition] = {}
+        registrations = list(registrations)
+        calendars: dict[str, StoredCalendar | None] = {}
+        for r in registrations:
+            if r.calendar is not None and r.calendar not in calendars:
+                calendars[r.calendar] = await read_calendar(self.table, r.calendar)
         for i, r in enumerate(registrations):
             try:
-                if r.grain_id.type_name not in checked:
-                    self._check_remindable(r.grain_id)
-                    checked.add(r.grain_id.type_name)
+                defn = checked.get(r.grain_id.type_name)
+                if defn is None:
+                    defn = checked[r.grain_id.type_name] = self._check_remindable(r.grain_id)
+                self.check_spec(defn, r, f"registration #{i} ({r.grain_id}, {r.name!r})")
                 entries.append(
                     new_entry(
+                        r,
                         service_id=self.service_id,
                         grain_id=r.grain_id,
                         name=r.name,
                         now=now,
                         options=self.options,
-                        due=r.due,
-                        period=r.period,
-                        cron=r.cron,
-                        tz=r.tz,
-                        priority=r.priority,
-                        action=r.action,
-                        grace=r.grace,
-                        at=r.at,
-                        jitter=r.jitter,
-                        starts_at=r.starts_at,
-                        ends_at=r.ends_at,
-                        max_ticks=r.max_ticks,
-                        payload=r.payload,
-                        retry=r.retry,
+                        calendar=None if r.calendar is None else calendars[r.calendar],
                     )
                 )
             except ReminderError as exc:
                 raise ReminderError(
                     f"registration #{i} ({r.grain_id}, {r.name!r}) is invalid: {exc}"
                 ) from exc
+        trace_context = self._trace_context()
+        if trace_context is not None:
+            entries = [replace(e, trace_context=trace_context) for e in entries]
         # A row registered twice ends as its last registration: write that one
         # only, so that batches in flight together never hold the same row.
         rows = list({e.key: e for e in entries}.values())
@@ -349,6 +393,12 @@ class ReminderRegistry:
                 task.cancel()
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
+        # A calendar that changed while the rows were written may have walked its
+        # users before some of them were: move those to it now.
+        for name, used in calendars.items():
+            current = await read_calendar(self.table, name)
+            if used is not None and current is not None and current.version > used.version:
+                await self.operations.refresh_calendar(name)
         return len(entries)
 
     async def _write_batch(self, chunk: list[ReminderEntry]) -> None:
@@ -361,7 +411,8 @@ class ReminderRegistry:
             self._changed(entry.grain_id, entry.name, entry)
 
     async def store(self, entry: ReminderEntry) -> ReminderEntry:
-        """Upsert a fully built row (management operations)."""
+        """Upsert a fully built row (tools and tests; unaudited: an operator's
+        change goes through ``ReminderOperations``, which audits it)."""
         entry = entry.with_etag(await self.table.upsert(entry))
         self._changed(entry.grain_id, entry.name, entry)
         return entry

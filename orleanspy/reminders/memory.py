@@ -10,14 +10,15 @@ heaps are rebuilt from the live rows when stale items outnumber them.
 range in the contract's order (priority descending, then due) without popping
 them (a small frontier heap merges them), skip stale items, and stop a lane at
 ``before`` and the walk at ``limit``: they never look at rows that are not yet
-due, nor at due rows of shards outside the range. Nothing is durable.
+due, nor at due rows of shards outside the range. The label index is a dict of
+term to keys, kept by whole-row writes and removals; calendars and backfill
+jobs are dicts (``stores``). Nothing is durable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Container, Sequence
@@ -28,9 +29,32 @@ from typing import Any, Final, cast
 
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.reminders.audit import AuditQuery, AuditRecord, AuditRetention, MemoryAuditLog
+from orleanspy.reminders.backfill import BackfillJob
+from orleanspy.reminders.calendars import Calendar, StoredCalendar
+from orleanspy.reminders.counters import (
+    COUNT_CODES,
+    CounterDelta,
+    ReminderCounters,
+    counters_from_record,
+)
+from orleanspy.reminders.letters import (
+    DeadLetter,
+    after_cursor,
+    letter_cursor,
+    newest_first,
+    parse_letter_cursor,
+)
 from orleanspy.reminders.model import FireRecord, ReminderChange, ReminderEntry, ScheduleUpdate
-from orleanspy.reminders.table import grain_prefix
+from orleanspy.reminders.table import (
+    ReminderTableBase,
+    check_page_limit,
+    grain_prefix,
+    key_cursor,
+    parse_key_cursor,
+)
 from orleanspy.ring import HASH_SPACE, RingRange
+from orleanspy.schema import MEMORY_SCHEMA, SchemaVersion
 
 __all__ = ["InMemoryReminderTable"]
 
@@ -62,14 +86,18 @@ def _stored(when: datetime) -> datetime:
     return from_ms(to_ms(when))
 
 
-class InMemoryReminderTable:
-    """A ``ReminderTable`` (and ``BatchingReminderTable``) held in process memory.
+class InMemoryReminderTable(ReminderTableBase):
+    """A ``ReminderTable`` (and ``BatchingReminderTable``) held in process memory;
+    the bulk calls, ``read_due``, ``upcoming`` and ``update_schedule`` are
+    ``ReminderTableBase``'s.
 
     ``service_id`` names the service whose rows the table holds; rows are stored
     as given. Writes are O(log n) (amortised); ``count`` is O(1);
     ``read_due``/``upcoming`` cost O((k + s) log (k + s)) for the k rows due before
     ``before`` walked and the s stale index items met among them.
     """
+
+    schema = SchemaVersion("memory", "reminders", MEMORY_SCHEMA)
 
     def __init__(self, service_id: str = "default") -> None:
         self.service_id = service_id
@@ -91,6 +119,19 @@ class InMemoryReminderTable:
         self.writer: SiloAddress | None = None
         # Fenced writers -> when fenced (ms). Shared with every ``writer_view``.
         self._fenced: dict[SiloAddress, int] = {}
+        self._audit = MemoryAuditLog()
+        # Per row, its counters in storage form (``counters.COUNT_CODES``).
+        self._counts: dict[_Key, dict[str, Any]] = {}
+        # Dead letters by id (``DeadLetterTable``).
+        self._letters: dict[str, DeadLetter] = {}
+        # The label index (``stores.IndexedReminderTable``): term -> keys, and
+        # each indexed row's terms.
+        self._by_term: dict[str, set[_Key]] = {}
+        self._terms: dict[_Key, list[str]] = {}
+        self._calendars: dict[str, StoredCalendar] = {}
+        self._versions = itertools.count(1)
+        # Backfill jobs by row: the job (storage form) and its etag.
+        self._backfills: dict[_Key, tuple[dict[str, Any], str]] = {}
 
     async def start(self, stack: AsyncExitStack) -> None:
         """Nothing to connect; on close, every open ``changes()`` stream ends."""
@@ -107,23 +148,12 @@ class InMemoryReminderTable:
         if ended is not None:  # the row is back: its history continues
             self._history[self._key_of(row)] = ended
         self._put(row, seq)
+        self._reindex(self._key_of(row), row.index_terms())
         if row.paused:  # a paused row left the schedule: told as a removal
             self._publish(row.grain_id, row.name, None, None)
         else:
             self._publish(row.grain_id, row.name, row.next_due, row.priority)
         return etag
-
-    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
-        """``upsert`` each entry in order; their etags in order."""
-        return [await self.upsert(e) for e in entries]
-
-    async def upsert_if_many(
-        self, writes: Sequence[tuple[ReminderEntry, str | None]]
-    ) -> list[str | None]:
-        return [await self.upsert_if(e, etag) for e, etag in writes]
-
-    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
-        return [await self.read_grain(g) for g in grain_ids]
 
     async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
         """``upsert`` only if the row is absent (``expected_etag`` ``None``) or has
@@ -133,19 +163,6 @@ class InMemoryReminderTable:
         if (found is not None or expected_etag is not None) and current != expected_etag:
             return None
         return await self.upsert(entry)
-
-    async def update_schedule(
-        self,
-        grain_id: GrainId,
-        name: str,
-        etag: str,
-        next_due: datetime,
-        last_fire: datetime | None,
-    ) -> str | None:
-        """CAS on the etag: the new etag, or ``None`` if the row is gone or moved on
-        (or this instance's writer is fenced)."""
-        update = ScheduleUpdate(grain_id, name, etag, next_due, last_fire)
-        return (await self.update_schedule_many_as(self.writer, [update]))[0]
 
     async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
         """``update_schedule`` for each update in order; results line up with ``updates``."""
@@ -186,7 +203,10 @@ class InMemoryReminderTable:
         if found is None or found[0].etag != etag:
             return False
         self._drop(key, found[0])
+        self._reindex(key, [])
+        self._backfills.pop(key, None)
         self._history.pop(key, None)
+        self._counts.pop(key, None)
         self._ended.pop(key, None)
         self._publish(grain_id, name, None)
         return True
@@ -204,6 +224,44 @@ class InMemoryReminderTable:
                 self._ended.popitem(last=False)
         return True
 
+    # -- the audit log (AuditedReminderTable) --------------------------------------
+    # Each write below runs without suspending, so the row and its record change
+    # in one step of the event loop: nothing sees one without the other.
+
+    async def upsert_if_audited(
+        self,
+        entry: ReminderEntry,
+        expected_etag: str | None,
+        record: AuditRecord,
+        retention: AuditRetention,
+    ) -> str | None:
+        etag = await self.upsert_if(entry, expected_etag)
+        if etag is not None:
+            self._audit.append(record, retention)
+        return etag
+
+    async def remove_audited(
+        self,
+        grain_id: GrainId,
+        name: str,
+        etag: str,
+        record: AuditRecord,
+        retention: AuditRetention,
+    ) -> bool:
+        removed = await self.remove(grain_id, name, etag)
+        if removed:
+            self._audit.append(record, retention)
+        return removed
+
+    async def append_audit(self, record: AuditRecord, retention: AuditRetention) -> None:
+        self._audit.append(record, retention)
+
+    async def settle_audit(self, record: AuditRecord) -> bool:
+        return self._audit.settle(record)
+
+    async def read_audit(self, query: AuditQuery) -> list[AuditRecord]:
+        return self._audit.read(query)
+
     async def append_history(self, records: Sequence[FireRecord], keep: int) -> None:
         """Newest ``keep`` per row; records of missing rows are dropped."""
         for rec in records:
@@ -219,6 +277,64 @@ class InMemoryReminderTable:
         key = (grain_id.canonical, name)
         kept = self._history.get(key) or self._ended.get(key) or ()
         return [FireRecord.from_record(grain_id, name, rec) for rec in kept]
+
+    async def add_counts(self, deltas: Sequence[CounterDelta]) -> None:
+        """Add each delta to its row's counters; deltas of missing rows are dropped."""
+        for delta in deltas:
+            key = (delta.grain_id.canonical, delta.name)
+            if key not in self._rows:
+                continue
+            rec = self._counts.setdefault(key, {})
+            for code, n in zip(COUNT_CODES, delta.counts, strict=True):
+                if n:
+                    rec[code] = rec.get(code, 0) + n
+            if delta.last_error is not None:
+                rec["e"] = delta.last_error
+                if delta.last_error_at is not None:
+                    rec["t"] = to_ms(delta.last_error_at)
+
+    async def read_counts(self, grain_id: GrainId, name: str) -> ReminderCounters:
+        return counters_from_record(self._counts.get((grain_id.canonical, name), {}))
+
+    async def add_dead_letters(
+        self, letters: Sequence[DeadLetter], *, keep: int, expire_before: datetime
+    ) -> None:
+        """Store, then drop the expired and all but the newest ``keep`` (a sort
+        per call: this table is for tests and embedding)."""
+        for letter in letters:
+            self._letters[letter.id] = letter
+        cutoff = to_ms(expire_before)
+        kept = [d for d in newest_first(list(self._letters.values())) if to_ms(d.at) >= cutoff]
+        self._letters = {d.id: d for d in kept[:keep]}
+
+    async def read_dead_letters(
+        self,
+        cursor: str | None,
+        limit: int,
+        *,
+        grain_id: GrainId | None = None,
+        name: str | None = None,
+    ) -> tuple[list[DeadLetter], str | None]:
+        check_page_limit(limit)
+        after = parse_letter_cursor(cursor)
+        found = [
+            d
+            for d in newest_first(list(self._letters.values()))
+            if after_cursor(d, after)
+            and (grain_id is None or d.grain_id == grain_id)
+            and (name is None or d.name == name)
+        ]
+        page = found[:limit]
+        return page, letter_cursor(page[-1]) if len(found) > limit else None
+
+    async def read_dead_letter(self, letter_id: str) -> DeadLetter | None:
+        return self._letters.get(letter_id)
+
+    async def remove_dead_letter(self, letter_id: str) -> bool:
+        return self._letters.pop(letter_id, None) is not None
+
+    async def count_dead_letters(self) -> int:
+        return len(self._letters)
 
     # -- reads --------------------------------------------------------------------
 
@@ -236,11 +352,6 @@ class InMemoryReminderTable:
         found.sort(key=lambda row: (row.hash, row.grain_id.canonical, row.name))
         return found
 
-    async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
-        """Due rows of ``r``, highest priority first, then earliest ``next_due`` (ties
-        by hash, then key), at most ``limit``."""
-        return self._walk_due(r, to_ms(before), limit)
-
     async def read_due_skipping(
         self,
         r: RingRange,
@@ -251,15 +362,14 @@ class InMemoryReminderTable:
         after: datetime | None = None,
         take: int | None = None,
     ) -> list[ReminderEntry]:
-        """``read_due`` less the rows whose key is in ``skip`` (they count towards
-        ``limit``), of rows due after ``after`` only (the walk still visits the
-        earlier ones: this table is for tests and embedding), the first ``take``."""
+        """Due rows of ``r``, highest priority first, then earliest ``next_due`` (ties
+        by hash, then key), at most ``limit``, less the rows whose key is in
+        ``skip`` (they count towards ``limit``), of rows due after ``after`` only
+        (the walk still visits the earlier ones: this table is for tests and
+        embedding), the first ``take``. ``read_due`` and ``upcoming`` are this."""
         after_ms = -1 if after is None else to_ms(after)
         rows = self._walk_due(r, to_ms(before), limit, skip, after_ms)
         return rows if take is None else rows[: max(0, take)]
-
-    async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
-        return self._walk_due(None, to_ms(before), limit)
 
     async def count(self) -> int:
         return len(self._rows)
@@ -275,10 +385,9 @@ class InMemoryReminderTable:
         """Rows in key order (grain canonical, then name) after ``cursor`` (the
         last key returned, as JSON). Sorts the grains on each call: this table is
         for tests and embedding."""
-        if limit < 1:
-            raise ValueError(f"limit must be at least 1, got {limit}")
+        check_page_limit(limit)
         prefix = grain_prefix(type_name, key_prefix)
-        after: _Key = ("", "") if cursor is None else _parse_cursor(cursor)
+        after: _Key = parse_key_cursor(cursor)
         grains = sorted(g for g in self._by_grain if g.startswith(prefix) and g >= after[0])
         out: list[ReminderEntry] = []
         for g in grains:
@@ -288,8 +397,7 @@ class InMemoryReminderTable:
                     continue
                 out.append(rows[name])
                 if len(out) == limit:
-                    last = out[-1]
-                    return out, json.dumps([last.grain_id.canonical, last.name])
+                    return out, key_cursor(out[-1])
         return out, None
 
     async def count_types(self) -> dict[str, int]:
@@ -298,6 +406,87 @@ class InMemoryReminderTable:
             t = g.partition("/")[0]
             counts[t] = counts.get(t, 0) + len(rows)
         return {t: n for t, n in counts.items() if n}
+
+    # -- the label index, calendars, backfills (``stores``) ------------------------------
+
+    def _reindex(self, key: _Key, terms: list[str]) -> None:
+        for term in self._terms.pop(key, ()):
+            keys = self._by_term.get(term)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._by_term[term]
+        if terms:
+            self._terms[key] = terms
+            for term in terms:
+                self._by_term.setdefault(term, set()).add(key)
+
+    async def read_indexed(
+        self, terms: Sequence[str], cursor: str | None, limit: int
+    ) -> tuple[list[ReminderEntry], str | None]:
+        """Rows carrying every term, in key order after ``cursor`` (the last key,
+        as JSON). Sorts the first term's keys on each call (tests, embedding)."""
+        check_page_limit(limit)
+        if not terms:
+            raise ValueError("read_indexed needs at least one term")
+        after: _Key = parse_key_cursor(cursor)
+        sets = sorted((self._by_term.get(t, set()) for t in terms), key=len)
+        keys = sorted(k for k in sets[0] if k > after and all(k in s for s in sets[1:]))
+        out = [self._rows[k][0] for k in keys[:limit]]
+        return out, (key_cursor(out[-1]) if len(keys) > limit else None)
+
+    async def count_indexed(self, term: str) -> int:
+        return len(self._by_term.get(term, ()))
+
+    async def write_calendar(self, name: str, calendar: Calendar) -> StoredCalendar:
+        stored = StoredCalendar(name, calendar, next(self._versions))
+        self._calendars[name] = stored
+        return stored
+
+    async def read_calendar(self, name: str) -> StoredCalendar | None:
+        return self._calendars.get(name)
+
+    async def read_calendars(self) -> list[StoredCalendar]:
+        return [self._calendars[n] for n in sorted(self._calendars)]
+
+    async def remove_calendar(self, name: str, version: int) -> bool:
+        found = self._calendars.get(name)
+        if found is None or found.version != version:
+            return False
+        del self._calendars[name]
+        return True
+
+    async def add_backfill(self, job: BackfillJob) -> BackfillJob | None:
+        key = (job.grain_id.canonical, job.name)
+        if key in self._backfills:
+            return None
+        etag = str(next(self._etags))
+        self._backfills[key] = (job.to_record(), etag)
+        return BackfillJob.from_record(job.to_record(), etag)
+
+    async def read_backfill(self, grain_id: GrainId, name: str) -> BackfillJob | None:
+        found = self._backfills.get((grain_id.canonical, name))
+        return None if found is None else BackfillJob.from_record(*found)
+
+    async def read_backfills(self) -> list[BackfillJob]:
+        return [BackfillJob.from_record(*self._backfills[k]) for k in sorted(self._backfills)]
+
+    async def update_backfill(self, job: BackfillJob, etag: str) -> str | None:
+        key = (job.grain_id.canonical, job.name)
+        found = self._backfills.get(key)
+        if found is None or found[1] != etag:
+            return None
+        new = str(next(self._etags))
+        self._backfills[key] = (job.to_record(), new)
+        return new
+
+    async def remove_backfill(self, grain_id: GrainId, name: str, etag: str | None = None) -> bool:
+        key = (grain_id.canonical, name)
+        found = self._backfills.get(key)
+        if found is None or (etag is not None and found[1] != etag):
+            return False
+        del self._backfills[key]
+        return True
 
     def changes(self) -> _MemoryChanges:
         """A new subscription, live from this call on (not from the first ``anext``)."""
@@ -408,6 +597,8 @@ class InMemoryReminderTable:
         taken = 0
         if limit <= 0:
             return found
+        if r is not None and r.size == HASH_SPACE:
+            r = None  # the whole ring: no hash to check
         # Visit heap items in order without popping: a node's children are never
         # smaller than it, so a frontier heap of ((-priority, item), heap, index)
         # seeded with the lane roots yields items in the contract's order,
@@ -497,14 +688,6 @@ for _name in dir(InMemoryReminderTable):
         and _name not in _WriterView.__dict__
     ):
         setattr(_WriterView, _name, _delegate(_name))
-
-
-def _parse_cursor(cursor: str) -> _Key:
-    try:
-        grain, name = json.loads(cursor)
-        return (str(grain), str(name))
-    except (ValueError, TypeError):
-        raise ValueError(f"not a page cursor of this table: {cursor!r}") from None
 
 
 def _shards_of(r: RingRange | None) -> range | list[int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,25 +13,32 @@ from orleanspy._frozen import maker
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ReminderError, SerializationError
 from orleanspy.identity import GrainId
+from orleanspy.reminders.calendars import Calendar, Excluded
 from orleanspy.serialization import pack, register_type, unpack
 
 __all__ = [
     "ENDED",
+    "MAX_BUFFERED_SLOTS",
     "MAX_ERROR_TEXT",
     "MAX_RETRY_ATTEMPTS",
+    "TICK_DEDUPLICATED",
     "FireOutcome",
     "FireRecord",
     "MissedReminder",
     "MissedReminderAction",
+    "OverlapPolicy",
     "ReminderChange",
     "ReminderEntry",
     "ReminderPriority",
     "RetryPolicy",
     "ScheduleUpdate",
+    "SkipReason",
     "TickStatus",
+    "bind_tick",
     "error_text",
     "extras_from_record",
     "make_entry",
+    "occurrence_of",
     "row_key",
 ]
 
@@ -72,6 +80,54 @@ class MissedReminderAction(enum.IntEnum):
     FIRE_IMMEDIATELY = 1
     SKIP = 2
     NOTIFY = 3
+
+
+class OverlapPolicy(enum.IntEnum):
+    """What a slot that falls due while the previous tick of the same reminder
+    is still running becomes (an *overlapping* slot). docs/reminders.md
+    ("Overlapping ticks") has the table; in short:
+
+    ``SKIP``: overlapping slots are skipped (counted); the reminder resumes at
+    its first slot after the running tick returns.
+    ``BUFFER_ONE`` (the default, and what every release before 0.2 did): the
+    slots wait for the running tick; when it returns they are planned like any
+    slot reached late, so at most one tick follows it: the first of them when it
+    is the only one and within its grace, else the missed-tick action decides
+    (``FIRE_IMMEDIATELY``: one tick for the latest, ``SKIP``/``NOTIFY``: none).
+    ``BUFFER_ALL``: every overlapping slot is delivered after the running tick,
+    in order, each as its own slot (at most ``MAX_BUFFERED_SLOTS`` wait; older
+    ones are skipped).
+    ``CANCEL_OTHER``: the running tick is cancelled where it runs when the next
+    slot falls due, and that slot is delivered at once.
+    ``ALLOW_ALL``: a slot is delivered when it falls due, the running tick
+    keeps running: ticks of the reminder run side by side. Only for grains
+    whose ``receive_reminder`` may interleave (``@reentrant`` classes, or
+    ``@always_interleave`` on it); a non-reentrant grain's turns would queue
+    them anyway, so registering it there is a ``ConfigurationError``.
+    """
+
+    SKIP = 1
+    BUFFER_ONE = 2
+    BUFFER_ALL = 3
+    CANCEL_OTHER = 4
+    ALLOW_ALL = 5
+
+
+#: Overlapping slots a ``BUFFER_ALL`` reminder keeps waiting at most; older ones
+#: are skipped (counted as overlap skips).
+MAX_BUFFERED_SLOTS = 100
+
+
+class SkipReason(enum.StrEnum):
+    """Why a slot was not delivered (a reminder's skip counters, by reason)."""
+
+    PAUSED = "paused"  #: it fell due while the reminder was paused
+    OVERLAP = "overlap"  #: the previous tick still ran (``OverlapPolicy``)
+    #: excluded by the reminder's calendar (reserved: counted where calendars apply)
+    CALENDAR = "calendar"
+    #: older than the reminder's ``catchup_window`` when it was reached
+    CATCHUP_WINDOW = "catchup_window"
+    LATE = "late"  #: reached past its grace, and the missed-tick action skipped it
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +189,28 @@ class ReminderEntry:
     is the last of them (derived at registration). A row whose schedule has no
     slot left is removed after its last tick. ``payload`` is a small value of
     the codec's types delivered in ``TickStatus.payload``; ``retry`` re-delivers
-    a tick whose grain raised (``RetryPolicy``).
+    a tick whose grain raised (``RetryPolicy``). ``overlap``: what a slot that
+    falls due while the previous tick runs becomes (``OverlapPolicy``; ``None``:
+    ``BUFFER_ONE``); ``catchup_window``: how old the latest passed slot may be
+    and still get a ``FIRE_IMMEDIATELY`` catch-up tick (``None``: any age);
+    ``deadline``: how long ``receive_reminder`` may run before it is cancelled
+    (``None``: ``ReminderOptions.tick_deadline``). ``resumed_at``: when the row
+    was last resumed after a pause (slots skipped up to then count as skipped
+    while paused); set by ``resume``, never by a registration.
+
+    ``trace_context``: the W3C ``traceparent`` of the span that registered or
+    last changed the row (only while this process traces, and once the
+    cluster's level has ``Feature.TRACE_LINKS``); each tick's span links to it.
+    Not part of the row's value: rows that differ only in it compare equal.
+
+    ``labels``: the row's labels (``reminders.labels``; keys sorted, ``None``
+    for none), indexed for selection. ``calendar``: the name of the calendar
+    whose excluded days and times apply to the slots (``reminders.calendars``),
+    ``on_excluded`` what becomes of an excluded slot (``None``: ``SKIP``).
+    ``_calendar_rules`` is that calendar's copy the slots are computed with, of
+    version ``calendar_version``: it is stored with the row (so every owner
+    computes the same slots from the row alone) but never travels in a call;
+    silos attach it when they write the row.
     """
 
     service_id: str
@@ -159,11 +236,39 @@ class ReminderEntry:
     final_due: datetime | None = None
     payload: Any = field(default=None, hash=False)
     retry: RetryPolicy | None = None
+    overlap: OverlapPolicy | None = None
+    catchup_window: timedelta | None = None
+    deadline: timedelta | None = None
+    resumed_at: datetime | None = None
+    trace_context: str | None = field(default=None, compare=False, hash=False)
+    labels: dict[str, str] | None = field(default=None, hash=False)
+    calendar: str | None = None
+    on_excluded: Excluded | None = None
+    calendar_version: int | None = None
+    _calendar_rules: Calendar | None = None
 
     def __post_init__(self) -> None:
         # Ints arrive where enums left (msgpack carries IntEnums as ints).
         if type(self.action) is not MissedReminderAction:
             object.__setattr__(self, "action", MissedReminderAction(self.action))
+        if self.overlap is not None and type(self.overlap) is not OverlapPolicy:
+            object.__setattr__(self, "overlap", OverlapPolicy(self.overlap))
+        if self.on_excluded is not None and type(self.on_excluded) is not Excluded:
+            object.__setattr__(self, "on_excluded", Excluded(self.on_excluded))
+
+    @property
+    def calendar_rules(self) -> Calendar | None:
+        """The calendar's rules the row's slots are computed with (``None``: no
+        calendar, or a row received in a call, which leaves them behind)."""
+        return self._calendar_rules
+
+    def index_terms(self) -> list[str]:
+        """The row's terms in the tables' label index: ``l:<key>=<value>`` per
+        label and ``c:<calendar>`` (``reminders.labels``), sorted."""
+        terms = [f"l:{k}={v}" for k, v in (self.labels or {}).items()]
+        if self.calendar is not None:
+            terms.append(f"c:{self.calendar}")
+        return sorted(terms)
 
     @property
     def key(self) -> str:
@@ -191,6 +296,8 @@ class ReminderEntry:
             and self.starts_at == other.starts_at
             and self.ends_at == other.ends_at
             and self.final_due == other.final_due
+            and self.on_excluded == other.on_excluded
+            and self._calendar_rules == other._calendar_rules
         )
 
     def with_etag(self, etag: str | None) -> ReminderEntry:
@@ -231,6 +338,16 @@ class ReminderEntry:
             self.final_due,
             self.payload,
             self.retry,
+            self.overlap,
+            self.catchup_window,
+            self.deadline,
+            self.resumed_at,
+            self.trace_context,
+            self.labels,
+            self.calendar,
+            self.on_excluded,
+            self.calendar_version,
+            self._calendar_rules,
         )
 
     def to_record(self) -> dict[str, Any]:
@@ -307,6 +424,13 @@ class ReminderEntry:
             or self.final_due is not None
             or self.payload is not None
             or self.retry is not None
+            or self.overlap is not None
+            or self.catchup_window is not None
+            or self.deadline is not None
+            or self.resumed_at is not None
+            or self.trace_context is not None
+            or self.labels is not None
+            or self.calendar is not None
         ):
             rec.update(self.extras_record())
         return rec
@@ -315,7 +439,12 @@ class ReminderEntry:
         """The optional schedule fields in storage form, only those set (empty for
         most rows): ``j`` jitter ms, ``sa``/``ea`` starts/ends ms, ``mt`` max ticks,
         ``fd`` final slot ms, ``py`` the payload (codec bytes, base64 text: Lua's
-        msgpack has no binary type), ``rt`` ``[max_attempts, backoff ms]``.
+        msgpack has no binary type), ``rt`` ``[max_attempts, backoff ms]``,
+        ``ov`` the overlap policy, ``cw`` the catch-up window ms, ``dl`` the
+        deadline ms, ``rs`` when the row was last resumed (ms), ``tc`` the trace
+        context (a ``traceparent``), ``lb`` the labels, ``cl`` the calendar's name,
+        ``ox`` ``on_excluded``, ``cv`` the calendar's version and ``cr`` its rules
+        (``Calendar.to_record``).
         Tables that keep these in one column store this map (``extras_from_record``
         reads it back)."""
         rec: dict[str, Any] = {}
@@ -333,6 +462,26 @@ class ReminderEntry:
             rec["py"] = encode_payload(self.payload)
         if self.retry is not None:
             rec["rt"] = [self.retry.max_attempts, self.retry.backoff // _MS]
+        if self.overlap is not None:
+            rec["ov"] = int(self.overlap)
+        if self.catchup_window is not None:
+            rec["cw"] = self.catchup_window // _MS
+        if self.deadline is not None:
+            rec["dl"] = self.deadline // _MS
+        if self.resumed_at is not None:
+            rec["rs"] = to_ms(self.resumed_at)
+        if self.trace_context is not None:
+            rec["tc"] = self.trace_context
+        if self.labels:
+            rec["lb"] = dict(self.labels)
+        if self.calendar is not None:
+            rec["cl"] = self.calendar
+            if self.on_excluded is not None:
+                rec["ox"] = int(self.on_excluded)
+            if self.calendar_version is not None:
+                rec["cv"] = self.calendar_version
+            if self._calendar_rules is not None:
+                rec["cr"] = self._calendar_rules.to_record()
         return rec
 
     @classmethod
@@ -406,7 +555,11 @@ def payload_size(value: Any) -> int:
         raise ReminderError(f"payload cannot be stored: {exc}") from exc
 
 
-_EXTRA_KEYS = frozenset({"j", "sa", "ea", "mt", "fd", "py", "rt"})
+#: The longest trace context a row keeps (a ``traceparent`` is 55 characters).
+_MAX_TRACE_TEXT = 256
+_EXTRA_KEYS = frozenset(
+    {"j", "sa", "ea", "mt", "fd", "py", "rt", "ov", "cw", "dl", "rs", "tc", "lb", "cl"}
+)
 
 
 def extras_from_record(rec: dict[str, Any]) -> dict[str, Any]:
@@ -429,6 +582,26 @@ def extras_from_record(rec: dict[str, Any]) -> dict[str, Any]:
         out["payload"] = unpack(base64.b64decode(py))
     if (rt := rec.get("rt")) is not None:
         out["retry"] = RetryPolicy(int(rt[0]), timedelta(milliseconds=rt[1]))
+    if (ov := rec.get("ov")) is not None:
+        out["overlap"] = OverlapPolicy(int(ov))
+    if (cw := rec.get("cw")) is not None:
+        out["catchup_window"] = timedelta(milliseconds=cw)
+    if (dl := rec.get("dl")) is not None:
+        out["deadline"] = timedelta(milliseconds=dl)
+    if (rs := rec.get("rs")) is not None:
+        out["resumed_at"] = from_ms(rs)
+    if (tc := rec.get("tc")) is not None and isinstance(tc, str) and len(tc) <= _MAX_TRACE_TEXT:
+        out["trace_context"] = tc
+    if lb := rec.get("lb"):
+        out["labels"] = {str(k): str(lb[k]) for k in sorted(lb)}
+    if (cl := rec.get("cl")) is not None:
+        out["calendar"] = str(cl)
+        if (ox := rec.get("ox")) is not None:
+            out["on_excluded"] = Excluded(int(ox))
+        if (cv := rec.get("cv")) is not None:
+            out["calendar_version"] = int(cv)
+        if (cr := rec.get("cr")) is not None:
+            out["_calendar_rules"] = Calendar.from_record(cr)
     return out
 
 
@@ -453,6 +626,9 @@ class FireOutcome(enum.StrEnum):
     MISSED_SKIPPED = "missed_skipped"  #: reached past the grace and skipped (SKIP)
     NOTIFIED = "notified"  #: skipped, and a MissedReminder published (NOTIFY)
     RETRYING = "retrying"  #: delivered; receive_reminder raised; retried (RetryPolicy)
+    #: not run again: the grain's state had committed this occurrence
+    #: (``PersistentState.write(tick=...)``); its progress persisted as if it ran
+    DEDUPLICATED = "deduplicated"
 
 
 #: ``ReminderEntry(...)`` with the same positional parameters, without the frozen
@@ -474,6 +650,7 @@ class FireRecord:
     (at most ``MAX_ERROR_TEXT`` characters), else ``None``. ``attempt``: which
     delivery of the slot this was (1 unless a ``RetryPolicy`` retried it);
     ``final``: the reminder's last slot (its row is removed after it).
+    ``backfill``: a slot of a backfill (``TickStatus.backfill``).
     """
 
     grain_id: GrainId
@@ -486,6 +663,7 @@ class FireRecord:
     error: str | None = None
     attempt: int = 1
     final: bool = False
+    backfill: bool = False
 
     def __post_init__(self) -> None:
         # Strings arrive where the enum left (msgpack carries StrEnums as str).
@@ -512,6 +690,8 @@ class FireRecord:
             rec["n"] = self.attempt
         if self.final:
             rec["f"] = True
+        if self.backfill:
+            rec["b"] = True
         return rec
 
     @classmethod
@@ -527,6 +707,7 @@ class FireRecord:
             error=None if rec.get("m") is None else str(rec["m"]),
             attempt=int(rec.get("n", 1)),
             final=bool(rec.get("f", False)),
+            backfill=bool(rec.get("b", False)),
         )
 
 
@@ -578,6 +759,22 @@ class TickStatus:
     payload. ``attempt``: which delivery of this slot it is (above 1 only for
     a ``RetryPolicy`` retry). ``final``: the reminder's last tick (a one-shot,
     or the last slot of a bounded one); its row is removed after it.
+    ``deadline``: how long this run may take before it is cancelled where it
+    runs (``TickDeadlineError``): the reminder's ``deadline``, or less under
+    ``OverlapPolicy.CANCEL_OTHER`` (until its next slot); ``None``: no limit.
+
+    ``backfill``: a slot of a past range delivered by ``backfill`` (its
+    ``current_tick_time`` is that slot; ``delivered_at`` is now).
+
+    ``occurrence_id``: the same for every delivery of one slot of one
+    registration of one reminder (retries, redelivery after a failover or a
+    restart, a delivery to a new activation), different for every other slot,
+    for each ``trigger``, for a backfilled slot (its own, apart from the live
+    slot of the same time) and for a reminder registered again (a registration
+    re-anchors ``first_tick_time``). The idempotency key for effects outside the
+    grain (an email, a payment call). The silo that runs the tick tells the
+    status where it runs (``bind_tick``; it never travels, so silos of 0.1 read
+    the status too), and the id is computed when asked for (``occurrence_of``).
     """
 
     first_tick_time: datetime
@@ -592,6 +789,54 @@ class TickStatus:
     payload: Any = None
     attempt: int = 1
     final: bool = False
+    deadline: timedelta | None = None
+    backfill: bool = False
+    #: (service id, grain id, reminder name) of the silo running the tick
+    #: (``bind_tick``): not part of the value, and never sent (it is ``None`` then).
+    _runs: tuple[str, GrainId, str] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def occurrence_id(self) -> str:
+        """See the class docstring; ``ReminderError`` for a status no silo ran."""
+        runs = self._runs
+        if runs is None:
+            raise ReminderError(
+                "this TickStatus was not delivered by a silo: its occurrence_id is known "
+                "only to the status receive_reminder is given"
+            )
+        return occurrence_of(runs[0], runs[1], runs[2], self)
+
+    @property
+    def reminder(self) -> str | None:
+        """The reminder's name, once a silo runs the tick (``None`` before)."""
+        return None if self._runs is None else self._runs[2]
+
+
+TICK_DEDUPLICATED = "orleanspy:deduplicated"
+"""What a tick call answers when the grain's state had committed its occurrence
+(``orleanspy.runtime.ticks``); any other answer is a tick that ran. A 0.1 reminder
+service ignores a tick's answer, so it can travel to one."""
+
+
+def bind_tick(status: TickStatus, service_id: str, grain_id: GrainId, name: str) -> None:
+    """Tell ``status`` which tick it is, on the silo that runs it: its
+    ``occurrence_id`` and ``reminder`` follow. Sets a field of a frozen value in
+    place (one store, where ``dataclasses.replace`` cost about 4.5 us a tick); the
+    status is this delivery's own."""
+    object.__setattr__(status, "_runs", (service_id, grain_id, name))
+
+
+def occurrence_of(service_id: str, grain_id: GrainId, name: str, status: TickStatus) -> str:
+    """``status.occurrence_id`` for ``name`` of ``grain_id``: 32 hex digits of a
+    hash of the service, grain, reminder, registration (``first_tick_time``) and
+    slot (``current_tick_time``; a trigger's is the time it was asked for, and a
+    backfilled slot's its slot, each marked apart from scheduled slots)."""
+    kind = "t" if status.triggered else "b" if status.backfill else "s"
+    text = (
+        f"{service_id}\n{grain_id.canonical}\n{name}\n{to_ms(status.first_tick_time)}\n"
+        f"{kind}{to_ms(status.current_tick_time)}"
+    )
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,6 +88,7 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ReminderError
+from orleanspy.reminders.calendars import CalendarSchedule, Excluded
 from orleanspy.reminders.model import ReminderEntry
 
 __all__ = [
@@ -310,14 +311,16 @@ class BoundedSchedule:
         return None
 
     def nominal(self, slot: datetime) -> datetime:
+        """The slot before its jitter offset, then the base schedule's nominal slot
+        of that (a calendar's shifted slot stands for the slot it moved)."""
         if not self._jitter:
-            return slot
+            return self._base.nominal(slot)
         n = self._nominal_after(slot - timedelta(milliseconds=self._jitter))
         if n is None or n > slot:
-            return slot
+            return self._base.nominal(slot)
         while (following := self._nominal_after(n)) is not None and following <= slot:
             n = following
-        return n
+        return self._base.nominal(n)
 
     def slots_between(self, after: datetime, upto: datetime, cap: int = DEFAULT_SLOT_CAP) -> int:
         """Counted by stepping, O(min(count, cap))."""
@@ -668,9 +671,10 @@ def cron_schedule(expr: str, tz: str | None = None) -> CronSchedule:
 
 def schedule_for(entry: ReminderEntry) -> Schedule:
     """The schedule of a reminder row: its cron (shared per expression and zone),
-    its interval grid or its one slot, within its bounds and with its jitter
-    (``BoundedSchedule``, only for rows that have any). ``ReminderError`` for a
-    bad cron."""
+    its interval grid or its one slot, with its calendar's exclusions applied
+    (``calendars.CalendarSchedule``: the slots are then fire times), within its
+    bounds and with its jitter (``BoundedSchedule``, only for rows that have
+    any). ``ReminderError`` for a bad cron."""
     base: Schedule
     if entry.cron is not None:
         base = cron_schedule(entry.cron, entry.tz)
@@ -678,6 +682,9 @@ def schedule_for(entry: ReminderEntry) -> Schedule:
         base = IntervalSchedule(entry.start_at, entry.period)
     else:
         base = OneShotSchedule(entry.start_at)
+    rules = entry.calendar_rules
+    if rules is not None:
+        base = CalendarSchedule(base, rules, entry.on_excluded or Excluded.SKIP)
     if (
         entry.jitter is None
         and entry.starts_at is None

@@ -15,9 +15,14 @@ in batches. The parts live in the private package ``_service/``, one job each:
 - ``lanes``: priority lanes and the lane drainer with its permits;
 - ``delivery``: one due row's tick (the grain call, retries, next slot);
 - ``herd``: catch-up grain calls ramped after an outage;
-- ``missed``: the missed-tick rule and NOTIFY publishing;
-- ``persist``: batched, retried CAS writes;
-- ``adaptive``: the bucket-size formula.
+- ``missed``: the missed-tick rule (with the catch-up window), the overlap
+  policies' plans, and NOTIFY publishing;
+- ``concurrent``: an ``ALLOW_ALL`` row's ticks side by side;
+- ``persist``: batched, retried CAS writes, with the rows' counters
+  (``counting``) and dead letters (``dead_letters``);
+- ``features``: which cluster features the service may use now;
+- ``adaptive``: the bucket-size formula;
+- ``backfill``: the backfill jobs of owned rows, slot after slot (beside the flow).
 
 This module composes them. Data flows one way: table -> loader -> window ->
 ticker -> lanes -> lane drainer -> delivery -> persister -> table; the
@@ -48,7 +53,11 @@ from orleanspy.membership.lease import OwnershipLease, guard
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._service.adaptive import LoadSignals, adapted_bucket_size, default_load
+from orleanspy.reminders._service.backfill import BackfillRunner
+from orleanspy.reminders._service.counting import Counts
+from orleanspy.reminders._service.dead_letters import DeadLetters
 from orleanspy.reminders._service.delivery import TRANSIENT_ERRORS, Deliver, Delivery
+from orleanspy.reminders._service.features import ServiceFeatures
 from orleanspy.reminders._service.history import History, NoHistory
 from orleanspy.reminders._service.lanes import LaneDrainer
 from orleanspy.reminders._service.loader import Loader
@@ -58,6 +67,7 @@ from orleanspy.reminders._service.persist import Persister
 from orleanspy.reminders._service.ticker import Ticker
 from orleanspy.reminders._service.window import DueWindow
 from orleanspy.reminders.model import ReminderChange, ScheduleUpdate
+from orleanspy.reminders.stores import BackfillStore
 from orleanspy.reminders.table import PausableReminderTable, ReminderTable, subscribe
 from orleanspy.ring import RingRange
 
@@ -85,7 +95,17 @@ class ReminderServiceStats:
     ``RetryPolicy``; ``retries_given_up``: retries dropped because the next slot
     came first; ``ended``: rows removed after their last slot (delivered or
     skipped; the repair pass's ends are in ``repaired``); ``fenced``: Dead
-    incarnations fenced in the table (``fence``)."""
+    incarnations fenced in the table (``fence``); ``deduplicated``: ticks not
+    run again because the grain's state had committed their occurrence
+    (``PersistentState.write(tick=...)``). ``dead_lettered``: ticks that failed
+    their last attempt; ``dead_letters_written``: those written to the table
+    as dead letters; ``deadline_exceeded``: runs cancelled at their deadline;
+    ``overlap_skipped``: slots skipped because the row's previous tick still
+    ran (``OverlapPolicy``); ``catchup_skipped``: slots older than their row's
+    catch-up window; ``counts_written``: row counter deltas written;
+    ``backfilled``: backfilled slots the grain acknowledged; ``backfill_failed``:
+    backfilled slots whose grain raised; ``backfills_running``: backfills this
+    silo runs now."""
 
     bucket_size: int
     loaded: int
@@ -112,13 +132,24 @@ class ReminderServiceStats:
     retries_given_up: int = 0
     ended: int = 0
     fenced: int = 0
+    deduplicated: int = 0
+    dead_lettered: int = 0
+    dead_letters_written: int = 0
+    deadline_exceeded: int = 0
+    overlap_skipped: int = 0
+    catchup_skipped: int = 0
+    counts_written: int = 0
+    backfilled: int = 0
+    backfill_failed: int = 0
+    backfills_running: int = 0
 
 
 class ReminderService:
     """Delivers the ticks of the reminder rows in this silo's ring ranges.
 
     ``deliver(entry, status)`` makes the grain call ``receive_reminder`` and
-    returns on acknowledgement. If it raises one of ``TRANSIENT_ERRORS`` the
+    returns its answer on acknowledgement (``TICK_DEDUPLICATED``: the grain did
+    not run it again). If it raises one of ``TRANSIENT_ERRORS`` the
     same tick is retried with backoff; any other exception is the grain's own
     failure: logged, counted, and the tick counts as delivered (retried only
     under the row's ``RetryPolicy``).
@@ -129,6 +160,9 @@ class ReminderService:
     delivery: while it is not held no tick is delivered; a tick that waited
     for it is retried, so a row that moved meanwhile is not delivered here.
     A revoked lease (the silo was declared Dead) stops every delivery at once.
+    ``level`` gives the cluster's feature level (``membership.agreement.
+    cluster_level``; default: this release's): tick deadlines, dead letters and
+    per-row counters are used only while it reaches their ``Feature``.
     """
 
     def __init__(
@@ -143,9 +177,11 @@ class ReminderService:
         name: str = "",
         metrics: ReminderMetrics | None = None,
         lease: OwnershipLease | None = None,
+        level: Callable[[], int] | None = None,
     ) -> None:
         if lease is not None:
             deliver = guard(deliver, lease)
+        features = ServiceFeatures(level)
         self._table = table
         self._name = name
         load = load or default_load
@@ -169,6 +205,8 @@ class ReminderService:
             metrics=metrics,
             # An ended row's final record must reach its history before the row ends.
             before_removals=None if self._history is None else self._history.flush,
+            counts=Counts(table, features),
+            letters=DeadLetters(table, clock, options, features, silo=name),
         )
         self._delivery = delivery = Delivery(
             clock,
@@ -180,6 +218,7 @@ class ReminderService:
             name=name,
             metrics=metrics,
             history=history,
+            features=features,
         )
         self._drainer = LaneDrainer(window, options.permits, delivery.tick)
         self._ticker = Ticker(clock, window, self._drainer.kick)
@@ -196,6 +235,19 @@ class ReminderService:
             metrics=metrics,
             history=history,
         )
+        self._backfills: BackfillRunner | None = None
+        if isinstance(table, BackfillStore):
+            self._backfills = BackfillRunner(
+                table,
+                table,
+                clock,
+                options,
+                owns=self._ownership.owns,
+                sole=self._ownership.owns_everything,
+                deliver=deliver,
+                history=history,
+                name=name,
+            )
         self._running = False
         self._tick_timeout = options.tick_timeout.total_seconds()
         self._clock = clock
@@ -220,9 +272,11 @@ class ReminderService:
                 ("loader", self._loader.run()),
                 ("feed", self._loader.follow(feed)),
                 *([("history", self._history.run())] if self._history else []),
+                *([("backfill", self._backfills.run())] if self._backfills else []),
             )
         ]
         stack.push_async_callback(_cancel, tasks)
+        stack.callback(self._delivery.close)
         self._running = True
         log.info(
             "reminder service started name=%s bucket_size=%d", self._name, self._window.bucket_size
@@ -246,6 +300,7 @@ class ReminderService:
             new = self._ownership.assign(ranges)
         self._window.retain(lambda row: self._ownership.owns(row.entry.grain_id))
         self._loader.ranges_changed(new)
+        self.kick_backfills()
         log.info(
             "reminder ranges changed name=%s ranges=%d new=%d held=%d resident=%d",
             self._name,
@@ -264,6 +319,12 @@ class ReminderService:
         older than that may be pruned meanwhile. A no-op on a table that does
         not fence."""
         self._loader.fence(silo, keep)
+
+    def kick_backfills(self) -> None:
+        """Look for backfills to run now (one was asked for here, or the owned
+        ranges changed); otherwise they are looked for every ``poll_interval``."""
+        if self._backfills is not None:
+            self._backfills.kick()
 
     def notify_change(self, change: ReminderChange) -> None:
         """Take a change of the table into account (from the feed or a local hint).
@@ -306,6 +367,10 @@ class ReminderService:
         in_flight = self._drainer.in_flight
         try:
             async with asyncio.timeout(timeout):
+                if self._backfills is not None:
+                    # A backfilled slot being delivered finishes and its progress
+                    # is written before the next owner reads the job.
+                    await self._backfills.stop_taking()
                 await self._drainer.wait_idle()
                 await self._persister.wait_idle()
         except TimeoutError:
@@ -357,6 +422,16 @@ class ReminderService:
             retries_given_up=dl.retries_given_up,
             ended=dl.ended,
             fenced=ld.fenced,
+            deduplicated=dl.deduplicated,
+            dead_lettered=dl.dead_lettered,
+            dead_letters_written=p.letters.written,
+            deadline_exceeded=dl.deadline_exceeded,
+            overlap_skipped=dl.overlap_skipped,
+            catchup_skipped=dl.catchup_skipped,
+            counts_written=p.counts.written,
+            backfilled=0 if self._backfills is None else self._backfills.delivered,
+            backfill_failed=0 if self._backfills is None else self._backfills.failed,
+            backfills_running=0 if self._backfills is None else self._backfills.running,
         )
 
     # -- wiring -----------------------------------------------------------------------

@@ -1,7 +1,17 @@
-"""Reminder registration: validate what a user asked for and build the row.
+"""Reminder registration: what a user asks for, validated once, and the row it builds.
 
-``new_entry`` is the single place where registration input is checked; every
-path that creates a row (a grain's ``register_or_update_reminder``, the
+``ReminderSpec`` is what a registration asks for: the schedule (``due``,
+``period``, ``cron``, ``tz``, ``at``, bounds, jitter, calendar) and the row's
+options (priority, action, grace, payload, retry, labels). It is the one list of those
+options: a grain's ``register_or_update_reminder`` and ``@register_reminder``
+take them as keywords (``ReminderArgs`` and ``RepeatingArgs``, the same names
+and types) and build a spec; ``ReminderRegistry.register`` and
+``Registration`` (bulk) take one; a ``DeclaredReminder`` is one. Adding an
+option means adding it here (the spec, the keyword types, ``new_entry``) and
+to the row (``model.ReminderEntry``) and its storage, and nowhere else.
+
+``new_entry`` is the single place where a spec is checked; every path that
+creates a row (a grain's ``register_or_update_reminder``, the
 ``@register_reminder`` declarations at silo start-up, the management grain)
 goes through it, so the rules below hold for every stored row:
 
@@ -30,7 +40,21 @@ goes through it, so the rules below hold for every stored row:
   encoded; ``retry`` is a ``RetryPolicy``;
 * the grace (``grace``, optional) is a duration (seconds or ``timedelta``) in
   ``0 .. MAX_GRACE``; ``None`` leaves the row on
-  ``ReminderOptions.missed_tick_grace``.
+  ``ReminderOptions.missed_tick_grace``;
+* ``overlap`` is an ``OverlapPolicy``, for repeating reminders only (a
+  one-shot has no second slot to overlap);
+* ``catchup_window`` is a duration in ``0 .. policies.MAX_CATCHUP_WINDOW``, with
+  ``action=FIRE_IMMEDIATELY`` only (the other actions never catch up), and no
+  shorter than the row's grace (a tick within its grace is on time, so a
+  window that excluded it would skip on-time ticks);
+* ``deadline`` is a duration in ``1 ms .. policies.MAX_DEADLINE``
+  (``reminders.policies`` holds these checks).
+* ``labels`` are at most ``labels.MAX_LABELS`` pairs of a key and a value
+  within their bounds (``reminders.labels``);
+* ``calendar`` names a stored calendar (``reminders.calendars``: the caller
+  reads it and hands it to ``new_entry``, which refuses a name it was not
+  given the calendar of); ``on_excluded`` is an ``Excluded`` and needs a
+  calendar; the calendar must leave the reminder a slot.
 
 Anything else raises ``ReminderError`` saying what is wrong and how to fix it.
 Times are stored with millisecond precision, so ``start_at``, ``next_due`` and
@@ -40,22 +64,33 @@ Times are stored with millisecond precision, so ``start_at``, ``next_due`` and
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from operator import attrgetter
+from typing import Any, Final, TypedDict, cast
 
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders.calendars import (
+    CALENDAR_HORIZON,
+    Excluded,
+    StoredCalendar,
+    check_calendar_name,
+)
+from orleanspy.reminders.labels import check_labels
 from orleanspy.reminders.model import (
     MissedReminderAction,
+    OverlapPolicy,
     ReminderEntry,
     ReminderPriority,
     RetryPolicy,
     make_entry,
     payload_size,
 )
+from orleanspy.reminders.policies import catchup_window, check_deadline, check_overlap
 from orleanspy.reminders.schedule import (
     MAX_CRON_TICKS,
     IntervalSchedule,
@@ -67,13 +102,19 @@ from orleanspy.reminders.schedule import (
 from orleanspy.serialization import pack, unpack
 
 __all__ = [
+    "DURATION_OPTIONS",
     "MAX_GRACE",
     "MAX_GRAIN_ID_LENGTH",
     "MAX_PAYLOAD_BYTES",
     "PRIORITY_MAX",
     "PRIORITY_MIN",
+    "ReminderArgs",
+    "ReminderSpec",
+    "RepeatingArgs",
     "check_grace",
+    "check_keywords",
     "new_entry",
+    "spec_of_row",
 ]
 
 PRIORITY_MIN = -128
@@ -91,6 +132,139 @@ MAX_GRACE = timedelta(days=366)
 _MS = timedelta(milliseconds=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _FORBIDDEN_IN_NAME = ("|", "\n", "\r")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReminderSpec:
+    """What one registration asks for; ``new_entry`` validates it and builds the row.
+
+    The fields mean what ``Grain.register_or_update_reminder``'s keyword
+    arguments mean (the module docstring lists the rules). A spec is a value:
+    it is not checked when it is made, but once, by ``new_entry``, when a row
+    is built from it, with the context the rules need (the clock's now, the
+    silo's ``ReminderOptions``, the grain and the name): so a bulk
+    ``Registration`` or a declaration is reported with its position or its
+    class. ``None`` means "not given": for ``priority`` that is
+    ``ReminderPriority.NORMAL``, for ``action`` ``MissedReminderAction.SKIP``,
+    for ``grace`` the silo's ``ReminderOptions.missed_tick_grace``, for
+    ``overlap`` ``OverlapPolicy.BUFFER_ONE``, for ``catchup_window`` no limit,
+    for ``deadline`` the silo's ``ReminderOptions.tick_deadline``. Numbers are
+    seconds.
+
+    ``Registration`` and ``DeclaredReminder`` extend it with who the reminder
+    is for; every field added here reaches them, and the keyword arguments of
+    ``ReminderArgs`` / ``RepeatingArgs`` must name it too (a test checks).
+    """
+
+    due: timedelta | float | None = None
+    period: timedelta | float | None = None
+    cron: str | None = None
+    tz: str | None = None
+    priority: int | None = None
+    action: MissedReminderAction | None = None
+    grace: timedelta | float | None = None
+    at: datetime | None = None
+    jitter: timedelta | float | None = None
+    starts_at: datetime | None = None
+    ends_at: datetime | None = None
+    max_ticks: int | None = None
+    payload: Any = field(default=None, hash=False)
+    retry: RetryPolicy | None = None
+    overlap: OverlapPolicy | None = None
+    catchup_window: timedelta | float | None = None
+    deadline: timedelta | float | None = None
+    labels: Mapping[str, str] | None = field(default=None, hash=False)
+    calendar: str | None = None
+    on_excluded: Excluded | None = None
+
+
+class RepeatingArgs(TypedDict, total=False):
+    """The keyword arguments of ``@register_reminder``: a ``ReminderSpec``'s
+    fields but ``at`` and ``max_ticks`` (a declaration is applied at every
+    start, so it repeats and its count would start again)."""
+
+    due: timedelta | float | None
+    period: timedelta | float | None
+    cron: str | None
+    tz: str | None
+    priority: int | None
+    action: MissedReminderAction | None
+    grace: timedelta | float | None
+    jitter: timedelta | float | None
+    starts_at: datetime | None
+    ends_at: datetime | None
+    payload: Any
+    retry: RetryPolicy | None
+    overlap: OverlapPolicy | None
+    catchup_window: timedelta | float | None
+    deadline: timedelta | float | None
+    labels: Mapping[str, str] | None
+    calendar: str | None
+    on_excluded: Excluded | None
+
+
+class ReminderArgs(RepeatingArgs, total=False):
+    """The keyword arguments of ``Grain.register_or_update_reminder``: every
+    field of a ``ReminderSpec``."""
+
+    at: datetime | None
+    max_ticks: int | None
+
+
+#: The spec's fields given as durations (seconds or ``timedelta``).
+DURATION_OPTIONS: Final = ("due", "period", "grace", "jitter", "catchup_window", "deadline")
+
+
+def check_keywords(given: Mapping[str, object], allowed: frozenset[str], where: str) -> None:
+    """``TypeError`` as Python words it for a keyword ``where`` does not take
+    (keyword arguments checked before they become a ``ReminderSpec``)."""
+    if not given.keys() <= allowed:
+        unknown = next(k for k in given if k not in allowed)
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown!r}")
+
+
+def spec_of_row(row: ReminderEntry) -> ReminderSpec:
+    """The spec that registers ``row``'s schedule and options as they are: a
+    one-shot row as ``at=`` its ``start_at``, a repeating one from now
+    (``due=0``). ``new_entry`` of it validates a row read from elsewhere (an
+    import)."""
+    one_shot = row.period is None and row.cron is None
+    return ReminderSpec(
+        due=None if one_shot else 0,
+        at=row.start_at if one_shot else None,
+        period=row.period,
+        cron=row.cron,
+        tz=row.tz,
+        priority=row.priority,
+        action=row.action,
+        grace=row.grace,
+        jitter=row.jitter,
+        starts_at=row.starts_at,
+        ends_at=row.ends_at,
+        max_ticks=row.max_ticks,
+        payload=row.payload,
+        retry=row.retry,
+        overlap=row.overlap,
+        catchup_window=row.catchup_window,
+        deadline=row.deadline,
+        labels=row.labels,
+        calendar=row.calendar,
+        on_excluded=row.on_excluded,
+    )
+
+
+#: The options a plain interval reminder leaves unset (``new_entry``'s shortcut
+#: takes only specs that set none of them): every field but these four, so an
+#: option added to the spec leaves the shortcut by itself. The payload, any
+#: value of the user's, is checked apart (``is None``), so that no value's
+#: ``__eq__`` runs; the others compare to ``None`` as a tuple (the fastest test).
+_PLAIN = ("due", "period", "priority", "action")
+_OTHERS = tuple(f.name for f in fields(ReminderSpec) if f.name not in (*_PLAIN, "payload"))
+_UNSET_IF_PLAIN = attrgetter(*_OTHERS)
+_ALL_UNSET = (None,) * len(_OTHERS)
+#: What ``None`` stands for (looked up once: ``new_entry`` runs once per row in bulk).
+_NORMAL: Final = ReminderPriority.NORMAL
+_SKIP: Final = MissedReminderAction.SKIP
 
 
 def _truncate_ms(t: datetime) -> datetime:
@@ -184,30 +358,23 @@ def _start(now: datetime, due: timedelta) -> datetime:
 
 
 def new_entry(
+    spec: ReminderSpec,
     *,
     service_id: str,
     grain_id: GrainId,
     name: str,
     now: datetime,
     options: ReminderOptions,
-    due: timedelta | float | int | None = None,
-    period: timedelta | float | int | None = None,
-    cron: str | None = None,
-    tz: str | None = None,
-    priority: int = ReminderPriority.NORMAL,
-    action: MissedReminderAction = MissedReminderAction.SKIP,
-    at: datetime | None = None,
-    jitter: timedelta | float | int | None = None,
-    starts_at: datetime | None = None,
-    ends_at: datetime | None = None,
-    max_ticks: int | None = None,
-    payload: Any = None,
-    retry: RetryPolicy | None = None,
-    grace: timedelta | float | None = None,
     declared: bool = False,
     fingerprint: str | None = None,
+    calendar: StoredCalendar | None = None,
 ) -> ReminderEntry:
-    """Validate a registration and build its row (``etag`` ``None``, never fired).
+    """Validate ``spec`` and build its row for ``grain_id``'s reminder ``name``
+    (``etag`` ``None``, never fired).
+
+    ``calendar``: the stored calendar ``spec.calendar`` names (the caller read
+    it; ``ReminderError`` "unknown calendar" when the spec names one and this
+    is not it). The row keeps a copy of its rules and version.
 
     Interval form (``period``): ``due`` defaults to ``period``;
     ``start_at = now + due``. Cron form (``cron``, optional ``tz``):
@@ -222,19 +389,10 @@ def new_entry(
 
     Raises ``ReminderError`` for every invalid input listed in the module docstring.
     """
-    if (
-        period is not None
-        and cron is None
-        and at is None
-        and jitter is None
-        and starts_at is None
-        and ends_at is None
-        and max_ticks is None
-        and payload is None
-        and retry is None
-        and grace is None
-        and tz is None
-    ):
+    due, period, cron, tz = spec.due, spec.period, spec.cron, spec.tz
+    priority = _NORMAL if spec.priority is None else spec.priority
+    action = _SKIP if spec.action is None else spec.action
+    if period is not None and spec.payload is None and _UNSET_IF_PLAIN(spec) == _ALL_UNSET:
         entry = _plain_interval(
             service_id,
             grain_id,
@@ -250,6 +408,8 @@ def new_entry(
         )
         if entry is not None:
             return entry
+    at, jitter, starts_at, ends_at = spec.at, spec.jitter, spec.starts_at, spec.ends_at
+    max_ticks, payload, retry, grace = spec.max_ticks, spec.payload, spec.retry, spec.grace
     if now.tzinfo is None:
         raise ValueError("now must be a timezone-aware datetime")
     _check_name(name, options)
@@ -278,6 +438,9 @@ def new_entry(
     if tz is not None and cron is None:
         raise ReminderError("tz applies to cron reminders only: drop tz or give a cron expression")
     grace_td = check_grace(grace)
+    overlap = check_overlap(spec.overlap, period is None and cron is None)
+    catchup_td = catchup_window(spec.catchup_window, action, grace_td, options)
+    deadline_td = check_deadline(spec.deadline)
     due_td = None if due is None else _duration(due, "due")
     if due_td is not None and due_td < timedelta(0):
         raise ReminderError(f"due must be >= 0, got {due!r}: use 0 to fire at once")
@@ -288,6 +451,8 @@ def new_entry(
         raise ReminderError(
             f"retry must be a RetryPolicy(max_attempts, backoff), got {type(retry).__name__}"
         )
+    labels = check_labels(spec.labels)
+    on_excluded, stored = _calendar(spec, calendar)
     extra: dict[str, Any] = {
         "grace": grace_td,
         "jitter": jitter_td,
@@ -298,6 +463,14 @@ def new_entry(
         "retry": retry,
         "declared": declared,
         "fingerprint": fingerprint,
+        "overlap": overlap,
+        "catchup_window": catchup_td,
+        "deadline": deadline_td,
+        "labels": labels,
+        "calendar": spec.calendar,
+        "on_excluded": on_excluded,
+        "calendar_version": None if stored is None else stored.version,
+        "_calendar_rules": None if stored is None else stored.calendar,
     }
     base: Schedule
     if period is not None:
@@ -572,6 +745,34 @@ def _with_final(entry: ReminderEntry, base: Schedule, max_ticks: int) -> Reminde
     return replace(entry, final_due=final)
 
 
+def _calendar(
+    spec: ReminderSpec, calendar: StoredCalendar | None
+) -> tuple[Excluded | None, StoredCalendar | None]:
+    """The spec's ``on_excluded`` and its calendar, checked."""
+    on_excluded = spec.on_excluded
+    if spec.calendar is None:
+        if on_excluded is not None:
+            raise ReminderError(
+                "on_excluded says what becomes of a slot a calendar excludes: give calendar= too"
+            )
+        return None, None
+    name = check_calendar_name(spec.calendar)
+    if calendar is None or calendar.name != name:
+        raise ReminderError(
+            f"unknown calendar {name!r}: set it first (client.reminders.set_calendar, or "
+            "orleanspy reminders calendar set)"
+        )
+    if on_excluded is not None:
+        try:
+            on_excluded = Excluded(on_excluded)
+        except ValueError:
+            raise ReminderError(
+                f"on_excluded must be an Excluded (SKIP, NEXT_BUSINESS_DAY or "
+                f"PREVIOUS_BUSINESS_DAY), got {on_excluded!r}"
+            ) from None
+    return on_excluded, calendar
+
+
 def _first_slot(entry: ReminderEntry) -> ReminderEntry:
     """``entry`` with ``next_due`` its first slot at or after ``start_at``, jittered.
 
@@ -585,6 +786,12 @@ def _first_slot(entry: ReminderEntry) -> ReminderEntry:
         nominal = schedule_for(replace(entry, jitter=None)).next_after(entry.start_at - _MS)
         # The jittered instant of that slot: the previous slot's instant lies before it.
         first = None if nominal is None else schedule_for(entry).next_after(nominal - _MS)
+    if first is None and entry.calendar is not None:
+        raise ReminderError(
+            f"calendar {entry.calendar!r} excludes every slot of the reminder from "
+            f"{entry.start_at.isoformat()} on (looking {CALENDAR_HORIZON.days} days ahead): "
+            "choose another schedule or calendar"
+        )
     if first is None:
         raise ReminderError(
             f"the reminder has no slot between {entry.start_at.isoformat()} and its end "

@@ -5,6 +5,13 @@ row's ring position is ``grain_id.uniform_hash()``. Range arguments are
 ``RingRange`` values: hashes in ``(begin, end]``, wrapping when
 ``begin >= end`` (so ``RingRange(0, 0)`` is the whole ring).
 
+The operations that follow from others (``read_due`` from
+``read_due_skipping``, ``upcoming`` from ``read_due``, ``update_schedule``
+from ``update_schedule_many``, the bulk calls from the single ones) are
+written once, in ``ReminderTableBase``: a backend subclasses it and overrides
+one only where its store does it better. ``ReminderTable`` stays the contract
+(a table need not subclass anything).
+
 Lost races are values, not exceptions: a CAS against a stale etag returns
 ``None``/``False``. Exceptions mean the store is unreachable
 (``StorageUnavailableError``) or misbehaving (``StorageError``).
@@ -125,6 +132,8 @@ management) and removals stay any silo's.
 
 from __future__ import annotations
 
+import json
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Container, Iterable, Sequence
 from contextlib import AsyncExitStack
 from datetime import datetime, timedelta
@@ -146,9 +155,13 @@ __all__ = [
     "FencingReminderTable",
     "PausableReminderTable",
     "ReminderTable",
+    "ReminderTableBase",
     "ScopedChangesTable",
     "SkippingReminderTable",
+    "check_page_limit",
     "grain_prefix",
+    "key_cursor",
+    "parse_key_cursor",
     "subscribe",
 ]
 
@@ -487,6 +500,124 @@ class ScopedChangesTable(Protocol):
 #: Former name of the optional protocol that offered ``upsert_if``; every
 #: ``ReminderTable`` offers it now.
 ConditionalReminderTable = ReminderTable
+
+_WHOLE_RING = RingRange(0, 0)
+
+
+class ReminderTableBase(ABC):
+    """The contract's operations that follow from others, written once.
+
+    A backend that subclasses it implements the primitives (the abstract
+    methods: the skipping due read, the batched schedule CAS, the single
+    whole-row writes and the grain read) and gets the rest as the contract
+    defines them from those:
+
+    - ``read_due(r, before, limit)`` is ``read_due_skipping(r, before, limit, ())``;
+    - ``upcoming(before, limit)`` is ``read_due`` over the whole ring
+      (``RingRange(0, 0)``);
+    - ``update_schedule(...)`` is ``update_schedule_many`` of that one update;
+    - ``upsert_many``, ``upsert_if_many`` and ``read_grains`` are the single
+      calls, one after another, in order (a ``BulkReminderTable`` that saves no
+      round trip: a store that batches overrides them).
+
+    So a subclass is a ``SkippingReminderTable``, a ``BatchingReminderTable``
+    and a ``BulkReminderTable``. It overrides a default only where its store
+    does better (PostgreSQL: ``upcoming`` from its own index, ``update_schedule``
+    as one statement; Redis and PostgreSQL: the bulk calls in one round trip).
+    Everything else of ``ReminderTable`` (and of the optional protocols it
+    offers) the subclass writes itself. Shared behaviour only: no state.
+    """
+
+    __slots__ = ()
+
+    @abstractmethod
+    async def read_due_skipping(
+        self,
+        r: RingRange,
+        before: datetime,
+        limit: int,
+        skip: Container[str],
+        *,
+        after: datetime | None = None,
+        take: int | None = None,
+    ) -> list[ReminderEntry]:
+        """``SkippingReminderTable.read_due_skipping``."""
+
+    @abstractmethod
+    async def update_schedule_many(self, updates: Sequence[ScheduleUpdate]) -> list[str | None]:
+        """``BatchingReminderTable.update_schedule_many``."""
+
+    @abstractmethod
+    async def upsert(self, entry: ReminderEntry) -> str:
+        """``ReminderTable.upsert``."""
+
+    @abstractmethod
+    async def upsert_if(self, entry: ReminderEntry, expected_etag: str | None) -> str | None:
+        """``ReminderTable.upsert_if``."""
+
+    @abstractmethod
+    async def read_grain(self, grain_id: GrainId) -> list[ReminderEntry]:
+        """``ReminderTable.read_grain``."""
+
+    async def read_due(self, r: RingRange, before: datetime, limit: int) -> list[ReminderEntry]:
+        """Due rows of ``r`` in the due order, at most ``limit`` (``ReminderTable``):
+        ``read_due_skipping`` with nothing to skip."""
+        return await self.read_due_skipping(r, before, limit, ())
+
+    async def upcoming(self, before: datetime, limit: int) -> list[ReminderEntry]:
+        """``read_due`` over the whole ring."""
+        return await self.read_due(_WHOLE_RING, before, limit)
+
+    async def update_schedule(
+        self,
+        grain_id: GrainId,
+        name: str,
+        etag: str,
+        next_due: datetime,
+        last_fire: datetime | None,
+    ) -> str | None:
+        """CAS on the etag: the new etag, or ``None`` if the row is gone or moved on
+        (``update_schedule_many`` of the one update)."""
+        update = ScheduleUpdate(grain_id, name, etag, next_due, last_fire)
+        return (await self.update_schedule_many([update]))[0]
+
+    async def upsert_many(self, entries: Sequence[ReminderEntry]) -> list[str]:
+        """``upsert`` each entry in order; their etags in order."""
+        return [await self.upsert(e) for e in entries]
+
+    async def upsert_if_many(
+        self, writes: Sequence[tuple[ReminderEntry, str | None]]
+    ) -> list[str | None]:
+        """``upsert_if`` of each pair in order; the results in order."""
+        return [await self.upsert_if(e, etag) for e, etag in writes]
+
+    async def read_grains(self, grain_ids: Sequence[GrainId]) -> list[list[ReminderEntry]]:
+        """``read_grain`` of each grain in order."""
+        return [await self.read_grain(g) for g in grain_ids]
+
+
+def check_page_limit(limit: int) -> None:
+    """``ValueError`` unless ``limit`` is a page size ``read_page`` takes (>= 1)."""
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+
+
+def key_cursor(row: ReminderEntry) -> str:
+    """The ``read_page`` cursor after ``row`` of a table that pages in key order
+    (grain canonical, then name): the key as JSON."""
+    return json.dumps([row.grain_id.canonical, row.name])
+
+
+def parse_key_cursor(cursor: str | None) -> tuple[str, str]:
+    """The key a ``key_cursor`` names (``("", "")`` before the first row for
+    ``None``); ``ValueError`` for a string that is not such a cursor."""
+    if cursor is None:
+        return ("", "")
+    try:
+        grain, name = json.loads(cursor)
+        return (str(grain), str(name))
+    except (ValueError, TypeError):
+        raise ValueError(f"not a page cursor of this table: {cursor!r}") from None
 
 
 def grain_prefix(type_name: str | None, key_prefix: str | None) -> str:

@@ -29,19 +29,32 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
+from orleanspy._retry import no_deadline, within
 from orleanspy.clock import Clock
 from orleanspy.errors import ActivationError, ConfigurationError, InconsistentStateError
 from orleanspy.grain import Grain, GrainDefinition, GrainReminders
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, settle
+from orleanspy.messaging.message import (
+    PRINCIPAL_HEADER,
+    Message,
+    MessageKind,
+    ResponseStatus,
+    settle,
+)
 from orleanspy.messaging.remote_errors import error_payload
 from orleanspy.metrics import GrainMetrics
+from orleanspy.outbox import OUTBOX_HEADER, current_message
+from orleanspy.reminders.audit import acting_principal
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, decode_chain
+from orleanspy.runtime.outbox import OutboxPort, OutboxSender
+from orleanspy.runtime.ticks import TICK_METHOD, run_tick
 from orleanspy.runtime.timers import TimerHandle
 from orleanspy.serialization import Codec
 
 if TYPE_CHECKING:
+    from orleanspy._otel import Tracer
     from orleanspy.directory.table import ActivationAddress
+    from orleanspy.state import PersistentState
     from orleanspy.storage.contract import GrainStorage
 
 __all__ = ["Activation", "ActivationHost", "ActivationState", "activates_at_once"]
@@ -56,11 +69,16 @@ class ActivationState(enum.Enum):
     INVALID = 4
 
 
-class ActivationHost(Protocol):
+class ActivationHost(OutboxPort, Protocol):
     """What an activation needs from its silo (implemented by the dispatcher)."""
 
     clock: Clock
     codec: Codec
+    # The service the silo belongs to (a reminder tick's occurrence id names it).
+    service_id: str
+    # The cluster's feature level (``membership.agreement.cluster_level``): what
+    # persistent state may write (``versions.Feature``).
+    feature_level: Callable[[], int]
     # The hosting silo's address; grain code may read it (where am I running?).
     address: SiloAddress
     activation_timeout: float
@@ -68,6 +86,8 @@ class ActivationHost(Protocol):
     # Grain storage providers by name (``SiloOptions.storage``).
     grain_storage: Mapping[str, GrainStorage]
     grain_metrics: GrainMetrics
+    # The process's tracer (``orleanspy.tracing``), ``None`` when it does not trace.
+    tracing: Tracer | None
     # Whether ``register_activation`` claims the grain somewhere it may wait for
     # (a cluster's directory); an embedded silo's claims nothing.
     registers_activations: bool
@@ -157,6 +177,7 @@ class Activation:
         self._inline_chain: contextvars.Token[tuple[str, ...]] | None = None
         self._inline_read_only = False
         self._lifecycle_task: asyncio.Task[None] | None = None
+        self._outbox: OutboxSender | None = None  # made when a state queues messages
 
     @property
     def last_activity_ms(self) -> int:
@@ -220,6 +241,14 @@ class Activation:
 
     async def _activate(self) -> None:
         host = self.runtime
+        # The store operations of the activation (directory claim, state reads)
+        # may wait out a failover until the call that caused it expires, and
+        # never past the activation timeout (``_retry.within``).
+        first = self._queue[0] if self._queue else None
+        window = host.activation_timeout
+        if isinstance(first, Message) and first.expires_at_ms:
+            window = min(window, (first.expires_at_ms - host.clock.now_ms()) / 1000)
+        within(window)
         try:
             winner = await host.register_activation(self)
             if winner is not None:
@@ -292,12 +321,25 @@ class Activation:
                     f"{sorted(host.grain_storage)}); name it in SiloOptions(storage={{...}})"
                 )
             states.append(
-                decl.bind(grain, grain_id=self.grain_id, storage=storage, codec=host.codec)
+                decl.bind(
+                    grain,
+                    grain_id=self.grain_id,
+                    storage=storage,
+                    codec=host.codec,
+                    level=host.feature_level,
+                    on_outbox=self._outbox_ready,
+                )
             )
         if len(states) == 1:
             await states[0].read()
         else:
             await asyncio.gather(*(s.read() for s in states))
+
+    def _outbox_ready(self, state: PersistentState[Any]) -> None:
+        """``state`` holds outbox messages to send (``orleanspy.outbox``)."""
+        if self._outbox is None:
+            self._outbox = OutboxSender(self.runtime, self.grain_id, self.enqueue_timer_tick)
+        self._outbox.wake(state)
 
     def _fail_activation(self, exc: Exception) -> None:
         self.state = ActivationState.INVALID
@@ -464,12 +506,45 @@ class Activation:
     async def _run_message(self, message: Message, read_only: bool) -> None:
         host = self.runtime
         codec = host.codec
-        current_chain.set((*decode_chain(message.headers.get(CHAIN_HEADER)), self.canonical))
+        headers = message.headers
+        chain = (*decode_chain(headers.get(CHAIN_HEADER)), self.canonical)
+        current_chain.set(chain)
+        # Set for every message: the turn's task may have been made in another
+        # turn's context (outbox.message_id).
+        outbox_id = headers.get(OUTBOX_HEADER)
+        current_message.set(None if outbox_id is None else (len(chain), outbox_id))
+        # What the turn asks of the stores may wait out a failover until the
+        # caller gives up, no longer (``_retry.within``); a message that never
+        # expires (no caller waits) retries nothing. Set for every message too.
+        if message.expires_at_ms:
+            within((message.expires_at_ms - host.clock.now_ms()) / 1000)
+        else:
+            no_deadline()
+        if PRINCIPAL_HEADER in headers:
+            # Set by a gateway from what its transport authenticated, or by a silo.
+            acting_principal.set(headers[PRINCIPAL_HEADER])
         started, failed = time.perf_counter(), True
         try:
             local = message.local_args
             args, kwargs = local if local is not None else codec.decode(message.body)
-            result = await getattr(self.grain, message.method)(*args, **kwargs)
+            if message.method == TICK_METHOD and not kwargs:
+                call = run_tick(
+                    getattr(self.grain, message.method),
+                    self.definition,
+                    host.service_id,
+                    self.grain_id,
+                    args,
+                    self.clock,
+                )
+            else:
+                call = getattr(self.grain, message.method)(*args, **kwargs)
+            tracer = host.tracing
+            if tracer is None:
+                result = await call
+            else:
+                # The turn's span, a child of the caller's as the message carries it.
+                with tracer.serve(self.grain_id, message.method, host.address, headers):
+                    result = await call
             failed = False
             if message.kind is MessageKind.REQUEST:
                 body = codec.encode(result)
@@ -597,6 +672,9 @@ class Activation:
                 if self._running:
                     self._idle_waiter = asyncio.get_running_loop().create_future()
                     await self._idle_waiter
+                if self._outbox is not None:
+                    # No turn runs any more: what is queued is sent now, if it can be.
+                    await self._outbox.finish(host.deactivation_timeout / 2)
                 if self.grain is not None:
                     await self.grain.on_deactivate()
         except TimeoutError:
@@ -622,6 +700,8 @@ class Activation:
             task.cancel()
         if self._lifecycle_task is not None:
             self._lifecycle_task.cancel()
+        if self._outbox is not None:
+            self._outbox.close()
         self._queue = None
 
     def __repr__(self) -> str:

@@ -1,4 +1,5 @@
-"""The address a silo advertises to its peers and clients.
+"""The address a silo advertises to its peers and clients, and what it says about
+the ports it listens on (exposed without authentication; one it cannot bind).
 
 ``SiloOptions.advertised_host`` wins when set. Otherwise a silo advertises
 ``host``, unless ``host`` is a wildcard (``0.0.0.0``, ``::``): a wildcard is
@@ -15,13 +16,16 @@ look-up when the store is named by a host name. With no store host to route to
 
 from __future__ import annotations
 
+import logging
 import socket
 from urllib.parse import urlsplit
 
 from orleanspy.errors import ConfigurationError
-from orleanspy.options import SiloOptions, is_wildcard
+from orleanspy.options import SiloOptions, is_loopback, is_wildcard
 
-__all__ = ["advertised_host"]
+__all__ = ["advertised_host", "bind_error", "warn_if_exposed"]
+
+log = logging.getLogger(__name__)
 
 
 def advertised_host(options: SiloOptions) -> str:
@@ -73,3 +77,29 @@ def _source_address(host: str, port: int) -> str | None:
         if not is_wildcard(local):
             return local.split("%", 1)[0]  # an IPv6 scope id is local to this host
     return None
+
+
+def warn_if_exposed(options: SiloOptions) -> None:
+    """Shout when the ports are reachable from other hosts with no authentication."""
+    m = options.messaging
+    if m.cluster_secret is not None or m.tls is not None or is_loopback(options.host):
+        return
+    log.warning(
+        "SECURITY: silo listens on %s without a cluster secret or TLS; anyone who can "
+        "reach its silo or gateway port can call any grain and join the cluster. Set "
+        "MessagingOptions(cluster_secret=...) or tls=..., or bind to 127.0.0.1",
+        options.host,
+    )
+
+
+def bind_error(options: SiloOptions, exc: BaseException) -> ConfigurationError:
+    """The transport could not listen: name the port and the option that chose it."""
+    text = str(exc)
+    if options.gateway_port and f":{options.gateway_port}" in text:
+        what, port = "SiloOptions.gateway_port, --gateway-port", options.gateway_port
+    else:
+        what, port = "SiloOptions.silo_port, --silo-port", options.silo_port
+    return ConfigurationError(
+        f"cannot listen on {options.host}:{port} ({what}): the port is in use or the "
+        "address is not local; pick another port, or 0 for any free port"
+    )

@@ -18,6 +18,7 @@ from orleanspy.directory.table import ActivationAddress
 from orleanspy.errors import SiloUnavailableError, UnknownGrainTypeError
 from orleanspy.grain import GrainDefinition
 from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.membership.agreement import RING_BALANCED, cluster_ring_mode
 from orleanspy.membership.model import MembershipSnapshot, SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.messaging.transport import Transport
@@ -199,8 +200,10 @@ class ClusterLocator:
 class RingFollower:
     """Keeps the ring in step with membership and tells its listeners.
 
-    On each snapshot: rebuild the ring over the Active silos (balanced unless
-    ``balanced=False``, as ``MembershipOptions.balanced_ring``); if it changed,
+    On each snapshot: rebuild the ring over the Active silos (balanced or not
+    as ``balanced`` says, ``MembershipOptions.balanced_ring``; ``None``: the
+    ring the cluster builds, ``agreement.cluster_ring_mode``, told to
+    ``on_mode`` when it changes); if it changed,
     pass this silo's ranges to ``on_ranges``, with the part of them it took
     over from silos that are still Active (``ring.taken_from_live``). Silos that left (Dead or gone)
     have their cached directory entries dropped and connections closed, and
@@ -217,7 +220,8 @@ class RingFollower:
         on_ranges: Callable[[tuple[RingRange, ...], tuple[RingRange, ...]], None],
         on_dead: Callable[[SiloAddress], None] | None = None,
         buckets_per_silo: int = 30,
-        balanced: bool = True,
+        balanced: bool | None = True,
+        on_mode: Callable[[str], None] | None = None,
     ) -> None:
         self._address = address
         self._on_dead = on_dead
@@ -225,8 +229,10 @@ class RingFollower:
         self._transport = transport
         self._on_ranges = on_ranges
         self._buckets = buckets_per_silo
-        self._balanced = balanced
-        self.ring = ConsistentRing.build((), buckets_per_silo, balanced=balanced)
+        self._insists = balanced
+        self._balanced = balanced is not False
+        self._on_mode = on_mode
+        self.ring = ConsistentRing.build((), buckets_per_silo, balanced=self._balanced)
         self._known_dead: set[SiloAddress] = set()
         self.changes = 0
 
@@ -240,6 +246,11 @@ class RingFollower:
                 if self._on_dead is not None:
                     self._on_dead(silo)
         active = snapshot.active_silos()
+        if self._insists is None:
+            mode = cluster_ring_mode(snapshot)
+            self._balanced = mode == RING_BALANCED
+            if self._on_mode is not None:
+                self._on_mode(mode)
         ring = ConsistentRing.build(active, self._buckets, balanced=self._balanced)
         if ring != self.ring:
             old, self.ring = self.ring, ring

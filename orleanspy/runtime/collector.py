@@ -1,9 +1,8 @@
 """How a silo sets up Python's garbage collector once it has started.
 
-Two things, both process-wide. A cluster silo does them by default; an
-embedded one (no cluster URL or transport, e.g. ``Silo.local()`` inside a web
-application) only with ``SiloOptions(tune_gc=True)``, and ``tune_gc=False``
-skips them everywhere:
+Two things, both process-wide. Every silo does them by default, an embedded one
+(``Silo.local()`` inside a web application) too; ``SiloOptions(tune_gc=False)``
+skips them:
 
 - ``gc.freeze()``: everything start-up allocated (modules, options, the reminder
   window, grain classes) lives as long as the silo; frozen, a full collection no

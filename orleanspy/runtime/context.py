@@ -11,11 +11,16 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 
+from orleanspy import outbox
+
 __all__ = ["CHAIN_HEADER", "current_chain", "decode_chain", "encode_chain"]
 
 CHAIN_HEADER = "chain"
 
 current_chain: ContextVar[tuple[str, ...]] = ContextVar("orleanspy_call_chain", default=())
+# outbox.message_id tells a turn an outbox call started from the calls it makes
+# by the depth of the chain (the grain layer does not import this one).
+outbox.bind_chain(current_chain)
 
 
 def encode_chain(chain: tuple[str, ...]) -> str:

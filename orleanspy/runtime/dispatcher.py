@@ -27,8 +27,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from orleanspy import tracing
+from orleanspy._retry import within
 from orleanspy.clock import Clock, SystemClock
 from orleanspy.errors import (
+    ClosedError,
     GrainCallTimeoutError,
     GrainMethodNotFoundError,
     MessageRejectedError,
@@ -38,15 +41,24 @@ from orleanspy.errors import (
 )
 from orleanspy.grain import GrainDefinition, lookup_definition
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.messaging.message import Message, MessageKind, ResponseStatus, settle
+from orleanspy.messaging.message import (
+    PRINCIPAL_HEADER,
+    SYSTEM_TYPE_PREFIX,
+    Message,
+    MessageKind,
+    ResponseStatus,
+    settle,
+)
 from orleanspy.messaging.pending import PendingCalls
 from orleanspy.messaging.remote_errors import error_payload, rebuild_error, result_of
 from orleanspy.messaging.transport import Transport
 from orleanspy.metrics import GrainMetrics
 from orleanspy.options import SiloOptions
+from orleanspy.outbox import OUTBOX_HEADER, OutboxEvent
 from orleanspy.reference import GrainFactory
 from orleanspy.remindable.management import MANAGEMENT_TYPE
 from orleanspy.remindable.registry import ReminderRegistry
+from orleanspy.reminders.audit import LOCAL, acting_principal
 from orleanspy.runtime.activation import Activation, activates_at_once
 from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.context import CHAIN_HEADER, current_chain, encode_chain
@@ -59,11 +71,15 @@ from orleanspy.runtime.immutable import (
 )
 from orleanspy.runtime.inline import InlineDeadlines, task_of_loop
 from orleanspy.runtime.locator import Locator
+from orleanspy.runtime.ticks import TICK_METHOD, run_tick
 from orleanspy.serialization import Codec, DecodeLimits
+from orleanspy.versions import PROTOCOL
 
 if TYPE_CHECKING:
+    from orleanspy._otel import Tracer
     from orleanspy.directory.table import ActivationAddress
     from orleanspy.storage.contract import GrainStorage
+    from orleanspy.streams.provider import StreamProvider
 
 __all__ = ["Dispatcher"]
 
@@ -73,7 +89,7 @@ log = logging.getLogger(__name__)
 _SentKey = tuple[str | None, int]
 _RESTARTED = f"{SiloRestartedError.__module__}.{SiloRestartedError.__qualname__}"
 # Reminder ticks are at-least-once: after their silo died they are sent again.
-_TICK_METHOD = "receive_reminder"
+_TICK_METHOD = TICK_METHOD
 #: Set on the ticks of a silo's reminder service, and only on them (``invoke``).
 TICK_HEADER = "tick"
 _FORGED_TICK = (
@@ -97,6 +113,15 @@ _MANAGEMENT_READS = frozenset(
         "orphans",
         "page",
         "history",
+        "audit",
+        "counters",
+        "describe",
+        "dead_letters",
+        "dead_letter",
+        "count_dead_letters",
+        "get_calendar",
+        "calendars",
+        "backfills",
     }
 )
 # Local calls run inline (in the caller's task) this many in a row between yields.
@@ -157,6 +182,8 @@ class Dispatcher:
         # The catalog's table, read on every call (one method call less per call).
         self._activations = self.catalog.activations_by_id
         self._reminders: ReminderRegistry | None = None
+        # What outbox messages publish to (set by the silo once its streams start).
+        self.streams: StreamProvider | None = None
         # Requests sent to other silos and not answered yet (see module docstring).
         self._sent: dict[_SentKey, Message] = {}
         self._sent_sweep_at = 1024
@@ -166,9 +193,25 @@ class Dispatcher:
         self._drop_logged_at = -_DROP_LOG_EVERY_S
         # Grain storage providers by name, set by the silo before it starts.
         self.grain_storage: Mapping[str, GrainStorage] = {}
+        self.service_id = options.service_id
+        # The cluster's feature level; the silo points it at its membership.
+        self.feature_level: Callable[[], int] = _this_release
         self.grain_metrics = GrainMetrics()  # the silo sets a recording one
+        self.tracing: Tracer | None = None
+        self.trace_with(tracing.active())
 
     # -- wiring -------------------------------------------------------------------------
+
+    def trace_with(self, tracer: Tracer | None) -> None:
+        """Trace this silo's calls with ``tracer`` (``None``: not at all).
+
+        A call that becomes a message gets the caller's span, whose context the
+        message carries, and the callee's span where its turn runs
+        (``Activation``); a local call that runs inline in its caller's task is
+        one span (no hop, no message). Each hook tests ``tracing`` against
+        ``None`` and does nothing else when the silo does not trace.
+        """
+        self.tracing = tracer
 
     def _reference(self, grain_id: GrainId, interface: str | None) -> Any:
         return self.factory.reference(grain_id, interface)
@@ -262,7 +305,14 @@ class Dispatcher:
                     if timed:
                         began = time.perf_counter()
                     try:
-                        await bound(*args)
+                        tick = run_tick(
+                            bound, act.definition, self.service_id, grain_id, args, self.clock
+                        )
+                        if self.tracing is None:
+                            result = await tick
+                        else:
+                            with self.tracing.inline(grain_id, method, self.address):
+                                result = await tick
                     except BaseException as exc:
                         act.exit_inline(exc)
                         if timed:
@@ -273,7 +323,7 @@ class Dispatcher:
                     if timed:
                         elapsed = time.perf_counter() - began
                         metrics.call(act.definition.type_name, elapsed, False, method)
-                    return None
+                    return result
             else:
                 # What the caller sees is what a queued call would give it:
                 # mutable arguments and results are copied through the codec, an
@@ -312,6 +362,8 @@ class Dispatcher:
                 bound = None if task is None else act.enter_inline(method, task)
                 if bound is not None:
                     assert task is not None
+                    if self.tracing is not None:
+                        bound = self._served_inline(self.tracing, bound, grain_id, method)
                     self._inline_streak -= 1
                     # InlineDeadlines.begin, without the call: only a task's
                     # outermost inline call is tracked.
@@ -385,6 +437,28 @@ class Dispatcher:
         chain = current_chain.get()
         if chain:
             msg.headers[CHAIN_HEADER] = encode_chain(chain)
+        if grain_id.type_name.startswith(SYSTEM_TYPE_PREFIX):
+            # Who a runtime grain's call acts for travels with it (the audit log).
+            msg.headers[PRINCIPAL_HEADER] = acting_principal.get() or LOCAL
+        if self.tracing is not None:
+            # The caller's span; its context travels in the message.
+            with self.tracing.call(grain_id, method):
+                self.tracing.inject(msg.headers)
+                return await self._send(msg, method, one_way, reminder_tick, deadline)
+        return await self._send(msg, method, one_way, reminder_tick, deadline)
+
+    async def _send(
+        self,
+        msg: Message,
+        method: str,
+        one_way: bool,
+        reminder_tick: bool,
+        deadline: float | None,
+    ) -> Any:
+        """Route a request made by ``invoke`` and wait for its result (``deadline``:
+        ``invoke``'s); ``None`` at once for a one-way message."""
+        grain_id = msg.target_grain
+        assert grain_id is not None
         route = self.route_reminder_tick if reminder_tick else self.route
         if one_way:
             route(msg)
@@ -399,14 +473,61 @@ class Dispatcher:
                     async with asyncio.timeout(deadline):
                         response = await fut
                 except TimeoutError:
-                    if fut.cancelled():
+                    if fut.cancelled() or not fut.done():
                         raise GrainCallTimeoutError(
                             f"{grain_id}.{method}: no answer within {deadline:g} s"
                         ) from None
-                    raise
+                    # The answer landed as the deadline passed (the timer fired
+                    # after it, before this task's turn): the call was made and
+                    # answered, so its answer counts (a TimeoutError the callee
+                    # raised comes back out of ``result_of`` as itself).
+                    response = fut.result()
         finally:
             self._pending.discard(msg.id)
         return result_of(response, self.codec)
+
+    # -- the outbox (runtime.outbox.OutboxPort) ------------------------------------------
+
+    async def send_outbox_call(
+        self, grain_id: GrainId, method: str, args: list[Any], message_id: str
+    ) -> None:
+        """A call an outbox queued: always a message (never inline), carrying its
+        id in ``OUTBOX_HEADER``, answered within the response timeout."""
+        msg = Message.request(
+            grain_id,
+            method,
+            self.codec.encode((tuple(args), {})),
+            one_way=False,
+            expires_at_ms=self.clock.now_ms() + self._response_timeout_ms,
+            sender_silo=self.address,
+        )
+        msg.headers[OUTBOX_HEADER] = message_id
+        fut = self._pending.add(msg.id, grain_id, method)
+        try:
+            self.route(msg)
+            response = await fut
+        finally:
+            self._pending.discard(msg.id)
+        result_of(response, self.codec)
+
+    async def outbox_publish(self, stream: str, event: OutboxEvent) -> None:
+        """Publish an outbox's stream item with this silo's stream provider."""
+        if self.streams is None:
+            raise ClosedError("this silo has no stream provider yet")
+        await self.streams.publish(stream, event)
+
+    def _served_inline(
+        self, tracer: Tracer, bound: Callable[..., Any], grain_id: GrainId, method: str
+    ) -> Callable[..., Any]:
+        """``bound`` (a method entered inline) inside the call's one span, a child
+        of the span current in this task."""
+        silo = self.address
+
+        async def served(*args: Any, **kwargs: Any) -> Any:
+            with tracer.inline(grain_id, method, silo):
+                return await bound(*args, **kwargs)
+
+        return served
 
     def _activate_here(self, grain_id: GrainId, method: str) -> Activation | None:
         """The new activation of ``grain_id`` on this embedded silo, if its type
@@ -514,6 +635,10 @@ class Dispatcher:
         self, msg: Message, defn: GrainDefinition | None, prefer: SiloAddress | None = None
     ) -> None:
         assert msg.target_grain is not None
+        if msg.expires_at_ms:
+            # The directory lookup may wait out a failover until the call
+            # expires, no longer (``_retry.within``; this is the task's own).
+            within((msg.expires_at_ms - self.clock.now_ms()) / 1000)
         try:
             silo = await self._locator.locate(msg.target_grain, defn, prefer)
         except Exception as exc:
@@ -855,3 +980,8 @@ def _is_here(silo: SiloAddress | None, here: SiloAddress) -> bool:
     # case (parsed addresses are interned, see ``SiloAddress.parse``) without a
     # call to ``SiloAddress.__eq__``.
     return silo is here or (silo is not None and silo == here)
+
+
+def _this_release() -> int:
+    """The feature level of a silo that is its own cluster (embedded)."""
+    return PROTOCOL

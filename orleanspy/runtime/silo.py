@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import functools
-import ipaddress
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -20,12 +19,14 @@ from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, overload
 
+from orleanspy import tracing
 from orleanspy.clock import Clock, SystemClock
 from orleanspy.directory.cached import CachedDirectory
 from orleanspy.directory.table import GrainDirectory
 from orleanspy.errors import ClosedError, ConfigurationError
 from orleanspy.grain import Grain, GrainDefinition, definition_of, registered_definitions
 from orleanspy.identity import GrainId, GrainKey, SiloAddress
+from orleanspy.membership.agreement import require_feature
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.service import MembershipService
 from orleanspy.membership.table import MembershipTable
@@ -44,18 +45,21 @@ from orleanspy.remindable.orphans import OrphanWatch
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders._service.adaptive import LoadSignals, default_load
 from orleanspy.reminders.model import MissedReminder, ReminderEntry, TickStatus
-from orleanspy.reminders.service import ReminderService, ReminderServiceStats
+from orleanspy.reminders.service import ReminderService
 from orleanspy.reminders.table import FencingReminderTable, ReminderTable
 from orleanspy.ring import RingRange
-from orleanspy.runtime.addresses import advertised_host
+from orleanspy.runtime.addresses import advertised_host, bind_error, warn_if_exposed
+from orleanspy.runtime.catalog import Catalog
 from orleanspy.runtime.cluster import ClusterLocator, RingFollower
 from orleanspy.runtime.collector import tune_collector
 from orleanspy.runtime.dispatcher import Dispatcher
 from orleanspy.runtime.locator import LocalLocator
-from orleanspy.runtime.readings import MembershipReading, SiloReadings
+from orleanspy.runtime.readings import ReadingsOf, SiloReadings
+from orleanspy.schema import SchemaVersion
 from orleanspy.storage.contract import GrainStorage
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM, StreamProvider
 from orleanspy.tables import TableConnections
+from orleanspy.versions import Feature
 
 if TYPE_CHECKING:
     from orleanspy.runtime.ops_http import Check
@@ -202,6 +206,8 @@ class Silo:
         self.state = SiloState.STARTING
         # Tasks started from here on inherit the name for their log records.
         token = set_current_silo(self.name)
+        # Whether this process traces: a tracer provider set by now counts.
+        tracing.refresh()
         try:
             await self._start()
         except BaseException:
@@ -210,8 +216,7 @@ class Silo:
             raise
         finally:
             reset_current_silo(token)
-        tune = self.options.tune_gc
-        if tune or (tune is None and self._clustered):
+        if self.options.tune_gc is not False:
             self._restore_collector = tune_collector()
         self.state = SiloState.RUNNING
         log.info("silo started name=%s address=%s", self.name, self.address)
@@ -417,8 +422,8 @@ class Silo:
         try:
             await transport.start(stack, dispatcher)
         except (OSError, RuntimeError) as exc:
-            raise _bind_error(self.options, exc) from exc
-        _warn_if_exposed(self.options)
+            raise bind_error(self.options, exc) from exc
+        warn_if_exposed(self.options)
         self.address = transport.address
         self.gateway_port = transport.gateway_port
         dispatcher.address = self.address
@@ -432,7 +437,7 @@ class Silo:
     ) -> MembershipService:
         """The membership service, wired to the transport's gossip and the locator;
         a graceful stop ends with its final write (Dead)."""
-        from orleanspy.membership.agreement import ring_mode
+        from orleanspy.membership.agreement import cluster_level, ring_mode
         from orleanspy.membership.credentials import cluster_verifier
 
         o = self.options
@@ -456,8 +461,13 @@ class Silo:
                 o.messaging, service_id=o.service_id, cluster_id=o.cluster_id
             ),
             ring_mode=ring_mode(o.membership.balanced_ring),
+            ring_follows=o.membership.balanced_ring is None,
+            schemas=self._schema_versions(),
         )
         transport.on_gossip(membership.gossip_received)
+        if self._dispatcher is not None:
+            # What persistent state may write: the newest protocol every live silo speaks.
+            self._dispatcher.feature_level = lambda: cluster_level(membership.snapshot)
         stack.push_async_callback(_stop_gossip, transport, membership)
         locator.attach(membership)
         self.membership = membership
@@ -479,6 +489,7 @@ class Silo:
             transport=transport,
             on_ranges=self._reminders().set_ranges,
             balanced=self.options.membership.balanced_ring,
+            on_mode=membership.ring_built,
             on_dead=self._fence_dead,
         )
         self.ring = follower
@@ -535,6 +546,26 @@ class Silo:
             providers[name] = provider
         dispatcher.grain_storage = providers
 
+    def _schema_versions(self) -> list[tuple[str, int]]:
+        """The store schema versions this silo's providers run with, for its
+        membership row (``orleanspy.schema``): each provider that names one."""
+        providers: list[object] = [
+            self._membership_table,
+            self._directory,
+            self._reminder_table,
+            self._streams,
+        ]
+        if self._dispatcher is not None:
+            providers += self._dispatcher.grain_storage.values()
+        found: dict[str, int] = {}
+        for provider in providers:
+            # A provider that keeps several components names each (``schemas``).
+            schemas = getattr(provider, "schemas", None) or (getattr(provider, "schema", None),)
+            for schema in schemas:
+                if isinstance(schema, SchemaVersion):
+                    found[schema.key] = schema.version
+        return sorted(found.items())
+
     async def _final_membership_write(self, membership: MembershipService) -> None:
         """Last step of a graceful stop, once grains are gone: write Dead."""
         if not self._aborted:
@@ -577,6 +608,7 @@ class Silo:
 
         streams = self._streams or InMemoryStreamProvider()
         await streams.start(stack)
+        dispatcher.streams = streams
         table = self._reminder_table or InMemoryReminderTable(self.options.service_id)
         opened = self._reminder_table is None or self._reminder_table_opened
         if opened and isinstance(table, FencingReminderTable):
@@ -594,13 +626,23 @@ class Silo:
             definitions=types.get,
         )
         dispatcher.set_reminders(registry)
+        # Late bound: the silo points the dispatcher's at membership once it joins.
+        registry.feature_level = lambda: dispatcher.feature_level()  # noqa: PLW0108
+        registry.via = self.name
         self._type_names = frozenset(types)
         registry.hosted_types = self._cluster_types
+        membership = self.membership
+        if membership is not None:
+            # Options 0.1 does not know are refused until every silo knows them.
+            def require(feature: Feature | str, what: str) -> None:
+                require_feature(membership.snapshot, feature, what)
+
+            registry.require = require
 
         # A tick gives up well before a plain call would (ReminderOptions.tick_timeout).
         tick_cap = self.options.messaging.response_timeout.total_seconds() / 2
 
-        def deliver(entry: ReminderEntry, status: TickStatus, deadline: float) -> Awaitable[None]:
+        def deliver(entry: ReminderEntry, status: TickStatus, deadline: float) -> Awaitable[object]:
             # The call's own coroutine, not one around it: a coroutine frame per tick less.
             return dispatcher.invoke(
                 entry.grain_id,
@@ -638,9 +680,12 @@ class Silo:
             name=self.name,
             metrics=self.metrics.reminders,
             lease=self.membership.lease if self.membership is not None else None,
+            # Deadlines, dead letters and counters wait for every silo to know them.
+            level=dispatcher.feature_level,
         )
         await service.start(stack)
         registry.add_listener(service.notify_change)
+        registry.backfill_started = service.kick_backfills
         self.reminder_service = service
         self.streams = streams
         self._orphans = watch = OrphanWatch(registry.operations, self.metrics.reminders)
@@ -714,8 +759,10 @@ class Silo:
         return make(metrics=metrics, readiness=self._readiness, heartbeat=self._heartbeat)
 
     async def _start_dashboard(self, stack: AsyncExitStack) -> None:
-        """Serve the dashboard on ``dashboard_host:dashboard_port`` (checked in
-        ``SiloOptions``: off loopback only with a token or TLS)."""
+        """Serve the guest ``"dashboard"`` (``runtime.guests``: the dashboard
+        registers it; the silo never imports it) on ``dashboard_host:dashboard_port``
+        (checked in ``SiloOptions``: off loopback only with a token or TLS)."""
+        from orleanspy.runtime.guests import guest
         from orleanspy.runtime.ops_http import HTTP_HINT, HttpServer, http_available
 
         if not http_available():
@@ -723,14 +770,11 @@ class Silo:
                 "SiloOptions.dashboard_port (--dashboard-port): "
                 + HTTP_HINT.replace("[metrics]", "[dashboard]")
             )
-        from orleanspy.dashboard import Dashboard, SiloSource
-
         o = self.options
         assert o.dashboard_port is not None
-        source = SiloSource(self)
-        stack.push_async_callback(source.aclose)
-        app = Dashboard(source, token=o.dashboard_token).asgi()
-        server = HttpServer(app, o.dashboard_host, o.dashboard_port, tls=o.messaging.tls)
+        served = guest("dashboard")(self)
+        stack.push_async_callback(served.aclose)
+        server = HttpServer(served.app, o.dashboard_host, o.dashboard_port, tls=o.messaging.tls)
         await server.start(stack, what="SiloOptions.dashboard_port, --dashboard-port")
         self.dashboard_port = server.port
 
@@ -796,118 +840,23 @@ class Silo:
         return self._dispatcher
 
     @property
+    def membership_table(self) -> MembershipTable | None:
+        """The membership table of a cluster silo, once started (tools read it)."""
+        return self._membership_table
+
+    @property
     def activation_count(self) -> int:
         """How many activations this silo holds right now."""
         return 0 if self._dispatcher is None else len(self._dispatcher.catalog)
 
+    @property
+    def catalog(self) -> Catalog | None:
+        """The activations this silo holds (``None`` before start)."""
+        return None if self._dispatcher is None else self._dispatcher.catalog
+
     def readings(self) -> SiloReadings:
         """The read-only view that metrics and the status record read."""
-        return _Readings(self)
-
-
-class _Readings:
-    """``SiloReadings`` over one silo: every reading is taken when asked for."""
-
-    __slots__ = ("_silo",)
-
-    def __init__(self, silo: Silo) -> None:
-        self._silo = silo
-
-    @property
-    def metrics(self) -> SiloMetrics:
-        return self._silo.metrics
-
-    @property
-    def activation_count(self) -> int:
-        return self._silo.activation_count
-
-    def activations_by_type(self) -> dict[str, int] | None:
-        dispatcher = self._silo._dispatcher
-        if dispatcher is None:
-            return None
-        counts: dict[str, int] = {}
-        for act in dispatcher.catalog.activations():
-            name = act.definition.type_name
-            counts[name] = counts.get(name, 0) + 1
-        return counts
-
-    @property
-    def activations_collected(self) -> int | None:
-        dispatcher = self._silo._dispatcher
-        return None if dispatcher is None else dispatcher.catalog.collected
-
-    @property
-    def reminder_stats(self) -> ReminderServiceStats | None:
-        service = self._silo.reminder_service
-        return None if service is None else service.stats
-
-    @property
-    def owned_ranges(self) -> int:
-        service = self._silo.reminder_service
-        return 0 if service is None else len(service.ranges)
-
-    def membership(self) -> MembershipReading | None:
-        membership = self._silo.membership
-        if membership is None:
-            return None
-        by_status: dict[str, int] = {}
-        for entry, _etag in membership.snapshot.entries.values():
-            by_status[entry.status.name] = by_status.get(entry.status.name, 0) + 1
-        health = membership.health
-        return MembershipReading(
-            by_status=by_status,
-            probes_sent=health.probes_sent,
-            probes_failed=health.probes_failed,
-            suspicions=health.suspicions,
-            declared_dead=health.declared_dead,
-        )
-
-    @property
-    def transport(self) -> Transport | None:
-        return self._silo.transport
-
-    @property
-    def hosted_types(self) -> frozenset[str]:
-        return self._silo.hosted_types
-
-    @property
-    def orphaned_rows(self) -> int | None:
-        return self._silo.orphaned_rows
-
-
-def _warn_if_exposed(options: SiloOptions) -> None:
-    """Shout when the ports are reachable from other hosts with no authentication."""
-    m = options.messaging
-    if m.cluster_secret is not None or m.tls is not None or _is_loopback(options.host):
-        return
-    log.warning(
-        "SECURITY: silo listens on %s without a cluster secret or TLS; anyone who can "
-        "reach its silo or gateway port can call any grain and join the cluster. Set "
-        "MessagingOptions(cluster_secret=...) or tls=..., or bind to 127.0.0.1",
-        options.host,
-    )
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _bind_error(options: SiloOptions, exc: BaseException) -> ConfigurationError:
-    """The transport could not listen: name the port and the option that chose it."""
-    text = str(exc)
-    if options.gateway_port and f":{options.gateway_port}" in text:
-        what, port = "SiloOptions.gateway_port, --gateway-port", options.gateway_port
-    else:
-        what, port = "SiloOptions.silo_port, --silo-port", options.silo_port
-    return ConfigurationError(
-        f"cannot listen on {options.host}:{port} ({what}): the port is in use or the "
-        "address is not local; pick another port, or 0 for any free port"
-    )
+        return ReadingsOf(self)
 
 
 async def _stop_gossip(transport: Transport, membership: MembershipService) -> None:

@@ -13,24 +13,13 @@ import time
 from typing import TYPE_CHECKING
 
 from orleanspy.metrics import RecordingGrainMetrics, RecordingReminderMetrics
+from orleanspy.versions import __version__
 
 if TYPE_CHECKING:
     from orleanspy.runtime.ops_http import LoopHeartbeat
     from orleanspy.runtime.readings import SiloReadings
 
 __all__ = ["StatusRecorder"]
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("orleanspy")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-_VERSION = _version()
 
 
 class StatusRecorder:
@@ -53,7 +42,7 @@ class StatusRecorder:
         silo = self._silo
         st = silo.reminder_stats
         rec: dict[str, object] = {
-            "version": _VERSION,
+            "version": __version__,
             "pid": os.getpid(),
             "cpu_percent": self._cpu_percent(),
             "loop_lag": None if self._heartbeat is None else round(self._heartbeat.lag, 4),

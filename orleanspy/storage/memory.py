@@ -12,6 +12,7 @@ import itertools
 from contextlib import AsyncExitStack
 
 from orleanspy.identity import GrainId
+from orleanspy.schema import MEMORY_SCHEMA, SchemaVersion
 from orleanspy.storage.contract import StoredState
 
 __all__ = ["InMemoryGrainStorage"]
@@ -20,6 +21,8 @@ __all__ = ["InMemoryGrainStorage"]
 class InMemoryGrainStorage:
     """A ``GrainStorage`` in a dict. Every operation is O(1) and never awaits, so a
     compare-and-swap cannot interleave with another one on the same event loop."""
+
+    schema = SchemaVersion("memory", "grain_state", MEMORY_SCHEMA)
 
     def __init__(self) -> None:
         # (grain canonical, name): a tuple, so no separator can make two states collide.

@@ -33,6 +33,7 @@ from orleanspy._postgres import Pool, migrate, open_pool, translate_errors
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import ConfigurationError
 from orleanspy.identity import GrainId
+from orleanspy.schema import SchemaVersion
 from orleanspy.storage._batch import Batcher
 from orleanspy.storage.contract import StoredState
 
@@ -92,6 +93,7 @@ class PostgresGrainStorage:
             " WHERE service_id = $1 AND grain_id = ANY($2::text[])"
         )
         self._reads: Batcher[tuple[str, str], StoredState | None] | None = None
+        self.schema = SchemaVersion("postgres", f"grain_state:{table}", len(self._schema))
         self._insert = (
             f"INSERT INTO {table} (service_id, grain_id, state_name, data, version)"
             f" VALUES ($1, $2, $3, $4, nextval('{seq}'))"
@@ -110,7 +112,7 @@ class PostgresGrainStorage:
         if self._pool is None:
             assert self._url is not None
             self._pool = await open_pool(self._url, stack, max_size=self._pool_size)
-        await migrate(self._pool, f"grain_state:{self.table}", self._schema)
+        self.migration = await migrate(self._pool, f"grain_state:{self.table}", self._schema)
         self._reads = Batcher(self._read_many, concurrency=self._pool.get_max_size())
 
     @property

@@ -5,10 +5,15 @@ Layout (``P`` = ``orleanspy:<service_id>:``)::
     P state:{<service_id>:<grain type>/<key>}:<state name>   HASH  d -> state bytes
                                                                    e -> etag
 
+    P state:{<service_id>:<grain type>/<key>}:<state name>:cleared:<token>
+                                                          STRING, for 2 minutes after a clear
+
 The braces are a Redis Cluster hash tag: every state of one grain lives in one
-slot, and each script touches exactly one key, so the layout runs unchanged on
-Redis Cluster. State names cannot hold ':' or '}' (``orleanspy.state`` checks),
-so no two states share a key.
+slot, and each script touches keys of one grain only, so the layout runs
+unchanged on Redis Cluster. State names cannot hold ':' or '}'
+(``orleanspy.state`` checks), so no two states share a key, and no state's key
+is a clear's token key (which lets a clear sent twice answer the same both
+times; ``_CLEAR``).
 
 Writes and clears are Lua scripts: compare the stored etag, then write or
 delete, atomically. Reads and writes that arrive together share one pipeline
@@ -34,11 +39,14 @@ from orleanspy._redis import (
     key_prefix,
     reply_error,
     resolve,
+    retry_failover,
     run_script_calls,
     translate_errors,
 )
+from orleanspy._redis_schema import adopt, migrate
 from orleanspy.errors import StorageError
 from orleanspy.identity import GrainId
+from orleanspy.schema import SchemaVersion
 from orleanspy.storage._batch import Batcher
 from orleanspy.storage.contract import StoredState
 
@@ -63,9 +71,14 @@ redis.call('HSET', KEYS[1], 'd', ARGV[2], 'e', ARGV[3])
 return 1
 """
 
-# KEYS: the state hash. ARGV: expected etag ('' = nothing stored).
-# Returns 1 when the state is gone now, 0 on a lost race.
+# KEYS: the state hash, this clear's token key. ARGV: expected etag ('' = nothing
+# stored), how long the token is kept (ms). Returns 1 when the state is gone now,
+# 0 on a lost race. A clear that removes the state leaves its token behind for a
+# while: the same clear run again (its reply was lost, and redis-py or the
+# failover retry sent it again) finds the token and answers 1 again, where the
+# state alone would say "nothing stored, not your version": a lost race.
 _CLEAR: Final = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 1 end
 local cur = redis.call('HGET', KEYS[1], 'e')
 if ARGV[1] == '' then
   if cur then return 0 end
@@ -73,8 +86,13 @@ if ARGV[1] == '' then
 end
 if cur ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 return 1
 """
+
+#: How long a clear's token is kept: longer than any retry of it goes on (a
+#: retry stops at its call's deadline, the response timeout).
+CLEAR_TOKEN_TTL_MS: Final = 120_000
 
 
 _MALFORMED: Final = (
@@ -84,6 +102,10 @@ _MALFORMED: Final = (
 
 # One write: (key, expected etag or '', data, new etag).
 _Write = tuple[str, str, bytes, str]
+
+
+#: The schema steps of this layout (``orleanspy._redis_schema``).
+SCHEMA_STEPS = (adopt(),)
 
 
 class RedisGrainStorage:
@@ -97,6 +119,8 @@ class RedisGrainStorage:
     ``options``: ``RedisOptions``; with ``wait_replicas`` every write and clear
     waits for that many replicas before it is acknowledged.
     """
+
+    schema = SchemaVersion("redis", "grain_state", len(SCHEMA_STEPS))
 
     def __init__(
         self,
@@ -127,6 +151,7 @@ class RedisGrainStorage:
             stack.push_async_callback(self._source.aclose)
         with translate_errors("grain state start"):
             self._client = await resolve(self._source)
+        self.migration = await migrate(self._client, "grain_state", SCHEMA_STEPS)
         self._write = self._client.register_script(_WRITE)
         self._clear = self._client.register_script(_CLEAR)
 
@@ -140,21 +165,37 @@ class RedisGrainStorage:
         """The Redis key of one grain state (for tools and tests)."""
         return f"{self._prefix}{grain_id.canonical}}}:{name}"
 
+    # Each operation is retried through a failover, within the deadline of the
+    # grain call it serves (``retry_failover``); each is safe to repeat after an
+    # attempt whose reply was lost (see the scripts above).
+
     async def read(self, grain_id: GrainId, name: str) -> StoredState | None:
-        return await self._reads.submit(self.key(grain_id, name))
+        key = self.key(grain_id, name)
+        return await retry_failover(
+            self._c, "grain state read", lambda _attempt: self._reads.submit(key)
+        )
 
     async def write(
         self, grain_id: GrainId, name: str, data: bytes, etag: str | None
     ) -> str | None:
-        new = secrets.token_hex(8)
-        done = await self._writes.submit((self.key(grain_id, name), etag or "", data, new))
-        return new if done else None
+        # One new etag for every attempt: a retry whose first attempt landed
+        # finds it stored and reports success, not a lost race.
+        write = (self.key(grain_id, name), etag or "", data, secrets.token_hex(8))
+        done = await retry_failover(
+            self._c, "grain state write", lambda _attempt: self._writes.submit(write)
+        )
+        return write[3] if done else None
 
     async def clear(self, grain_id: GrainId, name: str, etag: str | None) -> bool:
-        with translate_errors("grain state clear"):
-            done = await call_script(
-                self._c, self._clear, [self.key(grain_id, name)], [etag or ""], self._options
-            )
+        key = self.key(grain_id, name)
+        # The token key shares the state's hash tag (one slot, one script).
+        keys = [key, f"{key}:cleared:{secrets.token_hex(8)}"]
+        args = [etag or "", CLEAR_TOKEN_TTL_MS]
+        done = await retry_failover(
+            self._c,
+            "grain state clear",
+            lambda _attempt: call_script(self._c, self._clear, keys, args, self._options),
+        )
         return bool(done)
 
     # -- batches ------------------------------------------------------------------------

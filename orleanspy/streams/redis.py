@@ -5,6 +5,9 @@ Layout: one stream key per name,
 a stream on one Redis Cluster slot), entries ``{"d": <msgpack item>}`` appended
 with ``XADD … MAXLEN ~ max_len``, so the kept history is at least ``max_len``
 items and trimmed in whole nodes. Ids are Redis entry ids (``"<ms>-<seq>"``).
+Each publish also leaves ``<stream key>:published:<token>`` (its entry's id,
+same slot) for two minutes, so that a publish sent again after its reply was
+lost (a failover) appends once (``_PUBLISH_ONCE``).
 
 Subscriptions read with ``XREAD BLOCK`` on a connection borrowed from the
 client's pool for the duration of each read (each open subscription holds one
@@ -23,15 +26,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import secrets
 from collections import deque
 from contextlib import AsyncExitStack
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self
 
-from orleanspy._redis import Client, Redis, connect, key_prefix, resolve, translate_errors
+from orleanspy._redis import (
+    Client,
+    Redis,
+    connect,
+    key_prefix,
+    resolve,
+    retry_failover,
+    translate_errors,
+)
+from orleanspy._redis_schema import adopt, migrate
 from orleanspy._retry import Backoff
 from orleanspy.errors import ConfigurationError, StorageError
+from orleanspy.schema import SchemaVersion
 from orleanspy.serialization import pack
 from orleanspy.streams.provider import (
     ProviderLifecycle,
@@ -44,6 +58,20 @@ __all__ = ["RedisStreamProvider"]
 _log = logging.getLogger(__name__)
 
 _FIELD = b"d"
+# KEYS: the stream, this publish's token key. ARGV: the item, max length, how
+# long the token is kept (ms). The new entry's id; or, when the token says this
+# very publish ran already (its reply was lost, and redis-py or the failover
+# retry sent it again), the id of that entry, appending nothing.
+_PUBLISH_ONCE = """
+local done = redis.call('GET', KEYS[2])
+if done then return done end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', 'd', ARGV[1])
+redis.call('SET', KEYS[2], id, 'PX', ARGV[3])
+return id
+"""
+#: How long a publish's token is kept: longer than any retry of it goes on (a
+#: retry stops at its call's deadline, the response timeout).
+PUBLISH_TOKEN_TTL_MS = 120_000
 _BATCH = 100
 # Below connect()'s 10 s socket timeout, so an idle blocking read is never
 # mistaken for a dead connection.
@@ -181,6 +209,10 @@ class _RedisSubscription:
                 self._buffer.append(decoded)
 
 
+#: The schema steps of this layout (``orleanspy._redis_schema``).
+SCHEMA_STEPS = (adopt(),)
+
+
 class RedisStreamProvider(ProviderLifecycle):
     """Streams in Redis, for a cluster. Implements ``StreamProvider``.
 
@@ -190,6 +222,8 @@ class RedisStreamProvider(ProviderLifecycle):
     below it). A subscription's "now" is fixed when it is entered with
     ``async with`` or first iterated.
     """
+
+    schema = SchemaVersion("redis", "streams", len(SCHEMA_STEPS))
 
     def __init__(
         self, url_or_client: str | Redis, *, service_id: str, max_len: int = 100_000
@@ -203,6 +237,7 @@ class RedisStreamProvider(ProviderLifecycle):
         self._client: Client | None = None
         self._service_id = service_id
         self._max_len = max_len
+        self._publish_once: Any = None
 
     @property
     def client(self) -> Client:
@@ -225,15 +260,26 @@ class RedisStreamProvider(ProviderLifecycle):
             source = self._source
         with translate_errors("stream provider start"):
             self._client = await resolve(source)
+        self.migration = await migrate(self._client, "streams", SCHEMA_STEPS)
+        self._publish_once = self._client.register_script(_PUBLISH_ONCE)
         self._started(stack)
 
     async def publish(self, stream: str, item: Any) -> str:
+        """Append ``item`` (one script: the entry and a token key of this publish
+        beside the stream, kept ``PUBLISH_TOKEN_TTL_MS``). Retried through a
+        failover within the deadline of the call it serves
+        (``retry_failover``); a publish sent again after its reply was lost
+        finds its token and returns its entry's id instead of appending twice."""
         self._state.check_usable("publish")
         data = pack(item)
-        with translate_errors(f"publish to stream {stream}"):
-            entry_id = await self.client.xadd(
-                self.key(stream), {_FIELD: data}, maxlen=self._max_len, approximate=True
-            )
+        key = self.key(stream)
+        keys = [key, f"{key}:published:{secrets.token_hex(8)}"]
+        args = [data, self._max_len, PUBLISH_TOKEN_TTL_MS]
+        entry_id = await retry_failover(
+            self.client,
+            f"publish to stream {stream}",
+            lambda _attempt: self._publish_once(keys=keys, args=args),
+        )
         return _text(entry_id)
 
     def subscribe(self, stream: str, *, from_id: str | None = None) -> _RedisSubscription:
@@ -247,8 +293,11 @@ class RedisStreamProvider(ProviderLifecycle):
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         key = self.key(stream)
-        with translate_errors(f"read of stream {stream}"):
-            reply = await self.client.xread({key: _check_id(after)}, count=limit)
+        position: dict[Any, Any] = {key: _check_id(after)}
+        client = self.client
+        reply = await retry_failover(
+            client, f"read of stream {stream}", lambda _n: client.xread(position, count=limit)
+        )
         items = (
             None if data is None else decode_item(stream, entry_id, data)
             for entry_id, data in _xread_entries(reply)

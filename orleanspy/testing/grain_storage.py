@@ -23,9 +23,11 @@ A failed check raises ``AssertionError`` saying what was expected. The checks
 cover the read of a missing state, write and read back (bytes unchanged, states
 of different grains and names apart), etag conflicts (stale, made-up, and after
 a clear), clear, a 1 MB state, concurrent writers (exactly one wins), many
-concurrent reads (each gets its own state, also from a provider that batches), and bad
+concurrent reads (each gets its own state, also from a provider that batches), bad
 data in storage, which must reach the grain as a ``StorageError`` that names
-the state, never as a crash or a silently wrong value.
+the state, never as a crash or a silently wrong value, and reminder ticks
+committed with a state (``write(tick=...)``), which a new activation must still
+see as done, as it must find the outbox messages a write queued (``after=``).
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from orleanspy import outbox
 from orleanspy.errors import InconsistentStateError, StorageError
 from orleanspy.identity import GrainId
+from orleanspy.reminders.model import TickStatus, bind_tick
 from orleanspy.serialization import Codec
-from orleanspy.state import PersistentState, encode_state
+from orleanspy.state import OUTBOX_CALL, OUTBOX_PUBLISH, PersistentState, encode_state
 from orleanspy.storage.contract import GrainStorage, StoredState
 
 __all__ = ["GRAIN_STORAGE_CHECKS", "StorageFactory", "check_grain_storage"]
@@ -274,6 +279,101 @@ async def check_bad_data_is_a_clear_error(factory: StorageFactory) -> None:
             raise AssertionError("a write with a stale etag must raise InconsistentStateError")
 
 
+async def check_tick_commits_survive_a_new_activation(factory: StorageFactory) -> None:
+    codec = Codec()
+    first = datetime(2030, 1, 1, tzinfo=UTC)
+    step = timedelta(seconds=10)
+
+    def tick(slot: datetime, registration: datetime = first) -> TickStatus:
+        status = TickStatus(registration, step, None, slot, slot)
+        bind_tick(status, "kit", _gid("ticks"), "r")
+        return status
+
+    async with factory() as storage:
+
+        def activation() -> PersistentState[_ProfileV2]:
+            return PersistentState(
+                _ProfileV2, grain_id=_gid("ticks"), name="s", storage=storage, codec=codec
+            )
+
+        writer = activation()
+        writer.state = _ProfileV2(name="after the first tick")
+        await writer.write(tick=tick(first))
+        writer.state = _ProfileV2(name="after the second tick")
+        await writer.write(tick=tick(first + step))
+        fresh = activation()
+        await fresh.read()
+        assert fresh.committed("r", tick(first + step)), "a new activation must see the commit"
+        assert fresh.state == _ProfileV2(name="after the second tick"), fresh.state
+        assert fresh.committed("r", tick(first)), "and every earlier slot of the registration"
+        assert not fresh.committed("r", tick(first + 2 * step)), "a later slot is not done"
+        assert not fresh.committed("r", tick(first, registration=first + step)), (
+            "another registration's slot is not done"
+        )
+        assert not fresh.committed("other", tick(first)), "another reminder's slot is not done"
+        # A commit that loses the etag check is not kept, and neither is its state.
+        writer.state = _ProfileV2(name="lost")
+        fresh.state = _ProfileV2(name="won")
+        await fresh.write()
+        try:
+            await writer.write(tick=tick(first + 2 * step))
+        except InconsistentStateError:
+            pass
+        else:
+            raise AssertionError("a write(tick=...) with a stale etag must be refused")
+        last = activation()
+        await last.read()
+        assert last.state == _ProfileV2(name="won") and not last.committed(
+            "r", tick(first + 2 * step)
+        ), "a refused commit must leave the stored state and its commits as they were"
+        assert last.committed("r", tick(first + step)), "a plain write keeps the commits"
+
+
+async def check_outbox_survives_a_new_activation(factory: StorageFactory) -> None:
+    codec = Codec()
+    target = GrainId("KitTarget", "t")
+    async with factory() as storage:
+
+        def activation() -> PersistentState[_ProfileV2]:
+            return PersistentState(
+                _ProfileV2, grain_id=_gid("outbox"), name="s", storage=storage, codec=codec
+            )
+
+        writer = activation()
+        writer.state = _ProfileV2(name="charged")
+        await writer.write(after=[outbox.call(target, "notify", 1), outbox.publish("s", {"n": 2})])
+        queued = writer.outbox_unsent()
+        assert [e[1:4] for e in queued] == [
+            [OUTBOX_CALL, target.canonical, "notify"],
+            [OUTBOX_PUBLISH, "s", ""],
+        ], queued
+        fresh = activation()
+        await fresh.read()
+        assert fresh.state == _ProfileV2(name="charged"), fresh.state
+        assert fresh.outbox_unsent() == queued, (
+            "a new activation must find the messages the write queued, ids and all"
+        )
+        # Sent messages leave the record with a flush, which keeps the stored
+        # value as written (not what the activation holds and has not written).
+        fresh.outbox_sent(queued[0][0])
+        fresh.state = _ProfileV2(name="not written")
+        await fresh.outbox_flush()
+        third = activation()
+        await third.read()
+        assert third.state == _ProfileV2(name="charged"), third.state
+        assert third.outbox_unsent() == queued[1:], third.outbox_unsent()
+        # A write that loses the etag check queues nothing.
+        try:
+            await writer.write(after=[outbox.call(target, "notify", 3)])
+        except InconsistentStateError:
+            pass
+        else:
+            raise AssertionError("a write(after=...) with a stale etag must be refused")
+        last = activation()
+        await last.read()
+        assert last.outbox_unsent() == queued[1:], "a refused write must queue nothing"
+
+
 GRAIN_STORAGE_CHECKS: Final[tuple[Check, ...]] = (
     check_read_of_missing_state_is_none,
     check_write_then_read,
@@ -284,6 +384,8 @@ GRAIN_STORAGE_CHECKS: Final[tuple[Check, ...]] = (
     check_concurrent_writers_one_wins,
     check_concurrent_reads_each_get_their_own,
     check_bad_data_is_a_clear_error,
+    check_tick_commits_survive_a_new_activation,
+    check_outbox_survives_a_new_activation,
 )
 """Every check, each taking the factory; for one pytest case per check."""
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -365,6 +366,15 @@ class RedisClusterServer:
                     out.append(port)
         return out
 
+    def busiest_master(self) -> int:
+        """The running master that has processed the most commands (``INFO
+        stats``): the one whose loss fails the most work in flight."""
+        counts = {
+            port: int(_info(self.host, port, "stats").get("total_commands_processed", "0"))
+            for port in self.master_ports()
+        }
+        return max(counts, key=lambda port: counts[port])
+
     def replica_of(self, master_port: int) -> int | None:
         """The port of a running replica of the master on ``master_port``."""
         for n in self.nodes:
@@ -539,12 +549,27 @@ class RedisSentinelSet:
 
     def primary_port(self) -> int | None:
         """Where the sentinels say the primary is (the first that answers)."""
+        return next(self._named_primaries(), None)
+
+    def _named_primaries(self) -> Iterator[int]:
+        """The primary each sentinel that answers names, in sentinel order."""
         for p in self.sentinel_ports:
             with contextlib.suppress(OSError, ValueError, IndexError):
                 raw = _send(
                     self.host, p, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.master_name
                 ).split(b"\r\n")
-                return int(raw[1])
+                yield int(raw[1])
+
+    def _agreed_primary_port(self, timeout: float = 10.0) -> int | None:
+        """The primary every sentinel names, once they agree (news of a failover
+        reaches the other sentinels a moment after the leader); ``None`` if they
+        do not agree within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            named = set(self._named_primaries())
+            if len(named) == 1:
+                return named.pop()
+            time.sleep(0.05)
         return None
 
     def node(self, port: int) -> RedisServer:
@@ -557,7 +582,20 @@ class RedisSentinelSet:
         self.node(port).kill()
 
     def restart(self, port: int) -> None:
-        self.node(port).start()
+        """Start data node ``port`` again, as a replica of the primary the
+        sentinels name now, as an operator brings back a node without persistence:
+        started as it was, a former primary would serve an empty data set as a
+        primary until the sentinels turn it, and a sentinel that has not yet heard
+        of the failover still names it (docs/redis.md, "Sentinel")."""
+        node = self.node(port)
+        primary = self._agreed_primary_port()
+        if primary is not None and primary != port:
+            args = list(node.extra_args)
+            if "--replicaof" in args:
+                i = args.index("--replicaof")
+                del args[i : i + 3]
+            node.extra_args = (*args, "--replicaof", self.host, str(primary))
+        node.start()
 
     def flushall(self) -> None:
         """Empty the primary (replicas follow) and every node's script cache."""

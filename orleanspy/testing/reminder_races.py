@@ -38,6 +38,7 @@ from orleanspy.options import ReminderOptions
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, TickStatus
 from orleanspy.reminders.service import ReminderService
+from orleanspy.reminders.spec import ReminderSpec
 from orleanspy.reminders.table import ReminderTable
 from orleanspy.ring import RingRange
 from orleanspy.testing.clock import ManualClock
@@ -252,13 +253,13 @@ async def check_reregistration_during_a_held_refill_takes_effect_at_once(
     bring the old row back."""
     async with _scenario(factory) as s:
         gid = GrainId("Race", "rereg")
-        await s.registry.register(gid, "r", due=10, period=60)
+        await s.registry.register(gid, "r", ReminderSpec(due=10, period=60))
         await s.held(1)
         hold = s.table.hold("range")
         refill = asyncio.create_task(s.service.refill_now())
         try:
             await asyncio.wait_for(hold.answered.wait(), _DEADLINE_S)
-            await s.registry.register(gid, "r", due=30, period=60)
+            await s.registry.register(gid, "r", ReminderSpec(due=30, period=60))
             await s.advance(15)  # past the old schedule's first slot
             assert s.ticks == [], f"the old schedule fired after re-registration: {s.ticks}"
         finally:

@@ -31,6 +31,8 @@ async def simulate_tick(
     name: str,
     *,
     slot: datetime | None = None,
+    first_tick: datetime | None = None,
+    triggered: bool = False,
     period: timedelta | None = None,
     cron: str | None = None,
     missed_ticks: int = 0,
@@ -38,19 +40,24 @@ async def simulate_tick(
     payload: Any = None,
     attempt: int = 1,
     final: bool = False,
+    deadline: timedelta | None = None,
 ) -> TickStatus:
     """Deliver one tick of reminder ``name`` to grain ``(grain, key)`` through
     ``silo`` (a running silo hosting or reaching the grain) and return the
     ``TickStatus`` it was given once ``receive_reminder`` returned; an exception
     of the grain's ``receive_reminder`` propagates. ``slot`` defaults to the
-    silo clock's now (also the delivery time and the first tick time, and
-    ``due_at``: no jitter); ``payload``, ``attempt`` and ``final`` are given as
-    the service would give them for such a row."""
+    silo clock's now (also the delivery time and ``due_at``: no jitter);
+    ``first_tick`` (the registration's first slot: ticks of one registration
+    share it, and with it their occurrence ids' registration part) defaults to
+    the slot; ``triggered``, ``payload``, ``attempt`` and ``final`` are given as
+    the service would give them for such a row. ``deadline``: the run is
+    cancelled once the silo's clock passed it (``TickDeadlineError``), as for a
+    reminder with ``deadline=``: a ``ManualClock`` moves it."""
     type_name = grain if isinstance(grain, str) else definition_of(grain).type_name
     now = silo.clock.now()
     at = now if slot is None else slot
     status = TickStatus(
-        first_tick_time=at,
+        first_tick_time=at if first_tick is None else first_tick,
         period=period,
         cron=cron,
         current_tick_time=at,
@@ -61,6 +68,8 @@ async def simulate_tick(
         payload=payload,
         attempt=attempt,
         final=final,
+        triggered=triggered,
+        deadline=deadline,
     )
     await silo.dispatcher.invoke(
         GrainId(type_name, key), "receive_reminder", (name, status), {}, reminder_tick=True

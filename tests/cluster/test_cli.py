@@ -28,11 +28,12 @@ from orleanspy import (
     __version__,
 )
 from orleanspy.cli import main
-from orleanspy.identity import GrainId
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.options import MembershipOptions, MessagingOptions, ReminderOptions
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.testing.redis_server import free_port
+from tests.certs import issue
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -140,10 +141,13 @@ async def test_every_command_through_a_gateway_of_a_running_cluster(redis_url: s
         assert status_table.returncode == 0, status_table.stderr
         header, row = status_table.stdout.splitlines()[1:3]
         assert header.split() == [
-            "NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "UPTIME", "RING", "ACTIVATIONS",
-            "REMINDERS", "CPU", "HEARTBEAT",
+            "NAME", "STATUS", "ADDRESS", "GATEWAY", "VERSION", "PROTOCOLS", "UPTIME", "RING",
+            "ACTIVATIONS", "REMINDERS", "CPU", "HEARTBEAT",
         ]  # fmt: skip
-        assert row.split()[:4] == ["cli-silo", "active", address, f"127.0.0.1:{gateway}"]
+        assert row.split()[:6] == [
+            "cli-silo", "active", address, f"127.0.0.1:{gateway}", __version__, "1-2",
+        ]  # fmt: skip
+        assert "feature level 2, balanced ring" in status_table.stdout
         assert "100.0%" in row
 
         for proc_ in (listed, got, upcoming, counted):
@@ -218,9 +222,13 @@ async def test_every_command_straight_on_the_redis_table_with_no_silo(
         table = RedisReminderTable(redis_url, service_id="default")
         await table.start(stack)
         entry = new_entry(
-            service_id="default", grain_id=GrainId("CliEchoGrain", "k"), name="hourly",
-            now=datetime.now(UTC), options=ReminderOptions(), cron="0 0 * * * *",
-        )  # fmt: skip
+            ReminderSpec(cron="0 0 * * * *"),
+            service_id="default",
+            grain_id=GrainId("CliEchoGrain", "k"),
+            name="hourly",
+            now=datetime.now(UTC),
+            options=ReminderOptions(),
+        )
         await table.upsert(entry)
     url = ("--redis-url", redis_url)
     listed, got, upcoming, counted, status = await asyncio.gather(
@@ -305,7 +313,8 @@ async def test_version_and_help_show_defaults_and_environment_variables() -> Non
         acli("silo", "--help"),
         acli("reminders", "count", ORLEANSPY_LOG_LEVEL="LOUD", ORLEANSPY_REDIS_URL="redis://x"),
     )
-    assert version.returncode == 0 and version.stdout.strip() == f"orleanspy {__version__}"
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"orleanspy {__version__} (wire protocols 1-2)"
     assert top.returncode == 0
     for text in ("env ORLEANSPY_REDIS_URL", "default: dev; env ORLEANSPY_CLUSTER_ID",
                  "cluster", "reminders", "demo"):  # fmt: skip
@@ -452,15 +461,28 @@ async def test_reminder_commands_show_one_shots_jitter_bounds_payload_and_retry(
         table = RedisReminderTable(redis_url, service_id=service)
         await table.start(stack)
         shaped = new_entry(
-            service_id=service, grain_id=grain, name="bounded", now=now,
-            options=ReminderOptions(), period=timedelta(hours=1),
-            jitter=timedelta(minutes=5), ends_at=now + timedelta(days=2), max_ticks=10,
-            payload={"order": 42, "when": now}, retry=RetryPolicy(3, timedelta(seconds=2)),
-        )  # fmt: skip
+            ReminderSpec(
+                period=timedelta(hours=1),
+                jitter=timedelta(minutes=5),
+                ends_at=now + timedelta(days=2),
+                max_ticks=10,
+                payload={"order": 42, "when": now},
+                retry=RetryPolicy(3, timedelta(seconds=2)),
+            ),
+            service_id=service,
+            grain_id=grain,
+            name="bounded",
+            now=now,
+            options=ReminderOptions(),
+        )
         once = new_entry(
-            service_id=service, grain_id=grain, name="once", now=now,
-            options=ReminderOptions(), at=now + timedelta(hours=3),
-        )  # fmt: skip
+            ReminderSpec(at=now + timedelta(hours=3)),
+            service_id=service,
+            grain_id=grain,
+            name="once",
+            now=now,
+            options=ReminderOptions(),
+        )
         await table.upsert(shaped)
         await table.upsert(once)
     url = ("--redis-url", redis_url, "--service-id", service)
@@ -494,10 +516,16 @@ async def test_orphan_commands_export_and_import_straight_on_redis(
         await table.start(stack)
         now = datetime.now(UTC)
         for key in ("", "tenant-1-a", "tenant-1-b", "tenant-2-a"):
-            await table.upsert(new_entry(
-                service_id="default", grain_id=GrainId("GoneGrain", key), name="r",
-                now=now, options=ReminderOptions(), period=3600,
-            ))  # fmt: skip
+            await table.upsert(
+                new_entry(
+                    ReminderSpec(period=3600),
+                    service_id="default",
+                    grain_id=GrainId("GoneGrain", key),
+                    name="r",
+                    now=now,
+                    options=ReminderOptions(),
+                )
+            )
     url = ("--redis-url", redis_url)
     dump = tmp_path / "rows.jsonl"
     listed, counted, empty_key, exported = await asyncio.gather(
@@ -530,7 +558,7 @@ async def test_orphan_commands_export_and_import_straight_on_redis(
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{broken\n")
     refused = await acli(*url, "reminders", "import", str(bad))
-    assert refused.returncode == 2 and "line 1" in refused.stderr
+    assert refused.returncode == 1 and f"{bad}: line 1" in refused.stderr
 
 
 def test_list_help_states_the_real_order(capsys: pytest.CaptureFixture[str]) -> None:
@@ -542,7 +570,6 @@ def test_list_help_states_the_real_order(capsys: pytest.CaptureFixture[str]) -> 
 
 async def _dead_row_written(redis_url: str, address: str) -> None:
     """Write the silo at ``address`` Dead, as its peers' votes would."""
-    from orleanspy.identity import SiloAddress
     from orleanspy.membership.model import SiloStatus
     from orleanspy.membership.redis import RedisMembershipTable
 
@@ -676,9 +703,10 @@ async def test_a_silo_with_the_wrong_secret_refuses_to_start_and_exits_1(redis_u
 @pytest.mark.slow
 async def test_a_silo_on_another_ring_refuses_to_start_and_exits_1(redis_url: str) -> None:
     """Two silo processes run the hashed ring (one by ``--set``, one by its
-    variable); a third with the default (balanced) says why and exits 1 before
-    it writes anything: the table, the processes and the ring shares that
-    ``cluster status`` reports are as they were."""
+    variable); a third that insists on the balanced ring says why and exits 1
+    before it writes anything: the table, the processes and the ring shares that
+    ``cluster status`` reports are as they were. A fourth with the default
+    follows the cluster: it joins, on the hashed ring, and records it."""
     from orleanspy.membership.redis import RedisMembershipTable
     from orleanspy.ring import HASH_SPACE, ConsistentRing, ranges_size
 
@@ -703,7 +731,8 @@ async def test_a_silo_on_another_ring_refuses_to_start_and_exits_1(redis_url: st
             assert {e.ring_mode for e, _ in before.entries.values()} == {"hashed"}
 
             rogue = await acli("--redis-url", redis_url, "--log-level", "WARNING", "silo",
-                               "--import", "cli_grains")  # fmt: skip
+                               "--import", "cli_grains", "--set",
+                               "membership.balanced_ring=true")  # fmt: skip
             assert rogue.returncode == 1, rogue.stderr
             assert "refusing to join: this silo builds the balanced ring" in rogue.stderr
             assert "balanced_ring=False" in rogue.stderr
@@ -724,6 +753,163 @@ async def test_a_silo_on_another_ring_refuses_to_start_and_exits_1(redis_url: st
         }
         assert isinstance(doc, dict)
         assert {s["address"]: s["ring_share_percent"] for s in doc["silos"]} == want
+
+        follower = _cli("--redis-url", redis_url, "--log-level", "WARNING", "silo", "--import",
+                        "cli_grains")  # fmt: skip
+        hashed.append(follower)
+        assert follower.stdout is not None
+        line = await asyncio.to_thread(follower.stdout.readline)
+        assert line.startswith("READY "), line
+        async with AsyncExitStack() as stack:
+            table = RedisMembershipTable(redis_url, cluster_id="dev", service_id="default")
+            await table.start(stack)
+            joined = await table.read_all()
+        entry = joined.get(SiloAddress.parse(line.split()[1]))
+        assert entry is not None and entry.status.name == "ACTIVE"
+        assert (entry.ring_mode, entry.ring_follows) == ("hashed", True)
+        doc = ok_json(await acli("--redis-url", redis_url, "cluster", "status", "--json"))
+        ring = ConsistentRing.build(joined.active_silos(), balanced=False)
+        want = {
+            str(s): round(100 * ranges_size(ring.ranges_of(s)) / HASH_SPACE, 2) for s in ring.silos
+        }
+        assert {s["address"]: s["ring_share_percent"] for s in doc["silos"]} == want
     finally:
         for proc in hashed:
             _stop(proc)
+
+
+async def test_data_errors_exit_1_with_the_message_alone_and_write_nothing(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """The command line was sound but what it named was not: status 1, the file and
+    line named, no usage text (that is for usage errors, status 2), nothing written."""
+    url = ("--redis-url", redis_url, "--service-id", "data-errors")
+    good = json.dumps({"v": 1, "row": {}})  # the right format tag, a row lacking fields
+    malformed = tmp_path / "malformed.jsonl"
+    malformed.write_text("\n{not json\n")
+    half = tmp_path / "half.jsonl"
+    half.write_text(good + "\n")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00 not text\n")
+    missing = tmp_path / "missing.jsonl"
+    outside = tmp_path / "no-such-dir" / "out.jsonl"
+    results = await asyncio.gather(
+        acli(*url, "reminders", "import", str(malformed)),
+        acli(*url, "reminders", "import", str(half)),
+        acli(*url, "reminders", "import", str(binary)),
+        acli(*url, "reminders", "import", str(missing)),
+        acli(*url, "reminders", "export", "--output", str(outside)),
+    )
+    wanted = (
+        f"orleanspy: {malformed}: line 2 is not a reminder export line",
+        f"orleanspy: {half}: line 1 is not a reminder export line",
+        f"orleanspy: {binary}: not UTF-8 text",
+        f"orleanspy: cannot open {str(missing)!r}: No such file or directory",
+        f"orleanspy: cannot open {str(outside)!r}: No such file or directory",
+    )
+    for proc, text in zip(results, wanted, strict=True):
+        assert proc.returncode == 1, (text, proc.stderr)
+        assert text in proc.stderr, proc.stderr
+        assert "usage:" not in proc.stderr and "Traceback" not in proc.stderr
+    assert (await acli(*url, "reminders", "count")).stdout.strip() == "0", "a bad file wrote"
+    # A usage error still shows the usage line, and exits 2.
+    usage = await acli(*url, "reminders", "import")
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: ")
+
+
+@pytest.mark.slow
+async def test_every_command_that_talks_to_a_cluster_takes_it_from_the_config_file(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """One file for the silo and the operator: ``--config`` (or ``ORLEANSPY_CONFIG``)
+    gives ``cluster status``, ``reminders``, ``migrate`` and ``dashboard`` the store,
+    the ids, the cluster secret (from its file) and TLS. Without the file's secret
+    and TLS, the same command is refused at the gateway."""
+    cert, key, ca = issue(tmp_path, dns_name="localhost")
+    secret = tmp_path / "secret"
+    secret.write_text("config-file-secret\n")
+    config = tmp_path / "cluster.toml"
+    config.write_text(
+        f'storage_url = "{redis_url}"\ncluster_id = "cfg"\nservice_id = "cfg-svc"\n'
+        'import = ["cli_grains"]\nlog_level = "WARNING"\nname = "cfg-silo"\n'
+        f'[messaging]\ncluster_secret_file = "{secret}"\n'
+        f'[messaging.tls]\ncert_file = "{cert}"\nkey_file = "{key}"\nca_file = "{ca}"\n'
+    )
+    proc = _cli("silo", "--config", str(config))
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.to_thread(proc.stdout.readline)
+        assert line.startswith("READY "), (line, proc.stderr.read() if proc.stderr else "")
+        gateway = line.split()[2]
+        row = tmp_path / "row.jsonl"
+        async with AsyncExitStack() as stack:
+            table = RedisReminderTable(redis_url, service_id="other")
+            await table.start(stack)
+            await table.upsert(
+                new_entry(ReminderSpec(cron="0 0 * * * *"), service_id="cfg-svc",
+                          grain_id=GrainId("CliEchoGrain", "k"), name="hourly",
+                          now=datetime.now(UTC), options=ReminderOptions())
+            )  # fmt: skip
+            exported = await acli("--redis-url", redis_url, "--service-id", "other",
+                                  "reminders", "export", "--output", str(row))  # fmt: skip
+            assert exported.returncode == 0, exported.stderr
+        cfg = ("--config", str(config))
+        # The import first: the reads after it must see its row.
+        imported = await acli(*cfg, "reminders", "import", str(row), "--json")
+        status, counted, from_env, migrated = await asyncio.gather(
+            acli("cluster", "status", "--json", *cfg),
+            acli("reminders", "count", *cfg),
+            acli("reminders", "list", "--json", ORLEANSPY_CONFIG=str(config)),
+            acli("migrate", *cfg),
+        )
+        doc = ok_json(status)
+        assert (doc["cluster_id"], doc["service_id"]) == ("cfg", "cfg-svc")
+        assert [s["name"] for s in doc["silos"]] == ["cfg-silo"]
+        assert ok_json(imported)["created"] == 1
+        for through in (imported, counted, from_env):
+            assert f"via gateway 127.0.0.1:{gateway}" in through.stderr, through.stderr
+        assert counted.stdout.strip() == "1"
+        assert [r["name"] for r in ok_json(from_env)] == ["hourly"]
+        assert migrated.returncode == 0 and redis_url.split("//")[1] in migrated.stdout
+
+        # The flags name the same cluster but lack the file's secret and TLS: the
+        # gateway does not take the connection, so the command reads the table.
+        bare = ("--redis-url", redis_url, "--cluster-id", "cfg", "--service-id", "cfg-svc")
+        refused = await acli(*bare, "reminders", "count")
+        assert "via gateway" not in refused.stderr and "via the Redis table" in refused.stderr
+
+        port = free_port()
+        dash = _cli("dashboard", *cfg, "--port", str(port))
+        try:
+            assert dash.stdout is not None
+            ready = await asyncio.to_thread(dash.stdout.readline)
+            assert ready.startswith("READY http://127.0.0.1:"), ready
+            page = await asyncio.to_thread(_get_json, f"http://127.0.0.1:{port}/api/cluster")
+            assert "cfg-silo" in json.dumps(page)
+        finally:
+            _stop(dash)
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(proc.wait, 30) == 0
+    finally:
+        _stop(proc)
+
+
+def _get_json(url: str) -> object:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return json.loads(answer.read())
+
+
+def test_a_bad_value_in_the_config_file_names_the_file_for_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text('storage_url = "redis://127.0.0.1:1/0"\nlog_level = "LOUD"\n')
+    assert main(["cluster", "status", "--config", str(config)]) == 1
+    err = capsys.readouterr().err
+    assert f"log_level ({config}): unknown log level 'LOUD'" in err and "usage:" not in err
+    typo = tmp_path / "typo.toml"
+    typo.write_text("[membership]\nprobe_intervall = 1\n")
+    assert main(["reminders", "count", "--config", str(typo)]) == 1
+    assert "did you mean 'membership.probe_interval'" in capsys.readouterr().err

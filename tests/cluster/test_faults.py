@@ -646,6 +646,48 @@ async def test_hostile_frames_are_refused_within_a_per_connection_budget(redis_u
         assert silo.proc.poll() is None
 
 
+@pytest.mark.parametrize(
+    "window",
+    ["9-12", "0-0", "garbage", "2-1", "1" * 40],
+    ids=["newer", "zero", "text", "backwards", "long"],
+)
+async def test_a_protocol_window_the_silo_cannot_speak_is_refused_by_name(
+    redis_url: str, window: str
+) -> None:
+    """A client or silo stream that declares protocols this release does not
+    speak (a release too far ahead, or bytes that are no window at all) is
+    refused before anything is read from it, with FAILED_PRECONDITION and a
+    message naming this release's window; the silo keeps serving, Active."""
+    from orleanspy.messaging.grpc import PROTOCOL_HEADER
+    from orleanspy.versions import ProtocolWindow
+
+    with cluster(redis_url) as c:
+        (silo,) = c.start(1)
+        assert silo.address is not None
+        for path, endpoint in (
+            ("/orleanspy.v1.GatewayService/Connect", silo.endpoint),
+            ("/orleanspy.v1.SiloService/Connect", silo.address.endpoint),
+        ):
+            async with grpc.aio.insecure_channel(endpoint) as channel:
+                metadata = ((CLIENT_HEADER, "versions"), (PROTOCOL_HEADER, window))
+                call = channel.stream_stream(path)(metadata=metadata)
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await call.write(b"")
+                assert await call.code() is grpc.StatusCode.FAILED_PRECONDITION
+                details = await call.details()
+                assert details.startswith("protocol: ")
+                if window == "9-12":
+                    assert f"speaks {ProtocolWindow.mine().describe()}" in details
+                    assert "speaks protocols 9-12" in details
+                else:
+                    assert "malformed protocol window" in details
+        async with ClusterClient(redis_url) as client:
+            assert await client.get_grain(GRAIN, "after-versions").add_slowly(0) == 1
+        async with membership(redis_url) as table:
+            assert await status(table, silo) is SiloStatus.ACTIVE
+        assert silo.proc.poll() is None
+
+
 # ------------------------------------------------------------------- crashes
 
 

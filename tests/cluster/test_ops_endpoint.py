@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from orleanspy import ClusterClient, Grain, GrainId, Silo, SiloOptions
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.testing import RedisServer, wait_for
 from orleanspy.testing.cluster import FAST_MEMBERSHIP
 from orleanspy.testing.redis_server import free_port
@@ -79,13 +79,12 @@ async def _feed_event_counted(url: str, port: int) -> bool:
     async with AsyncExitStack() as stack:
         await table.start(stack)
         entry = new_entry(
+            ReminderSpec(due=3600, period=3600),
             service_id="default",
             grain_id=GrainId("CliTickGrain", "outside"),
             name="outside",
             now=datetime.now(UTC),
             options=ReminderOptions(),
-            due=3600,
-            period=3600,
         )
         await table.upsert(entry)
 

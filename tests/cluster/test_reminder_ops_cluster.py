@@ -18,7 +18,7 @@ from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.testing.cluster import InProcessCluster
 from tests.test_metrics import get, series
 
@@ -32,12 +32,12 @@ class LiveGrain(Grain, Remindable, type_name=LIVE):
 
 def _row(type_name: str, key: str) -> ReminderEntry:
     return new_entry(
+        ReminderSpec(period=3600),
         service_id="default",
         grain_id=GrainId(type_name, key),
         name="r",
         now=datetime.now(UTC),
         options=ReminderOptions(),
-        period=3600,
     )
 
 

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.needs import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "build" / "screenshots"
@@ -22,7 +22,9 @@ ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-net
 
 def need_browser() -> None:
     if not (Path(CHROMIUM).exists() or shutil.which(CHROMIUM)):
-        pytest.fail(f"no chromium at {CHROMIUM}: run .ci/services (apt-get install chromium)")
+        missing(
+            "browser", f"no chromium at {CHROMIUM}: run .ci/services (apt-get install chromium)"
+        )
 
 
 @asynccontextmanager

@@ -22,6 +22,7 @@ class DashTickGrain(Grain, Remindable):
     async def on_activate(self) -> None:
         self.received = 0
         self.triggered = 0
+        self.filled = 0
 
     async def start(self, period: float, critical: bool = False) -> None:
         priority = ReminderPriority.CRITICAL if critical else ReminderPriority.NORMAL
@@ -34,10 +35,15 @@ class DashTickGrain(Grain, Remindable):
     async def ticks(self) -> tuple[int, int]:
         return self.received, self.triggered
 
+    async def backfilled(self) -> int:
+        return self.filled
+
     async def receive_reminder(self, name: str, status: TickStatus) -> None:
         self.received += 1
         if status.triggered:
             self.triggered += 1
+        if status.backfill:
+            self.filled += 1
 
 
 async def main(url: str, name: str, expect: int) -> None:

@@ -2,7 +2,8 @@
 a private Redis, and over PostgreSQL: the cluster page lists both silos and
 shows one Dead after kill -9; a reminder found by search shows its history;
 pause from the page stops its ticks, resume restarts them; trigger now delivers
-one tick; the lateness chart draws."""
+one tick; the audit page lists those actions with the dashboard's principal; the
+lateness chart draws."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import subprocess
 import sys
 import time
 from contextlib import AsyncExitStack
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from orleanspy import ClusterClient
 from orleanspy.testing import wait_for
+from orleanspy.versions import PROTOCOL, ProtocolWindow, __version__
 from tests.dashboard.browser import browser_page, shot
 
 HERE = Path(__file__).resolve().parent
@@ -79,7 +82,13 @@ async def _run_cluster_checks(url: str, tag: str) -> None:
             # Cluster: both silos, Active.
             await page.goto(base + "cluster")
             for name in (f"{tag}-a", f"{tag}-b"):
-                await page.wait_for_selector(f'#silos tr[data-silo="{name}"][data-status="active"]')
+                row = f'#silos tr[data-silo="{name}"][data-status="active"]'
+                await page.wait_for_selector(row)
+                # Each silo's release and protocol window, the cluster's level and ring.
+                cells = await page.locator(row + " td").all_inner_texts()
+                assert cells[3:5] == [__version__, ProtocolWindow.mine().text()], cells
+            head = await page.locator("#cluster-id").inner_text()
+            assert f"feature level {PROTOCOL} · balanced ring" in head, head
             await page.wait_for_selector("#live.on")
             await shot(page, f"{tag}-cluster")
 
@@ -125,6 +134,40 @@ async def _run_cluster_checks(url: str, tag: str) -> None:
             await page.wait_for_selector("#history >> text=(triggered)")
             await shot(page, f"{tag}-reminder-actions")
 
+            # Backfill the last five seconds from the page: five backfill ticks.
+            now = datetime.now(UTC).replace(microsecond=0)
+            await page.fill("#backfill-from", (now - timedelta(seconds=5)).isoformat())
+            await page.fill("#backfill-to", now.isoformat())
+            await page.click("#act-backfill")
+            await page.wait_for_selector("#action-result.okmsg")
+            await wait_for(lambda: _backfilled(grain, 5), timeout=15)
+            for _ in range(40):  # history is written a moment after the ticks
+                await page.click("#refresh-detail")
+                if await page.locator("#history >> text=(backfill)").count():
+                    break
+                await page.wait_for_timeout(250)
+            assert await page.locator("#history >> text=(backfill)").count() > 0
+            await shot(page, f"{tag}-reminder-backfill")
+
+            # Audit: the page's actions are listed with the dashboard's principal
+            # (loopback, no token: dashboard:local), newest first.
+            await page.goto(base + "audit")
+            await page.wait_for_selector("#audit tbody tr")
+            done = await page.locator("#audit tbody tr").evaluate_all(
+                "rows => rows.map(r => [r.dataset.action, r.dataset.principal])"
+            )
+            assert done[:4] == [
+                ["backfill", "dashboard:local"], ["resume", "dashboard:local"],
+                ["trigger", "dashboard:local"], ["pause", "dashboard:local"],
+            ], done  # fmt: skip
+            await page.fill('input[name="action"]', "trigger")
+            await page.click('#audit-search button[type="submit"]')
+            await page.wait_for_function(
+                "() => [...document.querySelectorAll('#audit tbody tr')]"
+                ".every(r => r.dataset.action === 'trigger')"
+            )
+            await shot(page, f"{tag}-audit")
+
             # Timeliness: the lateness chart draws lines.
             await page.goto(base + "timeliness")
             await page.wait_for_function(
@@ -154,6 +197,10 @@ async def _run_cluster_checks(url: str, tag: str) -> None:
         for proc in (a, b):
             if proc is not None:
                 _stop(proc)
+
+
+async def _backfilled(grain: object, n: int) -> bool:
+    return int(await grain.backfilled()) >= n  # type: ignore[attr-defined]
 
 
 async def _ticks_at_least(grain: object, n: int) -> bool:

@@ -5,8 +5,9 @@ bound, and the refusal to listen off loopback unauthenticated."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -15,6 +16,7 @@ from orleanspy import Grain, Remindable, Silo, SiloOptions, TickStatus
 from orleanspy.dashboard import MAX_STREAMS
 from orleanspy.errors import ConfigurationError
 from orleanspy.testing import wait_for
+from orleanspy.versions import PROTOCOL, ProtocolWindow
 
 TOKEN = "a-dashboard-token-of-some-length"
 
@@ -54,6 +56,9 @@ async def test_pages_and_reminder_search_and_detail() -> None:
             assert (await client.get("/static/chart.js")).status_code == 200
             cluster = (await client.get("/api/cluster")).json()
             assert cluster["silos"][0]["status"] == "active"
+            # An embedded silo is a cluster of one: its window, and its level is its own.
+            assert cluster["silos"][0]["protocols"] == ProtocolWindow.mine().text()
+            assert cluster["feature_level"] == PROTOCOL
             grains = (await client.get("/api/grains")).json()
             calls = {(c["grain_type"], c["method"]): c["calls"] for c in grains["calls"]}
             assert calls[("HostileGrain", "start")] == 2  # inline and queued calls alike
@@ -77,6 +82,8 @@ async def test_pages_and_reminder_search_and_detail() -> None:
                 "grain": "HostileGrain/s:plain", "name": "standup"})).json()  # fmt: skip
             assert detail["schedule"] == "every weekday at 09:00 Europe/Berlin"
             assert len(detail["next_slots"]) == 5 and detail["history"] == []
+            # describe's counters (nothing delivered yet) beside the next fire times.
+            assert detail["counters"]["delivered"] == 0 and detail["counters"]["skipped"] == 0
 
 
 async def test_hostile_inputs_get_4xx_and_the_silo_keeps_serving() -> None:
@@ -234,3 +241,111 @@ async def test_no_stream_no_reads() -> None:
         await dash.hub.status()
         await dash.hub.status()  # within the interval: the same read
         assert dash.hub.reads == 1
+
+
+class FailingGrain(Grain, Remindable):
+    """Fails its ticks until ``FIXED`` is set."""
+
+    async def start(self) -> None:
+        await self.register_or_update_reminder("once", due=timedelta(milliseconds=1))
+
+    async def receive_reminder(self, name: str, status: TickStatus) -> None:
+        if not FIXED:
+            raise ValueError("<b>not yet</b>")
+        DELIVERED.append(status.occurrence_id)
+
+
+FIXED: list[bool] = []
+DELIVERED: list[str] = []
+
+
+async def test_dead_letters_page_lists_and_replays_and_discards_with_csrf() -> None:
+    FIXED.clear()
+    DELIVERED.clear()
+    options = SiloOptions(
+        dashboard_port=0, grain_types=(FailingGrain,), allow_client_management=True
+    )
+    async with Silo.local(options) as silo:
+        for key in ("a", "b"):
+            await silo.client.get_grain(FailingGrain, key).start()
+
+        async def two() -> bool:
+            return int(await silo.client.reminders.count_dead_letters()) == 2
+
+        await wait_for(two, 10)
+        base = f"http://127.0.0.1:{silo.dashboard_port}"
+        async with httpx.AsyncClient(base_url=base) as client:
+            page = await client.get("/dead-letters")
+            assert page.status_code == 200 and "Dead letters" in page.text
+            doc = (await client.get("/api/dead-letters")).json()
+            assert len(doc["letters"]) == 2 and doc["cursor"] is None
+            assert doc["letters"][0]["message"] == "<b>not yet</b>"  # data, never markup
+            only = (await client.get("/api/dead-letters", params={
+                "grain": "FailingGrain/s:a", "limit": "1"})).json()  # fmt: skip
+            [a] = only["letters"]
+            assert a["grain_text"] == "FailingGrain/a" and "ValueError" in a["traceback"]
+            for bad in ({"limit": "0"}, {"grain": "nope"}, {"cursor": "x"}, {"name": "a\x00"}):
+                assert (await client.get("/api/dead-letters", params=bad)).status_code == 400
+            # Actions: CSRF first, then the id checked; unknown ids are a 409, nothing changes.
+            replay = {"action": "replay", "id": a["id"]}
+            assert (await client.post("/api/action", json=replay)).status_code == 403
+            ok = {"x-csrf-token": await _csrf(client)}
+            for body in ({**replay, "id": "../x"}, {**replay, "id": ""}, {**replay, "id": 7}):
+                assert (await client.post("/api/action", json=body, headers=ok)).status_code == 400
+            unknown = await client.post("/api/action", json={**replay, "id": "f" * 32}, headers=ok)
+            assert unknown.status_code == 409 and "no dead letter" in unknown.json()["error"]
+            failed = await client.post("/api/action", json=replay, headers=ok)
+            assert failed.status_code == 409 and "not yet" in failed.json()["error"]
+            assert int(await silo.client.reminders.count_dead_letters()) == 2
+            FIXED.append(True)
+            done = await client.post("/api/action", json=replay, headers=ok)
+            assert done.status_code == 200, done.text
+            assert [a["id"]] == DELIVERED
+            [b] = (await client.get("/api/dead-letters")).json()["letters"]
+            discard = {"action": "discard", "id": b["id"]}
+            assert (await client.post("/api/action", json=discard, headers=ok)).status_code == 200
+            assert (await client.get("/api/dead-letters")).json()["letters"] == []
+            assert [a["id"]] == DELIVERED, "discard delivered the tick"
+
+
+async def test_backfill_from_the_dashboard_shows_progress_and_cancels() -> None:
+    """The reminder page's backfill action asks for one (bad ranges are 400, or
+    409 with the management grain's refusal, nothing written), the detail shows
+    its progress and labels, and the cancel action stops it."""
+    options = _options(allow_client_management=True)
+    options = dataclasses.replace(
+        options, reminders=dataclasses.replace(options.reminders, backfill_rate=0.5)
+    )
+    async with Silo.local(options) as silo:
+        await silo.client.get_grain(HostileGrain, "k").start()
+        base = f"http://127.0.0.1:{silo.dashboard_port}"
+        async with httpx.AsyncClient(base_url=base) as client:
+            ok = {"x-csrf-token": await _csrf(client)}
+            action = {"grain": "HostileGrain/s:k", "name": "tick", "action": "backfill"}
+            now = datetime.now(UTC)
+            span = {"from": (now - timedelta(minutes=10)).isoformat(), "to": now.isoformat()}
+            for value in (None, "x", {"from": "yesterday", "to": span["to"]},
+                          {"from": "2026-01-01T00:00:00", "to": span["to"]},
+                          {**span, "overlap": 7}):  # fmt: skip
+                r = await client.post("/api/action", json={**action, "value": value}, headers=ok)
+                assert r.status_code == 400, (value, r.text)
+            backwards = {"from": span["to"], "to": span["from"]}
+            r = await client.post("/api/action", json={**action, "value": backwards}, headers=ok)
+            assert r.status_code == 409 and "is not before end" in r.json()["error"]
+            assert await silo.client.reminders.backfills() == []
+            r = await client.post("/api/action", json={**action, "value": span}, headers=ok)
+            assert r.status_code == 200, r.text
+            params = {"grain": "HostileGrain/s:k", "name": "tick"}
+
+            async def progressing() -> bool:
+                doc = (await client.get("/api/reminder", params=params)).json()
+                return bool(doc["backfill"]) and doc["backfill"]["delivered"] >= 1
+
+            await wait_for(progressing, 10)
+            doc = (await client.get("/api/reminder", params=params)).json()
+            assert doc["backfill"]["total"] == 10 and doc["labels"] == {}
+            cancel = {**action, "action": "cancel_backfill"}
+            r = await client.post("/api/action", json=cancel, headers=ok)
+            assert r.status_code == 200, r.text
+            doc = (await client.get("/api/reminder", params=params)).json()
+            assert doc["backfill"] is None

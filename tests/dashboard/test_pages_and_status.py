@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -20,7 +21,9 @@ from orleanspy import Silo, SiloOptions
 from orleanspy.dashboard._reminder_reads import SCAN_BUDGET, Query, ReminderPages
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.memory import InMemoryReminderTable
+from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.tables import TableConnections
 from orleanspy.testing.cluster import FAST_MEMBERSHIP
 
@@ -28,16 +31,41 @@ ROOT = Path(__file__).resolve().parents[2]
 ROWS = 3000
 
 
-async def _seed(table: object) -> set[tuple[str, str]]:
+async def _seed(table: object) -> list[ReminderEntry]:
+    """ROWS rows over seven periods from one instant: about 430 share each due
+    millisecond (ties, split over the shards and five priorities); one in ten
+    paused."""
     now = datetime.now(UTC)
     entries = []
     for i in range(ROWS):
         grain = GrainId("Alpha" if i % 3 else "Beta", f"k{i:05d}")
-        entry = new_entry(service_id="default", grain_id=grain, name=f"r{i % 2}", now=now,
-                          options=ReminderOptions(), period=60 + i % 7, priority=i % 5)  # fmt: skip
+        entry = new_entry(
+            ReminderSpec(period=60 + i % 7, priority=i % 5),
+            service_id="default",
+            grain_id=grain,
+            name=f"r{i % 2}",
+            now=now,
+            options=ReminderOptions(),
+        )
         entries.append(replace(entry, paused=i % 10 == 0))
-    await table.upsert_many(entries)  # type: ignore[attr-defined]
-    return {(e.grain_id.canonical, e.name) for e in entries}
+    upsert_many = getattr(table, "upsert_many", None)
+    if upsert_many is not None:
+        await upsert_many(entries)
+    else:
+        for entry in entries:
+            await table.upsert(entry)  # type: ignore[attr-defined]
+    return entries
+
+
+def _order(rows: list[ReminderEntry]) -> list[tuple[str, str]]:
+    """The search order: scheduled rows by next due, grain, name; then paused rows
+    by grain and name (Redis: by the key's text, which is the same for these keys)."""
+    scheduled = sorted(
+        (r for r in rows if not r.paused),
+        key=lambda r: (r.next_due, r.grain_id.canonical, r.name),
+    )
+    paused = sorted((r for r in rows if r.paused), key=lambda r: (r.grain_id.canonical, r.name))
+    return [(r.grain_id.canonical, r.name) for r in scheduled + paused]
 
 
 async def _all_pages(
@@ -54,74 +82,107 @@ async def _all_pages(
     raise AssertionError("the pages never ended")
 
 
-async def _check_pages(url: str) -> None:
+async def _check_pages(table: object, limits: tuple[int, ...] = (100, 7)) -> None:
+    entries = await _seed(table)
+    pages = ReminderPages(table)
+    order = _order(entries)
+    # Every row exactly once, in the order, whatever the page size.
+    for limit in limits:
+        assert await _all_pages(pages, Query(), limit) == order, limit
+    beta = await _all_pages(pages, Query(grain_type="Beta"), 50)
+    assert beta == [r for r in order if r[0].startswith("Beta/")]
+    prefixed = await _all_pages(pages, Query(grain_type="Alpha", key_prefix="k001"), 50)
+    assert prefixed == [r for r in order if r[0].startswith("Alpha/s:k001")]
+    paused = await _all_pages(pages, Query(state="paused", priority=0, name="r0"), 100)
+    # Rows i % 10 == 0 are paused, have priority 0 and are named r0.
+    assert paused == sorted(
+        (f"{'Alpha' if i % 3 else 'Beta'}/s:k{i:05d}", "r0") for i in range(0, ROWS, 10)
+    )
+    by_key = {(e.grain_id.canonical, e.name): e for e in entries}
+    active = await _all_pages(pages, Query(state="active", priority=3), 40)
+    assert active == [r for r in order if not by_key[r].paused and by_key[r].priority == 3]
+    # Orphaned: types no Active silo hosts (here every Beta row).
+    orphans = await pages.search(Query(state="orphaned"), None, 100, {"Alpha"})
+    assert orphans.rows and all(r.grain_id.type_name == "Beta" for r in orphans.rows)
+    # A search that matches nothing looks at a bounded part per request.
+    page = await pages.search(Query(name="zzz"), None, 25, None)
+    assert page.rows == [] and page.scanned <= SCAN_BUDGET
+    # Stable paging: a row written between two pages is shown where it belongs,
+    # the rows after the cursor are neither skipped nor shown twice.
+    first = await pages.search(Query(), None, 50, None)
+    assert [(r.grain_id.canonical, r.name) for r in first.rows] == order[:50]
+    early = replace(entries[1], grain_id=GrainId("Alpha", "early"), next_due=entries[1].next_due)
+    await table.upsert(early)  # type: ignore[attr-defined]
+    rest = await _all_pages_from(pages, first.cursor)
+    now_order = _order([*entries, early])
+    assert rest == now_order[now_order.index(order[49]) + 1 :]
+    assert ("Alpha/s:early", "r1") in now_order
+
+
+async def _all_pages_from(pages: ReminderPages, cursor: str | None) -> list[tuple[str, str]]:
+    seen = []
+    while cursor is not None:
+        page = await pages.search(Query(), cursor, 100, None)
+        seen.extend((r.grain_id.canonical, r.name) for r in page.rows)
+        cursor = page.cursor
+    return seen
+
+
+async def _on(url: str, shards: int = 256) -> AsyncIterator[object]:
     async with AsyncExitStack() as stack:
         table = await TableConnections(stack).reminder_table(url, service_id="default",
-                                                             shards=256)  # fmt: skip
+                                                             shards=shards)  # fmt: skip
         await table.start(stack)
-        rows = await _seed(table)
-        pages = ReminderPages(table)
-        everything = await _all_pages(pages, Query(), 100)
-        assert len(everything) == len(set(everything)) == ROWS
-        assert set(everything) == rows
-        beta = await _all_pages(pages, Query(grain_type="Beta"), 50)
-        assert set(beta) == {r for r in rows if r[0].startswith("Beta/")}
-        prefixed = await _all_pages(pages, Query(grain_type="Alpha", key_prefix="k001"), 50)
-        assert set(prefixed) == {r for r in rows if r[0].startswith("Alpha/s:k001")}
-        paused = await _all_pages(pages, Query(state="paused", priority=0, name="r0"), 100)
-        # Rows i % 10 == 0 are paused, have priority 0 and are named r0.
-        assert sorted(paused) == sorted(
-            (f"{'Alpha' if i % 3 else 'Beta'}/s:k{i:05d}", "r0") for i in range(0, ROWS, 10)
-        )
-        # Orphaned: types no Active silo hosts (here every Beta row).
-        orphans = await pages.search(Query(state="orphaned"), None, 100, {"Alpha"})
-        assert orphans.rows and all(r.grain_id.type_name == "Beta" for r in orphans.rows)
-        # A search that matches nothing looks at a bounded part per request.
-        page = await pages.search(Query(name="zzz"), None, 25, None)
-        assert page.rows == [] and page.scanned <= SCAN_BUDGET
+        yield table
 
 
-async def _check_small_budget(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a tiny ask and budget every request stops inside a shard or between
-    shards, and the cursor still visits every row exactly once."""
-    from orleanspy.dashboard import _reminder_reads
+async def _check_small_budget(table: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a tiny budget and ask every request stops inside a run of ties, a
+    shard or a part, and the cursor still visits every row exactly once, in order."""
+    from orleanspy.dashboard import _reminder_reads, _reminder_stores
 
     monkeypatch.setattr(_reminder_reads, "SCAN_BUDGET", 23)
-    monkeypatch.setattr(_reminder_reads, "_MAX_ASK", 5)
-    async with AsyncExitStack() as stack:
-        table = await TableConnections(stack).reminder_table(url, service_id="default",
-                                                             shards=4)  # fmt: skip
-        await table.start(stack)
-        rows = await _seed(table)
-        pages = ReminderPages(table)
-        everything = await _all_pages(pages, Query(), 7, budget=23)
-        assert len(everything) == len(set(everything)) == ROWS and set(everything) == rows
-        named = await _all_pages(pages, Query(name="r1", grain_type="Beta"), 9, budget=23)
-        assert set(named) == {r for r in rows if r[0].startswith("Beta/") and r[1] == "r1"}
+    monkeypatch.setattr(_reminder_stores, "_MIN_ASK", 2)
+    entries = await _seed(table)
+    pages = ReminderPages(table)
+    assert await _all_pages(pages, Query(), 7, budget=23) == _order(entries)
+    named = await _all_pages(pages, Query(name="r1", grain_type="Beta"), 9, budget=23)
+    assert named == [r for r in _order(entries) if r[0].startswith("Beta/") and r[1] == "r1"]
+
+
+async def test_reminder_pages_in_memory() -> None:
+    # Each page sorts the table (an embedded silo's): a few page sizes only.
+    await _check_pages(InMemoryReminderTable(), limits=(100, 41))
 
 
 @pytest.mark.slow
 async def test_reminder_pages_on_redis(redis_url: str) -> None:
-    await _check_pages(redis_url)
+    # Small pages are walked by the tiny-budget test (four shards, every request
+    # cut short); here the 256 shards of the default layout.
+    async for table in _on(redis_url):
+        await _check_pages(table, limits=(100,))
 
 
 @pytest.mark.slow
 async def test_reminder_pages_on_postgres(postgres_url: str) -> None:
-    await _check_pages(postgres_url)
+    async for table in _on(postgres_url):
+        await _check_pages(table, limits=(100, 23))
 
 
 @pytest.mark.slow
 async def test_reminder_pages_on_postgres_with_a_tiny_budget(
     postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await _check_small_budget(postgres_url, monkeypatch)
+    async for table in _on(postgres_url, shards=4):
+        await _check_small_budget(table, monkeypatch)
 
 
 @pytest.mark.slow
 async def test_reminder_pages_on_redis_with_a_tiny_budget(
     redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    await _check_small_budget(redis_url, monkeypatch)
+    async for table in _on(redis_url, shards=4):
+        await _check_small_budget(table, monkeypatch)
 
 
 async def _status_on(url: str) -> None:

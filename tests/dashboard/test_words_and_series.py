@@ -11,14 +11,20 @@ from orleanspy.dashboard._words import describe, interval_words, next_slots
 from orleanspy.identity import GrainId
 from orleanspy.metrics import LATENESS_BUCKETS
 from orleanspy.options import ReminderOptions
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 
 NOW = datetime(2026, 12, 1, 8, 0, tzinfo=UTC)  # a Tuesday
 
 
 def _cron(expr: str, tz: str | None = None):  # type: ignore[no-untyped-def]
-    return new_entry(service_id="s", grain_id=GrainId("G", "k"), name="n", now=NOW,
-                     options=ReminderOptions(), cron=expr, tz=tz)  # fmt: skip
+    return new_entry(
+        ReminderSpec(cron=expr, tz=tz),
+        service_id="s",
+        grain_id=GrainId("G", "k"),
+        name="n",
+        now=NOW,
+        options=ReminderOptions(),
+    )
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from orleanspy.membership.agreement import (
     RING_HASHED,
     RingModeMismatchError,
     check_ring_mode,
-    ring_is_balanced,
+    cluster_ring_mode,
     ring_mode,
     row_ring_mode,
 )
@@ -53,8 +53,9 @@ def snapshot(*rows: MembershipEntry) -> MembershipSnapshot:
     return MembershipSnapshot({r.silo: (r, "1") for r in rows}, TableVersion(1, "1"))
 
 
-def test_the_default_options_build_and_record_the_balanced_ring() -> None:
-    assert MembershipOptions().balanced_ring is True
+def test_by_default_a_silo_follows_the_cluster_and_insists_on_nothing() -> None:
+    assert MembershipOptions().balanced_ring is None
+    assert ring_mode(None) is None
     assert ring_mode(True) == RING_BALANCED and ring_mode(False) == RING_HASHED
     assert row_ring_mode(row(MEMBER, None)) == RING_HASHED  # an older version's row
     assert row_ring_mode(row(MEMBER, RING_BALANCED)) == RING_BALANCED
@@ -83,8 +84,9 @@ def test_a_hashed_silo_is_refused_by_a_balanced_cluster() -> None:
 
 
 def test_rows_without_a_ring_mode_count_as_hashed() -> None:
-    """A cluster of an older version can only have built the hashed ring: a
-    default (balanced) silo of this version refuses to roll into it."""
+    """A cluster of an older version can only have built the hashed ring: a silo
+    that insists on the balanced one refuses to roll into it (one that follows,
+    the default, joins: test_versions.py)."""
     old = snapshot(row(MEMBER, None, SiloStatus.JOINING))
     with pytest.raises(RingModeMismatchError, match="written before ring modes") as caught:
         check_ring_mode(RING_BALANCED, old, ME, NOW, OPTIONS)
@@ -113,14 +115,15 @@ def test_a_mode_this_version_does_not_know_is_refused_by_name() -> None:
         check_ring_mode(RING_BALANCED, snapshot(row(MEMBER, "weighted")), ME, NOW, OPTIONS)
 
 
-def test_ring_is_balanced_reads_what_the_active_silos_record() -> None:
+def test_the_cluster_ring_reads_what_the_active_silos_record() -> None:
     other = SiloAddress("10.0.0.2", 1, 1)
-    assert ring_is_balanced(snapshot()) is True  # nobody Active: the default
-    assert ring_is_balanced(snapshot(row(MEMBER, RING_BALANCED), row(other, RING_BALANCED)))
-    assert not ring_is_balanced(snapshot(row(MEMBER, None)))
+    assert cluster_ring_mode(snapshot()) == RING_BALANCED  # nobody Active: the default
+    both = snapshot(row(MEMBER, RING_BALANCED), row(other, RING_BALANCED))
+    assert cluster_ring_mode(both) == RING_BALANCED
+    assert cluster_ring_mode(snapshot(row(MEMBER, None))) == RING_HASHED
     # A Dead hashed row of an earlier cluster does not count.
     dead = row(other, RING_HASHED, SiloStatus.DEAD)
-    assert ring_is_balanced(snapshot(row(MEMBER, RING_BALANCED), dead))
+    assert cluster_ring_mode(snapshot(row(MEMBER, RING_BALANCED), dead)) == RING_BALANCED
 
 
 def _service(table: InMemoryMembershipTable, port: int, mode: str) -> MembershipService:

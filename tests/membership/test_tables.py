@@ -22,6 +22,7 @@ from orleanspy.testing.membership_table import (
     make_entry,
 )
 from orleanspy.testing.redis_server import RedisServer
+from orleanspy.versions import __version__
 
 
 @pytest.fixture(params=["memory", "redis", "redis_cluster", "redis_sentinel"])
@@ -65,9 +66,11 @@ async def test_redis_layout_is_one_hash_with_version_field(redis_url: str) -> No
         assert await table.insert_row(make_entry(1), snap.version.next())
         client = connect(redis_url)
         stack.push_async_callback(client.aclose)
-        keys = await client.keys("*")
-        assert keys == [b"orleanspy:shop:cluster:{shop:c1}:members"]
-        fields = await client.hkeys(keys[0])
+        keys = sorted(await client.keys("*"))
+        # The row hash, and the schema versions of every Redis provider.
+        assert keys == [b"orleanspy:schema", b"orleanspy:shop:cluster:{shop:c1}:members"]
+        assert await client.hget("orleanspy:schema", "membership") == b"1|" + __version__.encode()
+        fields = await client.hkeys(keys[1])
         assert sorted(fields) == [b"127.0.0.1:1@1", b"version"]
 
 

@@ -1,16 +1,21 @@
 """FrameCodec on its own: decoded grain ids and addresses are shared objects; a
-frame's items are counted before it is decoded."""
+frame's items are counted before it is decoded, and a sender's frames stay within
+the item limit."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 import uuid
 
 import pytest
 
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.messaging.frames import FrameCodec, InvalidEnvelope, count_items
+from orleanspy.messaging.frames import FrameCodec, InvalidEnvelope, Outbox, WireStats, count_items
 from orleanspy.messaging.message import Message, MessageKind, next_message_id
+from orleanspy.options import MessagingOptions
+from orleanspy.testing.cluster import wait_for
 
 HERE = SiloAddress("127.0.0.1", 11111, 42)  # equal to, not the same object as, the interned one
 
@@ -110,3 +115,33 @@ def test_bytes_the_walk_cannot_follow_count_as_too_many(frame: bytes) -> None:
     assert count_items(frame, 10) == 11
     with pytest.raises(InvalidEnvelope):
         FrameCodec.decode(frame, 10)
+
+
+async def test_a_sender_cuts_its_frames_to_the_item_limit_its_peers_apply() -> None:
+    """Traced calls carry more headers (trace context, principal): a frame of ours
+    never holds more envelopes and header entries than ``max_frame_items``, so a
+    peer with the same setting never refuses it."""
+    options = MessagingOptions(max_batch=32, max_frame_items=64)
+    outbox = Outbox(FrameCodec(), options, WireStats())
+    for i in range(100):
+        msg = Message.request(GrainId("T", i), "m", b"x", one_way=True, expires_at_ms=0)
+        msg.headers.update(
+            traceparent="00-" + "ab" * 16 + "-" + "cd" * 8 + "-01", tracestate="k=v",
+            principal="local",
+        )  # fmt: skip
+        outbox.push(msg)
+    frames: list[bytes] = []
+
+    async def write(frame: bytes) -> None:
+        frames.append(frame)
+
+    task = asyncio.ensure_future(outbox.pump(write, lambda: False))
+    await wait_for(lambda: outbox.idle.is_set() and not outbox.queue, timeout=5)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    # A peer with the same limit takes every frame (it counts before decoding).
+    decoded = [FrameCodec.decode(frame, 64) for frame in frames]
+    items = [len(envs) + sum(len(e.headers) for e in envs) for envs in decoded]
+    assert sum(items) == 400 and max(items) <= 64, items
+    assert len(frames) >= 400 // 64

@@ -735,3 +735,74 @@ def test_grpc_core_logging_is_quiet_unless_asked_for() -> None:
         check=False,
     )
     assert "add_port" in loud.stderr, loud.stderr
+
+
+async def _fake_gateway(stack: AsyncExitStack, served: tuple[tuple[str, str], ...]) -> int:
+    """A gRPC server whose GatewayService/Connect answers with ``served`` as its
+    initial metadata, then holds the stream open: a gateway of another release."""
+
+    async def connect(_requests: object, context: grpc.aio.ServicerContext[bytes, bytes]) -> None:
+        await context.send_initial_metadata(served)
+        await asyncio.Event().wait()
+
+    server = grpc.aio.server()
+    handler = grpc.method_handlers_generic_handler(
+        "orleanspy.v1.GatewayService",
+        {"Connect": grpc.stream_stream_rpc_method_handler(connect)},
+    )
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    stack.push_async_callback(server.stop, None)
+    return port
+
+
+def _connection(port: int) -> GrpcGatewayConnection:
+    return GrpcGatewayConnection(
+        f"127.0.0.1:{port}",
+        client_id="versions",
+        options=MessagingOptions(),
+        on_message=lambda m: None,
+        on_closed=lambda e: None,
+    )
+
+
+async def test_a_client_refuses_a_gateway_of_a_release_it_cannot_speak(
+    stack: AsyncExitStack,
+) -> None:
+    from orleanspy.messaging.grpc import PROTOCOL_HEADER, SILO_HEADER
+    from orleanspy.versions import IncompatibleVersionError
+
+    port = await _fake_gateway(stack, ((SILO_HEADER, "127.0.0.1:1@1"), (PROTOCOL_HEADER, "7-9")))
+    connection = _connection(port)
+    with pytest.raises(IncompatibleVersionError, match="speaks protocols 7-9") as caught:
+        await connection.connect()
+    assert "run a release that speaks protocol 7 or newer here" in str(caught.value)
+    assert connection.closed
+
+
+async def test_a_gateway_of_the_previous_release_speaks_protocol_1(stack: AsyncExitStack) -> None:
+    """0.1.x sends no protocol header: it is protocol 1, which this release speaks."""
+    from orleanspy.messaging.grpc import SILO_HEADER
+
+    port = await _fake_gateway(stack, ((SILO_HEADER, "127.0.0.1:1@1"),))
+    connection = _connection(port)
+    await connection.connect()
+    try:
+        assert connection.protocol == 1
+    finally:
+        await connection.aclose()
+
+
+async def test_two_transports_of_this_release_speak_its_newest_protocol(
+    stack: AsyncExitStack,
+) -> None:
+    from orleanspy.versions import PROTOCOL
+
+    b, _ = await start(stack, gateway=True)
+    connection = _connection(b.gateway_port or 0)
+    await connection.connect()
+    try:
+        assert connection.protocol == PROTOCOL
+    finally:
+        await connection.aclose()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.needs import missing
 from tests.netns.hosts import TestNet, unavailable
 
 # The driver forks silos, Redis and `ip` while the session may hold gRPC state
@@ -21,7 +22,7 @@ def make_net(tmp_path: Path) -> Iterator[Callable[[int], TestNet]]:
     """``make_net(size)``: a ``TestNet`` of ``size`` hosts, closed after the test."""
     reason = unavailable()
     if reason is not None:
-        pytest.skip(reason)
+        missing("netns", reason)
     nets: list[TestNet] = []
 
     def make(size: int) -> TestNet:

@@ -14,7 +14,10 @@ empty, kill -9 with default options) and asserts the properties that must hold:
   (an exit code, not a crash by a signal);
 - client calls on the majority side succeed >= 95 % after detection;
 - no reminder ticks on two silos for more than 5 s after the Dead write;
-- a SKIP reminder never gets more than one delivery per catch-up.
+- a SKIP reminder never gets more than one delivery per catch-up;
+- no slot is applied twice in a grain's state: each tick is committed with the
+  state (``write(tick=...)``), so a slot that two silos delivered, or one
+  delivered again after a fail-over, is in the state once.
 
 Ticks are read from the files the silos append to (``netns_grains.py``), calls
 from the client's file, membership from Redis by a poller that notes when each
@@ -35,16 +38,19 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
 import pytest
 
-from orleanspy.identity import SiloAddress
+from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.membership.model import SiloStatus
 from orleanspy.membership.redis import RedisMembershipTable
+from orleanspy.serialization import Codec
+from orleanspy.state import decode_state
+from orleanspy.storage.redis import RedisGrainStorage
 from orleanspy.testing.cluster import wait_for
 from tests.netns.hosts import Host, Proc, TestNet
 
@@ -307,12 +313,36 @@ def skip_bursts(ticks: list[Tick]) -> list[str]:
     return bursts
 
 
+@dataclass
+class _Applied:  # netns_grains.Applied (that module opens the silos' tick file)
+    slots: list[float] = field(default_factory=list)
+
+
+async def applied_twice(net: TestNet) -> dict[str, list[float]]:
+    """Reminders whose grain state holds a slot more than once: key -> those slots
+    (read from the silos' Redis, where their states are)."""
+    twice: dict[str, list[float]] = {}
+    async with AsyncExitStack() as stack:
+        storage = RedisGrainStorage(net.redis_url, service_id="default")
+        await storage.start(stack)
+        codec = Codec()
+        for key in REMINDER_KEYS:
+            stored = await storage.read(GrainId("NetTickGrain", key), "applied")
+            if stored is None:
+                continue
+            slots = decode_state(stored.data, _Applied, codec, what=key).slots
+            repeated = [slot for slot, n in Counter(slots).items() if n > 1]
+            if repeated:
+                twice[key] = repeated
+    return twice
+
+
 def success_after(calls: list[tuple[float, bool]], since: float) -> tuple[int, float]:
     after = [ok for at, ok in calls if at >= since]
     return len(after), (sum(after) / len(after) if after else 0.0)
 
 
-def check_all(
+async def check_all(
     figures: Figures,
     net: TestNet,
     observer: Observer,
@@ -334,13 +364,16 @@ def check_all(
     victim_after = sum(1 for t in ticks if t.silo == victim.proc.name and t.at > dead)
     bursts = skip_bursts([t for t in ticks if t.at > t0 - 1])
     n, ratio = success_after(read_calls(net), dead)
+    twice = await applied_twice(net)
     figures.add(
         f"detection {detection:.2f}s; stranded {len(late)} (worst "
         f"{max(late.values(), default=0):.2f}s); victim ticks after Dead {victim_after}, "
         f"{len(doubled)} reminders on two silos > 5 s after it (latest "
         f"{max(doubled.values(), default=0):.2f}s); SKIP bursts {len(bursts)}; "
-        f"calls after detection {n} at {ratio:.1%}"
+        f"calls after detection {n} at {ratio:.1%}; slots applied twice {len(twice)}"
     )
+    if twice:
+        problems.append(f"slots applied twice in a grain's state: {twice}")
     if late:
         problems.append(f"stranded past detection + 2 periods: {late}")
     if doubled:
@@ -394,7 +427,7 @@ async def test_a_silo_cut_from_its_peers_but_not_from_redis(make_net) -> None:
         stopped, status = await wait_exit(victim, dead, 5)
         await asyncio.sleep(max(0.0, dead + 6 - time.time()))  # ticks and calls after it
         stop_client(client)
-        problems = check_all(figures, net, observer, victim, majority, t0=t0, names=names)
+        problems = await check_all(figures, net, observer, victim, majority, t0=t0, names=names)
     figures.add(f"partition: victim stopped {stopped}s after its Dead write, status {status}")
     if stopped is None or stopped > 5:
         problems.append(f"the Dead silo did not stop within 5 s of its Dead write ({stopped})")
@@ -422,7 +455,7 @@ async def test_a_host_isolated_for_15_seconds_and_brought_back(make_net) -> None
         healed = time.time()
         stopped, status = await wait_exit(victim, healed, 5)
         stop_client(client)
-        problems = check_all(figures, net, observer, victim, majority, t0=t0, names=names)
+        problems = await check_all(figures, net, observer, victim, majority, t0=t0, names=names)
     figures.add(f"isolation: victim stopped {stopped}s after the heal, status {status}")
     if stopped is None or stopped > 5:
         problems.append(f"the Dead silo did not stop within 5 s of the heal ({stopped})")
@@ -568,7 +601,7 @@ async def test_kill9_with_default_options(make_net) -> None:
         dead = observer.dead_at.get(victim.address, time.time())
         await asyncio.sleep(max(0.0, dead + 5 - time.time()))  # two SKIP periods and more
         stop_client(client)
-        problems = check_all(figures, net, observer, victim, majority, t0=t0, names=names)
+        problems = await check_all(figures, net, observer, victim, majority, t0=t0, names=names)
     detection = dead - t0
     figures.add(f"kill -9 with defaults: declared Dead after {detection:.2f}s")
     if detection > 3:

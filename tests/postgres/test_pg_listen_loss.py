@@ -14,9 +14,9 @@ import pytest
 
 from orleanspy import Grain, Remindable, ReminderOptions, Silo, SiloOptions, TickStatus
 from orleanspy.identity import GrainId
-from orleanspy.reminders import _pg_feed
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import feed as pg_feed
 from orleanspy.testing.cluster import wait_for
 
 TYPE = "test_pg_listen_loss.Tick"
@@ -58,7 +58,7 @@ async def test_no_reminder_is_missed_when_the_listen_connection_dies(
     )
     gate = asyncio.Event()
     reconnecting = asyncio.Event()
-    real_connect = _pg_feed.connect
+    real_connect = pg_feed.connect
 
     async def held_connect(source: Any) -> Any:
         reconnecting.set()
@@ -77,7 +77,7 @@ async def test_no_reminder_is_missed_when_the_listen_connection_dies(
         await writer.upsert(_row(0, "before"))
         await wait_for(lambda: TICKS.get("0/before", 0) >= 1, timeout=15, what="first tick")
 
-        monkeypatch.setattr(_pg_feed, "connect", held_connect)
+        monkeypatch.setattr(pg_feed, "connect", held_connect)
         killed = await writer._p.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
             "WHERE datname = current_database() AND query LIKE 'LISTEN%'"

@@ -13,9 +13,9 @@ import pytest
 
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
-from orleanspy.reminders import _pg_feed
 from orleanspy.reminders.model import ReminderChange, ReminderEntry
 from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import feed as pg_feed
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 G = GrainId("P", "a|b")  # a key with the separator in it
@@ -43,14 +43,14 @@ async def table_at(url: str) -> AsyncIterator[PostgresReminderTable]:
 
 def test_payloads_decode_with_and_without_priority() -> None:
     due = str(to_ms(T0))
-    with_priority = _pg_feed._decode(f"123:-128|{due}|{G.canonical}|n")
+    with_priority = pg_feed._decode(f"123:-128|{due}|{G.canonical}|n")
     assert with_priority == ReminderChange(G, "n", T0)
     assert isinstance(with_priority, ReminderChange) and with_priority.priority == -128
-    cas = _pg_feed._decode(f"123|{due}|{G.canonical}|n")
+    cas = pg_feed._decode(f"123|{due}|{G.canonical}|n")
     assert isinstance(cas, ReminderChange) and cas.priority is None and cas.next_due == T0
-    removal = _pg_feed._decode(f"123||{G.canonical}|n")
+    removal = pg_feed._decode(f"123||{G.canonical}|n")
     assert removal == ReminderChange(G, "n", None)
-    assert _pg_feed._decode("123|!") is _pg_feed._GAP
+    assert pg_feed._decode("123|!") is pg_feed._GAP
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_payloads_decode_with_and_without_priority() -> None:
     ],
 )
 def test_hostile_payloads_are_ignored(payload: str) -> None:
-    assert _pg_feed._decode(payload) is None
+    assert pg_feed._decode(payload) is None
 
 
 async def test_whole_row_writes_publish_the_priority(postgres_url: str) -> None:

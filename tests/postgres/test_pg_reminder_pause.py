@@ -19,7 +19,6 @@ import pytest
 from orleanspy.clock import to_ms
 from orleanspy.errors import StorageError
 from orleanspy.identity import GrainId
-from orleanspy.reminders import postgres as pg_reminders
 from orleanspy.reminders.model import (
     FireOutcome,
     FireRecord,
@@ -27,7 +26,9 @@ from orleanspy.reminders.model import (
     ReminderEntry,
     ScheduleUpdate,
 )
-from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import PostgresReminderTable, sql
+from orleanspy.reminders.postgres import rows as pg_rows
+from orleanspy.reminders.postgres import table as pg_table
 from orleanspy.ring import RingRange
 from tests.postgres.rows import copy_rows
 
@@ -171,15 +172,15 @@ async def test_paused_rows_cost_a_due_read_nothing(postgres_url: str) -> None:
             before = now + 30_000
             looked, indexes = _looked_at(
                 await conn.fetchval(
-                    "EXPLAIN (ANALYZE, FORMAT JSON) " + pg_reminders._UPCOMING, "svc", before, limit
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.UPCOMING, "svc", before, limit
                 )
             )
             assert "orleanspy_reminders_upcoming" in indexes, indexes
             assert looked <= limit + 10, looked
-            buckets, los, his = pg_reminders._slices(RingRange.full())
+            buckets, los, his = pg_rows.slices(RingRange.full())
             looked, indexes = _looked_at(
                 await conn.fetchval(
-                    "EXPLAIN (ANALYZE, FORMAT JSON) " + pg_reminders._READ_DUE,
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.READ_DUE,
                     "svc",
                     before,
                     16,
@@ -238,13 +239,13 @@ async def test_large_history_batches_keep_the_newest_per_row_run_after_run(
     more often than the five runs after which PostgreSQL may pick a generic plan,
     each still keeps exactly the newest ``keep`` records of every row."""
     rows, keep = 100, 3
-    per_row = -(-pg_reminders._CUSTOM_PLAN_FROM // rows)  # records per row per batch
+    per_row = -(-pg_table._CUSTOM_PLAN_FROM // rows)  # records per row per batch
     async with table_at(postgres_url) as table:
         gids = [GrainId("Pause", f"big{k}") for k in range(rows)]
         assert await table.upsert_many([entry(f"big{k}") for k in range(rows)])
         for run in range(8):
             batch = [record(g, run * per_row + i) for i in range(per_row) for g in gids]
-            assert len(batch) >= pg_reminders._CUSTOM_PLAN_FROM
+            assert len(batch) >= pg_table._CUSTOM_PLAN_FROM
             await table.append_history(batch, keep)
             newest = [f"silo-{run * per_row + per_row - 1 - i}" for i in range(keep)]
             for g in (gids[0], gids[-1]):

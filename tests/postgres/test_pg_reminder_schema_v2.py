@@ -16,9 +16,8 @@ import asyncpg
 from orleanspy._postgres import migrate
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
-from orleanspy.reminders import postgres as pg_reminders
 from orleanspy.reminders.model import MissedReminderAction, ReminderChange, ReminderEntry
-from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import PostgresReminderTable, migrations, sql
 from tests.postgres.rows import copy_rows
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -112,7 +111,7 @@ async def test_a_v1_table_migrates_and_keeps_its_rows(postgres_url: str) -> None
         version = await conn.fetchval(
             "SELECT version FROM orleanspy_schema WHERE component = 'reminders'"
         )
-        assert version == len(pg_reminders._SCHEMA)
+        assert version == len(migrations.STEPS)
         indexes = await _indexes(conn)
         assert "orleanspy_reminders_upcoming" in indexes
         assert "orleanspy_reminders_next_due" not in indexes
@@ -123,7 +122,7 @@ async def test_a_v1_table_migrates_and_keeps_its_rows(postgres_url: str) -> None
 async def _migrate_v1(url: str) -> None:
     pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
     try:
-        await migrate(pool, "reminders", pg_reminders._SCHEMA[:1])
+        await migrate(pool, "reminders", migrations.STEPS[:1])
     finally:
         await pool.close()
 
@@ -155,7 +154,7 @@ async def test_upcoming_reads_the_upcoming_index_not_the_table(postgres_url: str
             limit = 100
             before = now + 120_000
             raw = await conn.fetchval(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + pg_reminders._UPCOMING, "svc", before, limit
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.UPCOMING, "svc", before, limit
             )
         (plan,) = json.loads(raw)
         nodes = list(_nodes(plan["Plan"]))

@@ -14,9 +14,8 @@ import asyncpg
 from orleanspy._postgres import migrate
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
-from orleanspy.reminders import postgres as pg_reminders
 from orleanspy.reminders.model import FireOutcome, FireRecord, ReminderEntry
-from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import PostgresReminderTable, migrations
 from orleanspy.ring import RingRange
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -46,7 +45,7 @@ async def table_at(url: str) -> AsyncIterator[PostgresReminderTable]:
 async def _migrate_v2(url: str) -> None:
     pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
     try:
-        await migrate(pool, "reminders", pg_reminders._SCHEMA[:2])
+        await migrate(pool, "reminders", migrations.STEPS[:2])
     finally:
         await pool.close()
 
@@ -114,7 +113,7 @@ async def test_a_v2_table_migrates_and_keeps_its_rows(postgres_url: str) -> None
         assert [r.silo for r in await table.read_history(old, "r")] == ["silo-a"]
         assert [e.grain_id for e in await table.upcoming(LATER, 10)] == [other]
 
-    assert version == len(pg_reminders._SCHEMA)
+    assert version == len(migrations.STEPS)
     for name in ("orleanspy_reminders_due", "orleanspy_reminders_upcoming"):
         assert "WHERE (NOT paused)" in indexes[name], indexes[name]
     assert "WHERE" not in indexes["orleanspy_reminders_hash"]

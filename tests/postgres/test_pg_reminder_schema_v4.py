@@ -14,9 +14,8 @@ import asyncpg
 from orleanspy._postgres import migrate
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
-from orleanspy.reminders import postgres as pg_reminders
 from orleanspy.reminders.model import FireOutcome, FireRecord
-from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import PostgresReminderTable, migrations
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -54,7 +53,7 @@ async def test_a_v3_table_migrates_and_a_v3_write_keeps_the_grace(postgres_url: 
     h = gid.uniform_hash()
     pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=1)
     try:
-        await migrate(pool, "reminders", pg_reminders._SCHEMA[:3])
+        await migrate(pool, "reminders", migrations.STEPS[:3])
         async with pool.acquire() as conn:
             await conn.execute(_V3_UPSERT, gid.canonical, h, h >> 24, 0, to_ms(T0))
             await conn.execute(_V3_HISTORY, gid.canonical, to_ms(T0))
@@ -86,4 +85,4 @@ async def test_a_v3_table_migrates_and_a_v3_write_keeps_the_grace(postgres_url: 
         rewritten = await table.read(gid, "r")
         assert rewritten is not None and rewritten.priority == 50
         assert rewritten.grace == timedelta(seconds=3)
-    assert version == len(pg_reminders._SCHEMA)
+    assert version == len(migrations.STEPS)

@@ -15,9 +15,8 @@ import asyncpg
 from orleanspy._postgres import migrate
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId
-from orleanspy.reminders import postgres as pg_reminders
 from orleanspy.reminders.model import FireOutcome, FireRecord, ReminderEntry, RetryPolicy
-from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import PostgresReminderTable, migrations
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -47,7 +46,7 @@ async def table_at(url: str) -> AsyncIterator[PostgresReminderTable]:
 async def _migrate_v4(url: str) -> None:
     pool = await asyncpg.create_pool(url, min_size=1, max_size=1)
     try:
-        await migrate(pool, "reminders", pg_reminders._SCHEMA[:4])
+        await migrate(pool, "reminders", migrations.STEPS[:4])
     finally:
         await pool.close()
 
@@ -118,7 +117,7 @@ async def test_a_v4_table_migrates_and_keeps_its_rows_and_history(postgres_url: 
         assert replace(rewritten, priority=0, etag=None) == replace(shaped, etag=None)
         newest = (await table.read_history(old, "r"))[0]
         assert (newest.outcome, newest.attempt, newest.final) == (FireOutcome.RETRYING, 2, True)
-    assert version == len(pg_reminders._SCHEMA) >= 5
+    assert version == len(migrations.STEPS) >= 5
 
 
 async def test_a_one_shot_row_needs_neither_period_nor_cron(postgres_url: str) -> None:

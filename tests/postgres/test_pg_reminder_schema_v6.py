@@ -10,14 +10,14 @@ import asyncpg
 
 from orleanspy._postgres import migrate
 from orleanspy.identity import GrainId
-from orleanspy.reminders import postgres as pg_reminders
+from orleanspy.reminders.postgres import migrations
 from tests.postgres.test_pg_reminder_schema_v3 import _v2_upsert, table_at
 
 
 async def test_a_v5_table_migrates_keeps_rows_and_pages_by_byte_order(postgres_url: str) -> None:
     pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=1)
     try:
-        await migrate(pool, "reminders", pg_reminders._SCHEMA[:5])
+        await migrate(pool, "reminders", migrations.STEPS[:5])
     finally:
         await pool.close()
     old = GrainId("Old", "row")
@@ -47,7 +47,7 @@ async def test_a_v5_table_migrates_keeps_rows_and_pages_by_byte_order(postgres_u
             )
         finally:
             await conn.close()
-        assert version == len(pg_reminders._SCHEMA) >= 6
+        assert version == len(migrations.STEPS) >= 6
         assert 'COLLATE "C"' in index
         kept = await table.read(old, "r")
         assert kept is not None and kept.priority == 50

@@ -13,8 +13,7 @@ import asyncpg
 from orleanspy._postgres import migrate
 from orleanspy.clock import to_ms
 from orleanspy.identity import GrainId, SiloAddress
-from orleanspy.reminders import postgres as pg_reminders
-from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import PostgresReminderTable, migrations
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 S = timedelta(seconds=1)
@@ -33,7 +32,7 @@ async def test_a_v5_table_migrates_and_fences_its_writers(postgres_url: str) -> 
     h = gid.uniform_hash()
     pool = await asyncpg.create_pool(postgres_url, min_size=1, max_size=1)
     try:
-        await migrate(pool, "reminders", pg_reminders._SCHEMA[:5])
+        await migrate(pool, "reminders", migrations.STEPS[:5])
         await pool.execute(_V5_INSERT, gid.canonical, h, h >> 24, to_ms(T0))
     finally:
         await pool.close()
@@ -57,5 +56,5 @@ async def test_a_v5_table_migrates_and_fences_its_writers(postgres_url: str) -> 
         fences = await conn.fetch("SELECT writer FROM orleanspy_reminder_fences")
     finally:
         await conn.close()
-    assert version == len(pg_reminders._SCHEMA) == 7
+    assert version == len(migrations.STEPS) == 7
     assert [r["writer"] for r in fences] == [str(deposed)]

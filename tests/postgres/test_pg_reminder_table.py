@@ -16,9 +16,9 @@ import pytest
 from orleanspy.clock import from_ms, to_ms
 from orleanspy.errors import StorageError, StorageUnavailableError
 from orleanspy.identity import GrainId
-from orleanspy.reminders import postgres as pg_reminders
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
-from orleanspy.reminders.postgres import PostgresReminderTable
+from orleanspy.reminders.postgres import PostgresReminderTable, migrations, sql
+from orleanspy.reminders.postgres import rows as pg_rows
 from orleanspy.reminders.table import (
     BatchingReminderTable,
     BulkReminderTable,
@@ -42,6 +42,9 @@ def factory(url: str, service_id: str = "contract") -> Any:
             await table.start(stack)
             pool = table._p
             await pool.execute("DELETE FROM orleanspy_reminders WHERE service_id = $1", service_id)
+            await pool.execute(
+                "DELETE FROM orleanspy_reminder_calendars WHERE service_id = $1", service_id
+            )
             yield table
 
     return make
@@ -160,7 +163,7 @@ async def test_schema_is_versioned_and_a_newer_schema_is_refused(postgres_url: s
     try:
         assert await conn.fetchval(
             "SELECT version FROM orleanspy_schema WHERE component='reminders'"
-        ) == len(pg_reminders._SCHEMA)
+        ) == len(migrations.STEPS)
         await conn.execute("UPDATE orleanspy_schema SET version = 99 WHERE component='reminders'")
     finally:
         await conn.close()
@@ -252,10 +255,10 @@ async def test_read_due_reads_the_due_index_not_the_table(postgres_url: str) -> 
         await copy_rows(table, records)
         async with table._p.acquire() as conn:
             arc = RingRange(1 << 30, (1 << 30) + HASH_SPACE // 90)
-            buckets, los, his = pg_reminders._slices(arc)
+            buckets, los, his = pg_rows.slices(arc)
             before = now + 120_000
             raw = await conn.fetchval(
-                "EXPLAIN (ANALYZE, FORMAT JSON) " + pg_reminders._READ_DUE,
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + sql.READ_DUE,
                 "svc", before, 1000, buckets, los, his, 1000, -1,
             )  # fmt: skip
         (plan,) = json.loads(raw)

@@ -29,7 +29,7 @@ from orleanspy import (
 from orleanspy import grain as grain_module
 from orleanspy.identity import GrainId
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.testing.cluster import FAST_MEMBERSHIP
 
 pytestmark = pytest.mark.slow
@@ -37,12 +37,12 @@ pytestmark = pytest.mark.slow
 TYPE = "test_declarations_redis.Billing"
 REMINDERS = ReminderOptions(adaptive=False, base_bucket_size=64)
 PROBE = new_entry(
+    ReminderSpec(period=3600),
     service_id="default",
     grain_id=GrainId("Probe", "p"),
     name="probe",
     now=datetime(2030, 1, 1, tzinfo=UTC),
     options=REMINDERS,
-    period=3600,
 )
 
 

@@ -26,7 +26,7 @@ from orleanspy import grain as grain_module
 from orleanspy.identity import GrainId
 from orleanspy.options import DEFAULT_MISSED_TICK_GRACE, ReminderOptions
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.spec import MAX_GRACE, new_entry
+from orleanspy.reminders.spec import MAX_GRACE, ReminderSpec, new_entry
 from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
 
@@ -71,13 +71,12 @@ def test_grace_is_validated_and_stored_to_the_ms() -> None:
 
     def make(grace: Any) -> ReminderEntry:
         return new_entry(
+            ReminderSpec(period=60, grace=grace),
             service_id="s",
             grain_id=GrainId("G", 1),
             name="r",
             now=now,
             options=REMINDERS,
-            period=60,
-            grace=grace,
         )
 
     assert make(None).grace is None
@@ -97,14 +96,12 @@ async def test_a_row_with_its_own_grace_is_missed_past_it(clock: ManualClock) ->
     # Both rows were due 3 s ago when the silo starts: past 2 s, inside 10 s.
     for name, grace in (("own", 2), ("default", None)):
         row = new_entry(
+            ReminderSpec(due=10, period=60, grace=grace),
             service_id="default",
             grain_id=gid,
             name=name,
             now=clock.now() - 13 * S,
             options=REMINDERS,
-            due=10,
-            period=60,
-            grace=grace,
         )
         await table.upsert(row)
     options = SiloOptions(grain_types=(GraceGrain,), reminders=REMINDERS)
@@ -138,7 +135,7 @@ async def test_management_set_grace_applies_to_the_held_row_at_once(clock: Manua
     async with Silo.local(options, clock=clock) as silo:
         g = silo.client.get_grain(GraceGrain, "b")
         gate = GrainId("test_grace.Gate", "")
-        await silo.dispatcher.reminders.register(gate, "gate", due=9, period=3600)
+        await silo.dispatcher.reminders.register(gate, "gate", ReminderSpec(due=9, period=3600))
         await g.register("r", {"due": 10, "period": 60})
         await _held(silo, 2)
         gid = GrainId("test_grace.Grace", "b")

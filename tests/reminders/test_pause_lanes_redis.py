@@ -25,7 +25,7 @@ from orleanspy import grain as grain_module
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import ReminderChange, ReminderEntry
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.ring import RingRange
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -34,14 +34,12 @@ OPTIONS = ReminderOptions()
 
 def entry(key: str, *, priority: int = 0, minutes: int = 0, paused: bool = False) -> ReminderEntry:
     row = new_entry(
+        ReminderSpec(period=3600, due=0, priority=priority),
         service_id="default",
         grain_id=GrainId("Lanes", key),
         name="r",
         now=T0 + timedelta(minutes=minutes),
         options=OPTIONS,
-        period=3600,
-        due=0,
-        priority=priority,
     )
     return replace(row, paused=paused)
 

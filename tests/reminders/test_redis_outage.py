@@ -33,7 +33,7 @@ from orleanspy.identity import GrainId
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import ReminderChange, ReminderEntry, ScheduleUpdate
 from orleanspy.reminders.service import ReminderService
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.ring import RingRange
 from orleanspy.runtime.silo import SiloState
 from orleanspy.testing import InProcessCluster, wait_for
@@ -179,13 +179,12 @@ async def test_service_stops_even_if_the_store_client_swallows_the_cancellation(
     clock = ManualClock()
     table = _SwallowingTable()
     entry = new_entry(
+        ReminderSpec(due=timedelta(seconds=1), period=timedelta(seconds=1)),
         service_id="default",
         grain_id=GrainId(TYPE, 1),
         name="r",
         now=clock.now(),
         options=ReminderOptions(),
-        due=timedelta(seconds=1),
-        period=timedelta(seconds=1),
     )
     await table.upsert(entry)
     delivered = asyncio.Event()

@@ -16,6 +16,7 @@ from orleanspy.options import ReminderOptions
 from orleanspy.remindable.registry import ReminderRegistry
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import ReminderEntry
+from orleanspy.reminders.spec import ReminderSpec
 from orleanspy.testing import wait_for
 
 TYPE = "test_registry_coalescing.G"
@@ -67,7 +68,7 @@ async def test_64_concurrent_registrations_take_a_few_round_trips_and_each_gets_
     heard: list[str] = []
     registry.add_listener(lambda change: heard.append(change.name))
     entries = await asyncio.gather(
-        *(registry.register(GrainId(TYPE, i), "r", period=60 + i) for i in range(64))
+        *(registry.register(GrainId(TYPE, i), "r", ReminderSpec(period=60 + i)) for i in range(64))
     )
     # The first caller writes its row alone; the 63 that queued behind it split
     # over both round trips (one of 63 beside one of 1 would not overlap).
@@ -83,7 +84,7 @@ async def test_a_lone_registration_is_one_plain_upsert() -> None:
     table = SlowTable()
     registry = _registry(table)
     for i in range(3):
-        await registry.register(GrainId(TYPE, i), "r", period=60)
+        await registry.register(GrainId(TYPE, i), "r", ReminderSpec(period=60))
     assert (table.single, table.batches) == (3, [])
 
 
@@ -92,7 +93,7 @@ async def test_a_failed_batch_fails_its_callers_only_and_later_ones_go_through()
     registry = _registry(table)
     table.fail_next_batch = True
     results = await asyncio.gather(
-        *(registry.register(GrainId(TYPE, i), "r", period=60) for i in range(10)),
+        *(registry.register(GrainId(TYPE, i), "r", ReminderSpec(period=60)) for i in range(10)),
         return_exceptions=True,
     )
     failed = [r for r in results if isinstance(r, BaseException)]
@@ -103,7 +104,7 @@ async def test_a_failed_batch_fails_its_callers_only_and_later_ones_go_through()
     )
     assert await table.count() == 5, "a failed batch wrote rows"
     again = await asyncio.gather(
-        *(registry.register(GrainId(TYPE, i), "r", period=60) for i in range(10))
+        *(registry.register(GrainId(TYPE, i), "r", ReminderSpec(period=60)) for i in range(10))
     )
     assert len(again) == 10 and await table.count() == 10
 
@@ -113,8 +114,8 @@ async def test_two_registrations_of_one_row_end_as_the_later() -> None:
     registry = _registry(table)
     gid = GrainId(TYPE, "same")
     await asyncio.gather(
-        registry.register(GrainId(TYPE, "x"), "r", period=60),  # the lone writer
-        *(registry.register(gid, "r", period=60 + i) for i in range(5)),
+        registry.register(GrainId(TYPE, "x"), "r", ReminderSpec(period=60)),  # the lone writer
+        *(registry.register(gid, "r", ReminderSpec(period=60 + i)) for i in range(5)),
     )
     stored = await table.read(gid, "r")
     assert stored is not None and stored.period is not None
@@ -160,9 +161,11 @@ class GatedTable(SlowTable):
 async def test_two_batches_are_out_at_once_and_the_rest_wait_for_one_to_land() -> None:
     table = GatedTable()
     registry = _registry(table)
-    lone = asyncio.create_task(registry.register(GrainId(TYPE, "lone"), "r", period=60))
+    lone = asyncio.create_task(
+        registry.register(GrainId(TYPE, "lone"), "r", ReminderSpec(period=60))
+    )
     first = [
-        asyncio.create_task(registry.register(GrainId(TYPE, f"a{i}"), "r", period=60))
+        asyncio.create_task(registry.register(GrainId(TYPE, f"a{i}"), "r", ReminderSpec(period=60)))
         for i in range(10)
     ]
     # Beside the lone write, half of the 11 rows go; the rest take the round
@@ -170,7 +173,7 @@ async def test_two_batches_are_out_at_once_and_the_rest_wait_for_one_to_land() -
     await lone
     await wait_for(lambda: table.batches == [6, 4], 5, interval=0)
     second = [
-        asyncio.create_task(registry.register(GrainId(TYPE, f"b{i}"), "r", period=60))
+        asyncio.create_task(registry.register(GrainId(TYPE, f"b{i}"), "r", ReminderSpec(period=60)))
         for i in range(10)
     ]
     for _ in range(50):
@@ -191,11 +194,13 @@ async def test_a_row_still_on_its_way_holds_back_its_next_registration() -> None
     table = GatedTable()
     registry = _registry(table)
     gid = GrainId(TYPE, "same")
-    lone = asyncio.create_task(registry.register(GrainId(TYPE, "lone"), "r", period=60))
-    earlier = asyncio.create_task(registry.register(gid, "r", period=61))
+    lone = asyncio.create_task(
+        registry.register(GrainId(TYPE, "lone"), "r", ReminderSpec(period=60))
+    )
+    earlier = asyncio.create_task(registry.register(gid, "r", ReminderSpec(period=61)))
     await lone
     await wait_for(lambda: table.batches == [1], 5, interval=0)
-    later = asyncio.create_task(registry.register(gid, "r", period=62))
+    later = asyncio.create_task(registry.register(gid, "r", ReminderSpec(period=62)))
     for _ in range(50):
         await asyncio.sleep(0)
     assert table.batches == [1], "the later registration went out beside the earlier one"

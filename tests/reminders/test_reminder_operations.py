@@ -24,8 +24,8 @@ from orleanspy import (
     register_reminder,
 )
 from orleanspy import grain as grain_module
+from orleanspy._cli_output import status_text as _status_text
 from orleanspy._cli_reminders import entry_json, export_line, parse_export
-from orleanspy.cli import _status_text
 from orleanspy.cluster_status import cluster_from, published_types
 from orleanspy.grain import DeclaredReminder
 from orleanspy.identity import GrainId
@@ -35,7 +35,7 @@ from orleanspy.remindable.declarations import fingerprint
 from orleanspy.remindable.operations import ReminderOperations, grain_target, parse_grain_id
 from orleanspy.reminders.memory import InMemoryReminderTable
 from orleanspy.reminders.model import ReminderEntry, RetryPolicy
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.testing.clock import ManualClock
 
 S = timedelta(seconds=1)
@@ -61,12 +61,12 @@ def _declared_class(priority: int = 0, period: int = 60) -> type[Grain]:
 
 def _row(clock: ManualClock, grain: GrainId, name: str = "r") -> ReminderEntry:
     return new_entry(
+        ReminderSpec(period=timedelta(hours=1)),
         service_id="default",
         grain_id=grain,
         name=name,
         now=clock.now(),
         options=REMINDERS,
-        period=timedelta(hours=1),
     )
 
 
@@ -115,7 +115,7 @@ async def test_management_grain_takes_a_proxy_a_class_and_key_and_text(
     proxy = silo.client.get_grain(OpsGrain, "a")
     mgmt = silo.client.reminders
     registry = silo._dispatcher.reminders  # type: ignore[union-attr]
-    await registry.register(gid, "r", period=3600)
+    await registry.register(gid, "r", ReminderSpec(period=3600))
     by_id = await mgmt.get(gid, "r")
     assert await mgmt.get(proxy, "r") == by_id
     assert await mgmt.get((OpsGrain, "a"), "r") == by_id
@@ -360,27 +360,28 @@ async def test_import_accepts_one_shot_rows_and_schedule_fields(clock: ManualClo
     at = clock.now() + 3600 * S
     rows = [
         new_entry(
+            ReminderSpec(at=at, payload=["x", 1]),
             service_id="default",
             grain_id=GrainId("T", "once"),
             name="r",
             now=clock.now(),
             options=REMINDERS,
-            at=at,
-            payload=["x", 1],
         ),
         new_entry(
+            ReminderSpec(
+                period=60 * S,
+                jitter=5 * S,
+                starts_at=clock.now(),
+                ends_at=at + 86400 * S,
+                max_ticks=20,
+                retry=RetryPolicy(3, S),
+                grace=30 * S,
+            ),
             service_id="default",
             grain_id=GrainId("T", "shaped"),
             name="r",
             now=clock.now(),
             options=REMINDERS,
-            period=60 * S,
-            jitter=5 * S,
-            starts_at=clock.now(),
-            ends_at=at + 86400 * S,
-            max_ticks=20,
-            retry=RetryPolicy(3, S),
-            grace=30 * S,
         ),
     ]
     lines = [export_line(r) for r in rows]

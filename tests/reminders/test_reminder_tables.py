@@ -654,3 +654,31 @@ async def test_a_cluster_feed_cancelled_while_it_connects_leaves_no_connection(
         await asyncio.sleep(0.05)
     assert left() == set()
     gc.collect()  # an unclosed connection's ResourceWarning fails the test
+
+
+@pytest.mark.parametrize("kind", ["redis_url", "redis_cluster_url"])
+async def test_redis_label_pages_bound_the_members_one_call_looks_at(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """A selector whose first term matches thousands of rows and whose second few:
+    a call looks at a bounded number of the first term's members, so the first
+    page comes short with a cursor, and the walk still finds exactly the few."""
+    make = redis_factory(request.getfixturevalue(kind), 1)
+    async with make() as table:
+        assert isinstance(table, RedisReminderTable)
+        sid = table.service_id
+        rows = [
+            ReminderEntry(sid, GrainId("Budget", i), "r", T0, T0, period=timedelta(minutes=1),
+                          labels={"tenant": "acme", **({"zz": "rare"} if i % 1000 == 999 else {})})
+            for i in range(2500)
+        ]  # fmt: skip
+        await table.upsert_many(rows)
+        terms = ["l:tenant=acme", "l:zz=rare"]
+        page, cursor = await table.read_indexed(terms, None, 5)
+        assert len(page) < 5 and cursor is not None
+        found = list(page)
+        while cursor is not None:
+            page, cursor = await table.read_indexed(terms, cursor, 5)
+            found.extend(page)
+        assert sorted(r.grain_id.key for r in found) == [999, 1999]
+        assert await table.count_indexed("l:zz=rare") == 2

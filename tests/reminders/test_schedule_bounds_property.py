@@ -21,7 +21,7 @@ from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import ReminderEntry
 from orleanspy.reminders.schedule import schedule_for
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 
 NOW = datetime(2030, 3, 28, 22, 0, tzinfo=UTC)  # a DST change in Europe ahead
 OPTIONS = ReminderOptions()
@@ -56,14 +56,12 @@ def test_interval_jitter_stays_inside_its_slot_and_is_deterministic(
 ) -> None:
     jitter = max(MS, (period * jitter_fraction) // MS * MS)
     entry = new_entry(
+        ReminderSpec(due=due_ms * MS, period=period, jitter=jitter),
         service_id="svc",
         grain_id=GrainId("Prop", key),
         name="j",
         now=NOW,
         options=OPTIONS,
-        due=due_ms * MS,
-        period=period,
-        jitter=jitter,
     )
     slots = _walk(entry, 25)
     assert len(slots) == 25
@@ -90,14 +88,22 @@ def test_cron_jitter_keeps_the_slot_order_and_maps_back(
     key: int | str, expr: str, tz: str | None, jitter_s: int
 ) -> None:
     plain = new_entry(
-        service_id="svc", grain_id=GrainId("Prop", key), name="c", now=NOW,
-        options=OPTIONS, cron=expr, tz=tz,
-    )  # fmt: skip
+        ReminderSpec(cron=expr, tz=tz),
+        service_id="svc",
+        grain_id=GrainId("Prop", key),
+        name="c",
+        now=NOW,
+        options=OPTIONS,
+    )
     try:
         jittered = new_entry(
-            service_id="svc", grain_id=GrainId("Prop", key), name="c", now=NOW,
-            options=OPTIONS, cron=expr, tz=tz, jitter=jitter_s,
-        )  # fmt: skip
+            ReminderSpec(cron=expr, tz=tz, jitter=jitter_s),
+            service_id="svc",
+            grain_id=GrainId("Prop", key),
+            name="c",
+            now=NOW,
+            options=OPTIONS,
+        )
     except ReminderError as exc:
         assert "jitter" in str(exc)  # longer than the cron's smallest gap
         return
@@ -130,10 +136,20 @@ def test_interval_bounds_are_never_crossed(
     jitter = None if jitter_fraction is None else max(MS, (period * jitter_fraction) // MS * MS)
     try:
         entry = new_entry(
-            service_id="svc", grain_id=GrainId("Prop", "b"), name="b", now=NOW,
-            options=OPTIONS, due=0, period=period, starts_at=starts, ends_at=ends,
-            max_ticks=max_ticks, jitter=jitter,
-        )  # fmt: skip
+            ReminderSpec(
+                due=0,
+                period=period,
+                starts_at=starts,
+                ends_at=ends,
+                max_ticks=max_ticks,
+                jitter=jitter,
+            ),
+            service_id="svc",
+            grain_id=GrainId("Prop", "b"),
+            name="b",
+            now=NOW,
+            options=OPTIONS,
+        )
     except ReminderError as exc:
         assert "no slot" in str(exc)  # the bounds leave no slot at all
         assert ends is not None
@@ -169,14 +185,22 @@ def test_cron_bounds_are_never_crossed(
 ) -> None:
     ends = NOW + timedelta(hours=span_h)
     plain = new_entry(
-        service_id="svc", grain_id=GrainId("Prop", "c"), name="c", now=NOW,
-        options=OPTIONS, cron=expr, tz=tz,
-    )  # fmt: skip
+        ReminderSpec(cron=expr, tz=tz),
+        service_id="svc",
+        grain_id=GrainId("Prop", "c"),
+        name="c",
+        now=NOW,
+        options=OPTIONS,
+    )
     try:
         bounded = new_entry(
-            service_id="svc", grain_id=GrainId("Prop", "c"), name="c", now=NOW,
-            options=OPTIONS, cron=expr, tz=tz, ends_at=ends, max_ticks=max_ticks,
-        )  # fmt: skip
+            ReminderSpec(cron=expr, tz=tz, ends_at=ends, max_ticks=max_ticks),
+            service_id="svc",
+            grain_id=GrainId("Prop", "c"),
+            name="c",
+            now=NOW,
+            options=OPTIONS,
+        )
     except ReminderError as exc:
         assert "no slot" in str(exc)
         assert plain.next_due > ends

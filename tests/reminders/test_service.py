@@ -28,7 +28,7 @@ from orleanspy.reminders.model import (
     TickStatus,
 )
 from orleanspy.reminders.service import ReminderService
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.ring import HASH_SPACE, RingRange
 from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
@@ -94,13 +94,14 @@ async def advance(clock: ManualClock, delta: float | timedelta) -> None:
 
 def entry(clock: ManualClock, key: int | str = 1, name: str = "r", **kw: Any) -> ReminderEntry:
     kw.setdefault("period", 10)
+    now = kw.pop("now", clock.now())
     return new_entry(
+        ReminderSpec(**kw),
         service_id="default",
         grain_id=GrainId("G", key),
         name=name,
-        now=kw.pop("now", clock.now()),
+        now=now,
         options=OPTIONS,
-        **kw,
     )
 
 
@@ -517,14 +518,56 @@ def _backlog(clock: ManualClock) -> list[ReminderEntry]:
     return rows
 
 
+async def _through_the_ramp(clock: ManualClock, rec: Recorder, n: int) -> None:
+    """Step the clock until ``n`` ticks came: the backlog is overdue, so herd
+    control (on by default) spaces its grain calls on the manual clock."""
+    async with asyncio.timeout(10):
+        while len(rec.calls) < n:
+            await advance(clock, 0.01)
+
+
 async def test_backlog_is_delivered_critical_first_background_last(table, clock) -> None:
     for e in _backlog(clock):
         await table.upsert(e)
     rec = Recorder()
     async with running(table, clock, rec, options=replace(OPTIONS, permits=1)):
-        await wait_for(lambda: len(rec.calls) == 30, 5.0, interval=0)
+        await _through_the_ramp(clock, rec, 30)
     prios = [int(e.priority) for e, _ in rec.calls]
     assert prios == [100] * 10 + [0] * 10 + [-100] * 10
+
+
+async def test_overdue_low_priority_rows_are_not_starved_by_higher_ones_not_due_yet(
+    table, clock
+) -> None:
+    """More normal rows fall due within the look-ahead than the bucket holds, none
+    of them due yet; background rows are overdue. The silo has nothing else to do:
+    the overdue rows go first, within seconds, not after the normal rows have
+    drained the look-ahead (they used to wait outside while normal rows' later
+    slots filled the window, refill after refill)."""
+    for i in range(200):  # due from 10 s to 4 min from now: 3x the bucket of 64
+        await table.upsert(entry(clock, f"n{i}", due=10 + i, period=3600))
+    for i in range(20):  # overdue by a minute
+        await table.upsert(
+            entry(
+                clock,
+                f"b{i}",
+                due=0,
+                period=3600,
+                priority=ReminderPriority.BACKGROUND,
+                action=MissedReminderAction.FIRE_IMMEDIATELY,
+                now=START - 60 * S,
+            )
+        )
+    rec = Recorder()
+    async with running(table, clock, rec):
+        async with asyncio.timeout(10):
+            waited = 0.0
+            while len(rec.calls) < 20 and waited < 5.0:
+                await advance(clock, 0.05)
+                waited += 0.05
+    names = [str(e.grain_id.key) for e, _ in rec.calls]
+    assert sorted(names) == sorted(f"b{i}" for i in range(20)), names
+    assert waited < 5.0
 
 
 async def test_without_priorities_the_backlog_goes_in_due_order(table, clock) -> None:
@@ -533,7 +576,7 @@ async def test_without_priorities_the_backlog_goes_in_due_order(table, clock) ->
     rec = Recorder()
     options = replace(OPTIONS, permits=1, enable_priority=False)
     async with running(table, clock, rec, options=options):
-        await wait_for(lambda: len(rec.calls) == 30, 5.0, interval=0)
+        await _through_the_ramp(clock, rec, 30)
     prios = [int(e.priority) for e, _ in rec.calls]
     assert prios == [-100] * 10 + [0] * 10 + [100] * 10
 

@@ -16,16 +16,18 @@ from orleanspy._retry import Backoff
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders._service.adaptive import LoadSignals, bucket_size, read_memory_load
-from orleanspy.reminders._service.delivery import tick_deadline
+from orleanspy.reminders._service.delivery import call_wait
 from orleanspy.reminders._service.history import History
 from orleanspy.reminders._service.lanes import LaneDrainer, Lanes
 from orleanspy.reminders._service.missed import TickPlan, plan_tick
 from orleanspy.reminders._service.ownership import Ownership
 from orleanspy.reminders._service.window import DueWindow, Row, RowState
+from orleanspy.reminders.calendars import Calendar, Excluded
 from orleanspy.reminders.model import (
     FireOutcome,
     FireRecord,
     MissedReminderAction,
+    OverlapPolicy,
     ReminderEntry,
     RetryPolicy,
 )
@@ -88,13 +90,18 @@ def test_ownership_loads_only_ranges_not_held_before() -> None:
     own = Ownership()
     half = HASH_SPACE // 2
     assert own.update([RingRange(0, half)]) == [RingRange(0, half)]
+    assert not own.owns_everything()
     # A split of an owned range needs no load; a range beyond it does.
     assert own.update([RingRange(0, 100), RingRange(100, half)]) == []
     assert own.update([RingRange(0, 100), RingRange(half, half + 5)]) == [RingRange(half, half + 5)]
     assert own.update([RingRange(0, 0)]) == [RingRange(0, 0)]
+    assert own.owns_everything()
     assert own.update([RingRange(7, 3)]) == []  # everything was owned
+    assert not own.owns_everything()
     g = GrainId("G", 1)
     assert own.owns(g) == (g.uniform_hash() in RingRange(7, 3))
+    assert own.update([RingRange(3, 7), RingRange(7, 3)]) == [RingRange(3, 7)]
+    assert own.owns_everything()
 
 
 def test_ownership_holds_a_handed_over_part_until_its_time() -> None:
@@ -379,10 +386,10 @@ def test_a_last_slot_gets_the_longest_tick_deadline() -> None:
     once = ReminderEntry(
         service_id="s", grain_id=GrainId("G", 1), name="once", start_at=T0, next_due=T0
     )
-    assert tick_deadline(schedule_for(once), T0, options) == options.tick_timeout.total_seconds()
+    assert call_wait(schedule_for(once), T0, options) == options.tick_timeout.total_seconds()
     # A 3 s interval row: its period, inside minimum_tick_timeout .. tick_timeout.
     every = dataclasses.replace(once, period=3 * S)
-    assert tick_deadline(schedule_for(every), T0, options) == 3.0
+    assert call_wait(schedule_for(every), T0, options) == 3.0
 
 
 def test_lanes_take_critical_first() -> None:
@@ -483,11 +490,21 @@ def test_rescheduled_keeps_every_other_field() -> None:
         final_due=t + timedelta(seconds=40),
         payload={"k": [1, 2]},
         retry=RetryPolicy(2, timedelta(seconds=1)),
+        overlap=OverlapPolicy.CANCEL_OTHER,
+        catchup_window=timedelta(minutes=5),
+        deadline=timedelta(seconds=4),
+        resumed_at=t - timedelta(hours=1),
+        trace_context="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        labels={"tenant": "acme"},
+        calendar="de",
+        on_excluded=Excluded.NEXT_BUSINESS_DAY,
+        calendar_version=4,
+        _calendar_rules=Calendar(exclude_weekdays=[6]),
     )
     later = t + timedelta(seconds=5)
-    assert entry.rescheduled(later, t, "e2") == dataclasses.replace(
-        entry, next_due=later, last_fire=t, etag="e2"
-    )
+    moved = entry.rescheduled(later, t, "e2")
+    assert moved == dataclasses.replace(entry, next_due=later, last_fire=t, etag="e2")
+    assert moved.trace_context == entry.trace_context  # not compared by ==
     # (``period`` stays at its default: a row has a period or a cron, not both.)
     at_default = [
         f.name

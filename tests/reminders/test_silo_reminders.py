@@ -31,7 +31,7 @@ from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.remindable.registry import Registration
 from orleanspy.reminders.memory import InMemoryReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.streams.provider import MISSED_REMINDERS_STREAM
 from orleanspy.testing import wait_for
 from orleanspy.testing.clock import ManualClock
@@ -290,12 +290,12 @@ async def test_declarations_are_register_or_update(
     # A row registered from code, and a declared row changed behind the declaration.
     await table.upsert(
         new_entry(
+            ReminderSpec(period=timedelta(hours=1)),
             service_id="default",
             grain_id=k1,
             name="from-code",
             now=clock.now(),
             options=REMINDERS,
-            period=timedelta(hours=1),
         )
     )
     await table.upsert(replace(first["soon"], period=timedelta(hours=3)))
@@ -398,14 +398,16 @@ async def test_notify_publishes_missed_reminder_on_the_stream(clock: ManualClock
     table = InMemoryReminderTable("default")
     gid = GrainId("test_silo_reminders.Tick", "late")
     entry = new_entry(
+        ReminderSpec(
+            due=timedelta(minutes=1),
+            period=timedelta(minutes=1),
+            action=MissedReminderAction.NOTIFY,
+        ),
         service_id="default",
         grain_id=gid,
         name="n",
         now=clock.now() - timedelta(minutes=10),
         options=REMINDERS,
-        due=timedelta(minutes=1),
-        period=timedelta(minutes=1),
-        action=MissedReminderAction.NOTIFY,
     )
     # The row was due nine minutes ago: far beyond the grace (poll_interval).
     await table.upsert(entry)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -10,6 +11,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from orleanspy.errors import ReminderError
+from orleanspy.grain import Grain, register_reminder
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import (
@@ -19,8 +21,16 @@ from orleanspy.reminders.model import (
     RetryPolicy,
 )
 from orleanspy.reminders.schedule import CronSchedule, IntervalSchedule, schedule_for
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import (
+    DURATION_OPTIONS,
+    ReminderArgs,
+    ReminderSpec,
+    RepeatingArgs,
+    new_entry,
+)
 
+#: ``new_entry``'s arguments beside the spec.
+CONTEXT = ("service_id", "grain_id", "name", "now", "options", "declared", "fingerprint")
 NOW = datetime(2024, 5, 3, 12, 0, 0, 123_456, tzinfo=UTC)  # a Friday
 GRAIN = GrainId("StatsGrain", "a")
 MS123 = timedelta(milliseconds=123)  # NOW's milliseconds, which registration keeps
@@ -41,7 +51,8 @@ def make(options: ReminderOptions | None = None, **kw: Any) -> ReminderEntry:
         "options": options or ReminderOptions(),
     }
     args.update(kw)
-    return new_entry(**args)
+    context = {k: args.pop(k) for k in CONTEXT if k in args}
+    return new_entry(ReminderSpec(**args), **context)
 
 
 # -- happy paths ------------------------------------------------------------------------
@@ -322,3 +333,44 @@ def test_a_jittered_cron_starts_at_its_first_slot_after_registration() -> None:
         e = make(cron="15,45 * * * * *", jitter=16, grain_id=GrainId("J", k))
         assert utc(2024, 5, 3, 12, 0, 15) <= e.next_due < utc(2024, 5, 3, 12, 0, 31), k
         assert schedule_for(e).nominal(e.next_due) == utc(2024, 5, 3, 12, 0, 15)
+
+
+# -- the one list of options ----------------------------------------------------------------
+
+
+def test_the_keyword_arguments_name_every_field_of_the_spec() -> None:
+    spec_fields = {f.name for f in dataclasses.fields(ReminderSpec)}
+    assert ReminderArgs.__optional_keys__ == spec_fields
+    assert RepeatingArgs.__optional_keys__ == spec_fields - {"at", "max_ticks"}
+    assert set(DURATION_OPTIONS) <= spec_fields
+
+
+@pytest.mark.parametrize("keyword", ["max_ticks", "at", "perod"])
+def test_a_declaration_refuses_a_keyword_it_does_not_take_when_written(keyword: str) -> None:
+    with pytest.raises(
+        TypeError, match=f"register_reminder\\(\\) got an unexpected keyword argument '{keyword}'"
+    ):
+        register_reminder("r", period=60, **{keyword: 1})  # type: ignore[call-arg]
+
+
+async def test_a_registration_refuses_a_keyword_it_does_not_take() -> None:
+    grain: Any = object()  # refused before the grain's runtime is reached
+    with pytest.raises(
+        TypeError,
+        match="register_or_update_reminder\\(\\) got an unexpected keyword argument 'perod'",
+    ):
+        await Grain.register_or_update_reminder(grain, "r", perod=60)  # type: ignore[call-arg]
+
+
+def test_a_spec_is_a_value_checked_when_its_row_is_built() -> None:
+    spec = ReminderSpec(period=60, cron="0 * * * * *")  # both: made, not checked
+    with pytest.raises(ReminderError, match="exactly one of period"):
+        new_entry(
+            spec, service_id="s", grain_id=GRAIN, name="r", now=NOW, options=ReminderOptions()
+        )
+    default = new_entry(
+        ReminderSpec(period=60), service_id="s", grain_id=GRAIN, name="r", now=NOW,
+        options=ReminderOptions(),
+    )  # fmt: skip
+    assert default.priority == ReminderPriority.NORMAL
+    assert default.action is MissedReminderAction.SKIP

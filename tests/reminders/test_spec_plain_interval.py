@@ -13,8 +13,10 @@ from orleanspy.errors import ReminderError
 from orleanspy.identity import GrainId
 from orleanspy.options import ReminderOptions
 from orleanspy.reminders.model import MissedReminderAction, ReminderPriority
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 
+#: ``new_entry``'s arguments beside the spec.
+CONTEXT = ("service_id", "grain_id", "name", "now", "options", "declared", "fingerprint")
 NOW = datetime(2030, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
 OPTIONS = ReminderOptions()
 
@@ -28,7 +30,8 @@ def build(**kw: Any) -> Any:
         "options": OPTIONS,
     }
     args.update(kw)
-    return new_entry(**args)
+    context = {k: args.pop(k) for k in CONTEXT if k in args}
+    return new_entry(ReminderSpec(**args), **context)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from orleanspy import Grain, Remindable, Silo, SiloOptions, TickStatus
 from orleanspy.errors import MessageRejectedError
 from orleanspy.identity import GrainId
 from orleanspy.reminders.model import FireOutcome
+from orleanspy.reminders.spec import ReminderSpec
 from orleanspy.testing import simulate_tick, wait_for
 from orleanspy.testing.clock import ManualClock
 
@@ -66,7 +67,7 @@ async def test_simulate_tick_and_trigger_deliver_ticks(silo: Silo) -> None:
     final = await simulate_tick(silo, GuardedGrain, "a", "once", payload={"k": 1}, final=True)
     assert TICKS[-1] == ("once", final) and (final.payload, final.final) == ({"k": 1}, True)
     gid = GrainId("test_tick_guard.Guarded", "a")
-    await silo.dispatcher.reminders.register(gid, "r", period=60)
+    await silo.dispatcher.reminders.register(gid, "r", ReminderSpec(period=60))
     triggered = await silo.client.reminders.trigger(gid, "r")
     assert TICKS[-1] == ("r", triggered) and triggered.triggered
 
@@ -84,7 +85,7 @@ async def test_a_failing_tick_is_logged_with_its_traceback_and_recorded_with_its
     with caplog.at_level(logging.WARNING, logger="orleanspy.reminders"):
         async with Silo.local(options, clock=clock) as silo:
             gid = GrainId("test_tick_guard.Failing", "f")
-            await silo.dispatcher.reminders.register(gid, "r", due=1, period=60)
+            await silo.dispatcher.reminders.register(gid, "r", ReminderSpec(due=1, period=60))
             svc = silo.reminder_service
             assert svc is not None
             await wait_for(lambda: svc.stats.loaded == 1, 5.0, interval=0)

@@ -20,7 +20,7 @@ from orleanspy.reminders.model import (
     RetryPolicy,
 )
 from orleanspy.reminders.redis import RedisReminderTable
-from orleanspy.reminders.spec import new_entry
+from orleanspy.reminders.spec import ReminderSpec, new_entry
 from orleanspy.ring import RingRange
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -29,14 +29,12 @@ OPTIONS = ReminderOptions()
 
 def row(key: object, *, minutes: int = 0, priority: int = 0) -> ReminderEntry:
     return new_entry(
+        ReminderSpec(period=3600, due=60 * minutes, priority=priority),
         service_id="default",
-        grain_id=GrainId("Bulk", key),  # type: ignore[arg-type]
+        grain_id=GrainId("Bulk", key),
         name="r",
         now=T0,
         options=OPTIONS,
-        period=3600,
-        due=60 * minutes,
-        priority=priority,
     )
 
 
@@ -118,22 +116,24 @@ async def test_a_row_with_every_field_reads_back_as_written(redis_url: str) -> N
     # More than 15 fields: the record's map header is the 3-byte form.
     full = replace(
         new_entry(
+            ReminderSpec(
+                cron="0 * * * *",
+                tz="Europe/Paris",
+                priority=-7,
+                action=MissedReminderAction.NOTIFY,
+                grace=30,
+                jitter=5,
+                starts_at=T0 + timedelta(hours=1),
+                ends_at=T0 + timedelta(days=3),
+                max_ticks=10,
+                payload={"order": 12, "tags": ["a", "b"]},
+                retry=RetryPolicy(3, timedelta(seconds=2)),
+            ),
             service_id="default",
             grain_id=GrainId("Bulk", "full"),
             name="everything",
             now=T0,
             options=OPTIONS,
-            cron="0 * * * *",
-            tz="Europe/Paris",
-            priority=-7,
-            action=MissedReminderAction.NOTIFY,
-            grace=30,
-            jitter=5,
-            starts_at=T0 + timedelta(hours=1),
-            ends_at=T0 + timedelta(days=3),
-            max_ticks=10,
-            payload={"order": 12, "tags": ["a", "b"]},
-            retry=RetryPolicy(3, timedelta(seconds=2)),
             declared=True,
             fingerprint="abc:1:2:",
         ),

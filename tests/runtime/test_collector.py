@@ -52,11 +52,11 @@ async def test_a_cluster_silo_tunes_the_collector_and_puts_it_back_on_stop() -> 
 
 
 @pytest.mark.usefixtures("collector")
-async def test_an_embedded_silo_leaves_the_collector_alone_unless_asked() -> None:
-    async with Silo.local():
+async def test_an_embedded_silo_tunes_the_collector_too_unless_told_not_to() -> None:
+    async with Silo.local(SiloOptions(tune_gc=False)):
         assert gc.get_threshold() == (700, 10, 10)
         assert gc.get_freeze_count() == 0
-    async with Silo.local(SiloOptions(tune_gc=True)):
+    async with Silo.local():  # the default, since 0.2
         assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == (700, 10, 10)

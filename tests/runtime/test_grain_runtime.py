@@ -25,6 +25,7 @@ from orleanspy import (
 from orleanspy import grain as grain_module
 from orleanspy.grain import GrainReminders, GrainRuntime, GrainTimer, definition_of
 from orleanspy.identity import GrainId, SiloAddress
+from orleanspy.reminders.spec import ReminderSpec
 from orleanspy.testing.clock import ManualClock
 
 
@@ -40,7 +41,7 @@ class _Reminders:
     def __init__(self) -> None:
         self.calls: list[tuple[str, GrainId, str]] = []
 
-    async def register(self, grain_id: GrainId, name: str, **kwargs: Any) -> ReminderEntry:
+    async def register(self, grain_id: GrainId, name: str, spec: ReminderSpec) -> ReminderEntry:
         self.calls.append(("register", grain_id, name))
         raise ReminderError("not stored by this fake")
 

@@ -10,7 +10,7 @@ import pytest
 from orleanspy import Grain, MessagingOptions, Remindable, SiloOptions, TickStatus
 from orleanspy.errors import MessageRejectedError
 from orleanspy.identity import GrainId
-from orleanspy.runtime.silo import _warn_if_exposed
+from orleanspy.runtime.addresses import warn_if_exposed as _warn_if_exposed
 from orleanspy.testing.cluster import InProcessCluster
 
 

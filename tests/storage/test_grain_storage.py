@@ -114,6 +114,28 @@ class _NotAtomic(InMemoryGrainStorage):
         return self._states[(grain_id.canonical, name)].etag
 
 
+class _StaleReplica(InMemoryGrainStorage):
+    """Reads come from a replica one write behind: a new activation sees the state
+    before the last write, and with it, the ticks that write committed undone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._previous: dict[tuple[str, str], StoredState] = {}
+
+    async def write(
+        self, grain_id: GrainId, name: str, data: bytes, etag: str | None
+    ) -> str | None:
+        before = await super().read(grain_id, name)
+        written = await super().write(grain_id, name, data, etag)
+        if written is not None and before is not None:
+            self._previous[(grain_id.canonical, name)] = StoredState(before.data, written)
+        return written
+
+    async def read(self, grain_id: GrainId, name: str) -> StoredState | None:
+        stale = self._previous.get((grain_id.canonical, name))
+        return stale if stale is not None else await super().read(grain_id, name)
+
+
 def _factory_of(cls: type[InMemoryGrainStorage]) -> Factory:
     @asynccontextmanager
     async def make() -> AsyncIterator[GrainStorage]:
@@ -130,6 +152,13 @@ async def test_the_kit_fails_a_provider_that_ignores_etags() -> None:
 async def test_the_kit_fails_a_provider_whose_cas_is_not_atomic() -> None:
     with pytest.raises(AssertionError, match="exactly one"):
         await check_concurrent_writers_one_wins(_factory_of(_NotAtomic))
+
+
+async def test_the_kit_fails_a_provider_that_loses_the_committed_ticks() -> None:
+    from orleanspy.testing.grain_storage import check_tick_commits_survive_a_new_activation
+
+    with pytest.raises(AssertionError, match="a new activation must see the commit"):
+        await check_tick_commits_survive_a_new_activation(_factory_of(_StaleReplica))
 
 
 # -- URLs ---------------------------------------------------------------------------
@@ -161,7 +190,8 @@ async def test_redis_layout_is_one_hash_per_state_under_the_service_prefix(
         assert storage.key(GID, "profile") == key
         assert await client.type(key) == b"hash"
         assert await client.hgetall(key) == {b"d": b"data", b"e": etag.encode()}  # type: ignore[union-attr]
-        assert await client.keys("*") == [key.encode()]
+        # The state's key, and the schema versions of the Redis providers.
+        assert sorted(await client.keys("*")) == sorted([key.encode(), b"orleanspy:schema"])
 
 
 async def test_redis_record_of_another_shape_is_a_storage_error(redis_url: str) -> None:

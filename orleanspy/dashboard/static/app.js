@@ -63,9 +63,10 @@
   // -- cluster ---------------------------------------------------------------------------
   function renderCluster(doc) {
     document.getElementById("cluster-id").textContent =
-      "· cluster " + doc.cluster_id + " · service " + doc.service_id + " · membership v" + doc.table_version;
+      "· cluster " + doc.cluster_id + " · service " + doc.service_id + " · membership v" + doc.table_version +
+      " · feature level " + doc.feature_level + " · " + doc.ring + " ring";
     const rows = doc.silos.map(s => ({attrs: {"data-silo": s.name, "data-status": s.status}, cells: [
-      s.name, badge(s.status), s.address, dash(s.version), s.status === "active" ? dur(s.uptime_seconds) : "–",
+      s.name, badge(s.status), s.address, dash(s.version), dash(s.protocols), s.status === "active" ? dur(s.uptime_seconds) : "–",
       s.ring_share_percent.toFixed(1) + " %", dash(s.activations), dash(s.reminders_held),
       s.cpu_percent === null ? "–" : s.cpu_percent.toFixed(0) + " %",
       s.loop_lag_seconds === null ? "–" : (s.loop_lag_seconds * 1000).toFixed(1) + " ms",
@@ -74,7 +75,7 @@
     const events = doc.events.slice().reverse().map(e => ({cells: [
       time(e.at), kinds[e.kind] || e.kind, e.name || e.silo, e.by ? "voted by " + e.by : ""]}));
     main.replaceChildren(
-      card("Silos", table(["Silo", "Status", "Address", "Version", "Uptime", "Ring", "Activations",
+      card("Silos", table(["Silo", "Status", "Address", "Version", "Protocols", "Uptime", "Ring", "Activations",
                            "Reminders held", "CPU", "Loop lag", "Last heartbeat"], rows,
                           {id: "silos", num: ["Ring", "Activations", "Reminders held", "CPU", "Loop lag"]})),
       card("Membership events", events.length ? table(["When", "Event", "Silo", "Vote"], events, {id: "events"})
@@ -148,14 +149,19 @@
       h("label", {}, "State", state), h("button", {type: "submit"}, "Search"));
     const results = h("div", {id: "results"}), detail = h("div", {id: "detail"});
     const more = h("button", {class: "secondary", type: "button", id: "more", style: "display:none"}, "More");
-    let cursor = null, rows = [];
+    // ``latest`` numbers the searches: the answer to one superseded by a newer
+    // search (the page's first search, then the user's) is dropped, not appended.
+    let cursor = null, rows = [], latest = 0;
     const query = () => {
       const q = new URLSearchParams();
       for (const [k, v] of new FormData(form)) if (v !== "") q.set(k, v);
       return q;
     };
-    function draw(page) {
-      rows = rows.concat(page.rows);
+    function draw(page, next) {
+      // A row that ticked since an earlier page moved on in the due order and
+      // may come again: it is shown once, where it was first shown.
+      const shown = new Set(next ? rows.map(r => r.grain + "|" + r.name) : []);
+      rows = (next ? rows : []).concat(page.rows.filter(r => !shown.has(r.grain + "|" + r.name)));
       cursor = page.cursor;
       more.style.display = cursor ? "" : "none";
       results.replaceChildren(rows.length ? table(["Grain", "Name", "Schedule", "Next due", "Priority", "Action", "Flags"],
@@ -169,12 +175,14 @@
         h("p", {class: "muted"}, rows.length + " shown · " + page.scanned + " index entries looked at"));
     }
     async function search(next) {
-      const q = query();
-      if (next && cursor) q.set("cursor", cursor); else { rows = []; cursor = null; }
+      const q = query(), mine = ++latest;
+      next = next && cursor !== null;
+      if (next) q.set("cursor", cursor);
       const r = await fetch("api/reminders?" + q);
       const doc = await r.json();
+      if (mine !== latest) return;
       if (!r.ok) { results.replaceChildren(h("p", {class: "error"}, doc.error)); return; }
-      draw(doc);
+      draw(doc, next);
     }
     form.addEventListener("submit", e => { e.preventDefault(); search(false); });
     more.addEventListener("click", () => search(true));
@@ -195,9 +203,17 @@
       const kv = h("dl", {class: "kv"});
       for (const [k, v] of [["Grain", d.grain_text], ["Name", d.name], ["Schedule", d.schedule],
           ["Expression", d.cron ? d.cron + " " + (d.tz || "UTC") : (d.period_seconds + " s period")],
-          ["Next slots", d.next_slots.map(time).join(" · ")], ["Last fire", time(d.last_fire)],
+          ["Next fire times", d.next_slots.map(time).join(" · ") || "none"], ["Last fire", time(d.last_fire)],
           ["Priority", d.priority], ["Missed ticks", d.action], ["Declared", d.declared ? "yes" : "no"],
-          ["State", d.paused ? "paused" : "active"], ["Orphaned", d.orphaned ? "yes: no Active silo hosts its type" : "no"]]) {
+          ["State", d.paused ? "paused" : "active"], ["Orphaned", d.orphaned ? "yes: no Active silo hosts its type" : "no"],
+          ["Labels", Object.entries(d.labels || {}).map(([k, v]) => k + "=" + v).join(", ") || "none"],
+          ["Calendar", d.calendar ? d.calendar + " (" + (d.on_excluded || "skip") + ")" : "none"],
+          ...(d.counters ? [["Counters", "delivered " + d.counters.delivered + " · failed " + d.counters.failed +
+              " · dead-lettered " + d.counters.dead_lettered + " · deduplicated " + d.counters.deduplicated],
+            ["Skipped", d.counters.skipped + " (paused " + d.counters.skipped_paused + ", overlap " + d.counters.skipped_overlap +
+              ", calendar " + d.counters.skipped_calendar + ", catch-up window " + d.counters.skipped_catchup_window +
+              ", late " + d.counters.skipped_late + ")"],
+            ["Last error", d.counters.last_error ? d.counters.last_error + " at " + time(d.counters.last_error_at) : "none"]] : [])]) {
         kv.appendChild(h("dt", {}, k)); kv.appendChild(h("dd", {}, v));
       }
       const prio = h("input", {type: "number", min: "-128", max: "127", value: d.priority, id: "new-priority", style: "width:80px"});
@@ -213,8 +229,18 @@
         btn("Delete", "act-delete", () => act(grain, name, "delete", null, "Delete " + d.name + " of " + d.grain_text), "danger"),
         h("span", {id: "action-result"}));
       const hist = d.history.map(f => ({cells: [time(f.slot), time(f.at), f.lateness_ms.toFixed(1) + " ms",
-        f.outcome + (f.triggered ? " (triggered)" : ""), f.silo, f.error || ""]}));
-      detail.replaceChildren(card("Reminder " + d.name, kv, actions,
+        f.outcome + (f.triggered ? " (triggered)" : "") + (f.backfill ? " (backfill)" : ""), f.silo, f.error || ""]}));
+      const bf = d.backfill;
+      const from = h("input", {id: "backfill-from", placeholder: "2026-12-01T00:00:00Z", maxlength: "64"});
+      const to = h("input", {id: "backfill-to", placeholder: "2026-12-02T00:00:00Z", maxlength: "64"});
+      const backfill = h("div", {class: "actions", id: "backfill"},
+        bf ? h("span", {id: "backfill-progress"}, "backfill " + (bf.delivered + bf.failed) + "/" + bf.total +
+               " slots of [" + time(bf.from) + ", " + time(bf.to) + "), next " + time(bf.next) +
+               (bf.failed ? ", " + bf.failed + " failed" : ""))
+           : h("span", {class: "muted"}, "no backfill running"),
+        READ_ONLY ? null : (bf ? btn("Cancel backfill", "act-cancel-backfill", () => act(grain, name, "cancel_backfill", null, "Cancel the backfill of " + d.name), "danger")
+                               : h("span", {}, from, to, btn("Backfill", "act-backfill", () => act(grain, name, "backfill", {from: from.value, to: to.value}, "Deliver every slot of " + d.name + " from " + from.value + " to " + to.value + " again"), "secondary"))));
+      detail.replaceChildren(card("Reminder " + d.name, kv, actions, h("h2", {}, "Backfill"), backfill,
         h("h2", {}, "Fire history"), hist.length ? table(["Slot", "At", "Lateness", "Outcome", "Silo", "Error"], hist, {id: "history", num: ["Lateness"]})
                                                 : h("p", {class: "muted", id: "history-empty"}, "no deliveries recorded"),
         btn("Refresh", "refresh-detail", () => openDetail(grain, name), "secondary")));
@@ -226,9 +252,98 @@
     search(false);
   }
 
+  // -- audit -----------------------------------------------------------------------------
+  function renderAudit() {
+    const field = (label, name, attrs) => h("label", {}, label, h("input", Object.assign({name: name, maxlength: "200"}, attrs || {})));
+    const form = h("form", {class: "search", id: "audit-search"},
+      field("Grain", "grain", {placeholder: "CounterGrain/s:a"}), field("Reminder", "name"),
+      field("Principal", "principal", {placeholder: "dashboard:ops"}), field("Action", "action", {placeholder: "pause"}),
+      h("button", {type: "submit"}, "Search"));
+    const results = h("div", {id: "audit-results"});
+    const row = r => ({attrs: {"data-id": r.id, "data-action": r.action, "data-principal": r.principal},
+      cells: [time(r.at), r.principal, r.action, dash(r.grain), dash(r.reminder), badge(r.outcome),
+              r.detail === null ? "" : JSON.stringify(r.detail), dash(r.via)]});
+    async function search() {
+      const q = new URLSearchParams();
+      for (const [k, v] of new FormData(form)) if (v !== "") q.set(k, v);
+      const r = await fetch("api/audit?" + q);
+      const doc = await r.json();
+      if (!r.ok) { results.replaceChildren(h("p", {class: "error"}, doc.error)); return; }
+      results.replaceChildren(doc.records.length
+        ? table(["When", "Principal", "Action", "Grain", "Reminder", "Outcome", "Detail", "Via"], doc.records.map(row), {id: "audit"})
+        : h("p", {class: "muted"}, "no records match"));
+    }
+    form.addEventListener("submit", e => { e.preventDefault(); search(); });
+    main.replaceChildren(card("Search the audit log", form), card("Management actions, newest first", results));
+    document.getElementById("live").textContent = "read from the store";
+    search();
+  }
+
+  // -- dead letters ----------------------------------------------------------------------
+  function renderDeadLetters() {
+    const field = (label, name, attrs) => h("label", {}, label, h("input", Object.assign({name: name, maxlength: "1024"}, attrs || {})));
+    const form = h("form", {class: "search", id: "letter-search"},
+      field("Grain", "grain", {placeholder: "Type/s:key"}), field("Reminder", "name"),
+      h("button", {type: "submit"}, "Search"));
+    const results = h("div", {id: "letters"}), detail = h("div", {id: "letter-detail"});
+    const more = h("button", {class: "secondary", type: "button", id: "more-letters", style: "display:none"}, "More");
+    let cursor = null, letters = [], latest = 0;  // latest: as the reminders page's
+    function draw(page, next) {
+      letters = next ? letters.concat(page.letters) : page.letters;
+      cursor = page.cursor;
+      more.style.display = cursor ? "" : "none";
+      results.replaceChildren(letters.length ? table(["Dead-lettered", "Grain", "Reminder", "Slot", "Attempts", "Error"],
+        letters.map(d => ({attrs: {class: "clickable", "data-id": d.id, onclick: () => show(d)},
+          cells: [time(d.at), d.grain_text, d.name, time(d.slot), d.attempts, d.error_type + ": " + d.message]})),
+        {id: "letter-rows", num: ["Attempts"]}) : h("p", {class: "muted", id: "no-letters"}, "no dead letters"));
+    }
+    async function search(next) {
+      const q = new URLSearchParams();
+      for (const [k, v] of new FormData(form)) if (v !== "") q.set(k, v);
+      const mine = ++latest;
+      next = next && cursor !== null;
+      if (next) q.set("cursor", cursor);
+      const r = await fetch("api/dead-letters?" + q);
+      const doc = await r.json();
+      if (mine !== latest) return;
+      if (!r.ok) { results.replaceChildren(h("p", {class: "error"}, doc.error)); return; }
+      draw(doc, next);
+    }
+    async function act(d, action) {
+      if (!window.confirm((action === "replay" ? "Deliver again " : "Discard ") + d.name + " of " + d.grain_text + " (slot " + d.slot + ")?")) return;
+      const r = await fetch("api/action", {method: "POST", headers: {"content-type": "application/json", "x-csrf-token": CSRF},
+                                           body: JSON.stringify({action: action, id: d.id})});
+      const doc = await r.json();
+      const msg = document.getElementById("letter-result");
+      msg.className = r.ok ? "okmsg" : "error";
+      msg.textContent = r.ok ? "done: " + action : doc.error;
+      if (r.ok) setTimeout(() => search(false), 300);
+    }
+    function show(d) {
+      const kv = h("dl", {class: "kv"});
+      for (const [k, v] of [["Id (occurrence)", d.id], ["Grain", d.grain_text], ["Reminder", d.name], ["Slot", time(d.slot)],
+          ["Attempts", d.attempts], ["Dead-lettered", time(d.at) + " by " + d.silo], ["Error", d.error_type + ": " + d.message]]) {
+        kv.appendChild(h("dt", {}, k)); kv.appendChild(h("dd", {}, v));
+      }
+      const btn = (label, id, fn, cls) => h("button", {type: "button", id: id, class: cls || "", onclick: fn}, label);
+      const actions = READ_ONLY ? h("p", {class: "muted"}, "read-only dashboard") : h("div", {class: "actions"},
+        btn("Replay", "act-replay", () => act(d, "replay")),
+        btn("Discard", "act-discard", () => act(d, "discard"), "danger"),
+        h("span", {id: "letter-result"}));
+      detail.replaceChildren(card("Dead letter", kv, actions, h("h2", {}, "Traceback"), h("pre", {id: "traceback"}, d.traceback)));
+    }
+    form.addEventListener("submit", e => { e.preventDefault(); search(false); });
+    more.addEventListener("click", () => search(true));
+    main.replaceChildren(card("Dead letters", form), card("Ticks that failed their last attempt", results, more), detail);
+    document.getElementById("live").textContent = "paged from the store";
+    search(false);
+  }
+
   for (const a of document.querySelectorAll("nav a")) if (a.dataset.page === PAGE) a.className = "current";
   if (PAGE === "cluster") live("cluster", renderCluster);
   else if (PAGE === "grains") live("grains", renderGrains);
   else if (PAGE === "timeliness") live("timeliness", renderTimeliness);
+  else if (PAGE === "audit") renderAudit();
+  else if (PAGE === "dead-letters") renderDeadLetters();
   else renderReminders();
 })();

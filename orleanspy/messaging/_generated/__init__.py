@@ -1,1 +1,1 @@
-"""Generated from protos/orleanspy/v1 by orleanspy.messaging.protogen; do not edit."""
+"""Generated from orleanspy/messaging/protos by orleanspy.messaging.protogen; do not edit."""

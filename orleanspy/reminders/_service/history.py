@@ -59,11 +59,12 @@ class NoHistory:
         *,
         attempt: int = 1,
         final: bool = False,
+        backfill: bool = False,
     ) -> None:
         """The slot ``slot`` of ``entry`` met ``outcome`` at ``at`` (``error``: the
         grain's exception as ``Type: message``, for ``GRAIN_ERROR`` and
         ``RETRYING``; its ``attempt``-th delivery; ``final``: the reminder's last
-        slot)."""
+        slot; ``backfill``: a slot a backfill delivered)."""
 
 
 class History(NoHistory):
@@ -97,6 +98,7 @@ class History(NoHistory):
         *,
         attempt: int = 1,
         final: bool = False,
+        backfill: bool = False,
     ) -> None:
         self._buffer.append(
             _fire_record(
@@ -109,6 +111,7 @@ class History(NoHistory):
                 error=error,
                 attempt=attempt,
                 final=final,
+                backfill=backfill,
             )
         )
         self._wake.set()

@@ -16,8 +16,9 @@ window holds out (``read_due_skipping``): they are not fetched or decoded
 again. After each refill the window learns how many near-due rows it left
 outside, the best of them, and whether the read stopped at its limit (more
 may wait), for its rotation (``DueWindow.left_outside``). It runs at start,
-every ``poll_interval``, on request, when the heap falls below half (or half of
-it turned over) while the last refill left rows behind, and after the change
+every ``poll_interval``, on request, when a quarter of the window is free
+(counting due rows as held; an eighth, while a row left outside is overdue) or
+half of it turned over while the last refill left rows behind, and after the change
 feed was lost. A newly owned range is read at once. A change for an owned row
 that is not held (or that another writer moved) is read with ``table.read`` and
 admitted if it is inside the window and would make the cut; a removal drops
@@ -64,12 +65,14 @@ from orleanspy.reminders._service.ownership import Ownership
 from orleanspy.reminders._service.persist import Persister
 from orleanspy.reminders._service.ticker import sleep_or_wake
 from orleanspy.reminders._service.window import DueWindow, Row, admission_key
+from orleanspy.reminders.counters import SKIPPED
 from orleanspy.reminders.model import (
     ENDED,
     MissedReminderAction,
     ReminderChange,
     ReminderEntry,
     ScheduleUpdate,
+    SkipReason,
     row_key,
 )
 from orleanspy.reminders.schedule import schedule_for
@@ -357,7 +360,7 @@ class Loader:
         # read past them so they cannot hide the rows we are looking for.
         limit = wanted + len(window) + len(self._persister)
         table = self._table
-        reads: list[Awaitable[list[ReminderEntry]]]
+        take = 0
         if isinstance(table, SkippingReminderTable):
             # Held rows are left out by the table itself: they are not fetched or
             # decoded again. They still count towards the limit, so an answer of
@@ -366,12 +369,25 @@ class Loader:
             # wanted, and room for released rows whose update is still unwritten
             # (the table has them earlier than they are: they come first).
             take = wanted + len(self._persister)
-            reads = [table.read_due_skipping(r, before, limit, window, take=take) for r in ranges]
             full = min(limit - len(window), take)
         else:
-            reads = [table.read_due(r, before, limit) for r in ranges]
             full = limit
-        batches, touched = await self._read(reads)
+
+        def reads_until(until: datetime) -> list[Awaitable[list[ReminderEntry]]]:
+            if isinstance(table, SkippingReminderTable):
+                return [table.read_due_skipping(r, until, limit, window, take=take) for r in ranges]
+            return [table.read_due(r, until, limit) for r in ranges]
+
+        batches, touched = await self._read(reads_until(before))
+        if any(len(b) >= full for b in batches):
+            # The read stopped at its limit in the priority order: rows of a lower
+            # priority that are due already may wait behind higher ones not due
+            # for minutes. Read those too, so free room goes to them first (an
+            # idle silo otherwise left overdue background rows outside for as
+            # long as its higher priorities filled the look-ahead).
+            due_now, also = await self._read(reads_until(now))
+            batches += due_now
+            touched |= also
         # Cheap filters first; schedules are built only for rows that can make the cut.
         found: dict[str, tuple[datetime, int, ReminderEntry, datetime | None]] = {}
         # Rows whose stored state changed while the read ran (our schedule write
@@ -393,9 +409,12 @@ class Loader:
                 next_due, last_fire = self._effective(entry)
                 if next_due <= before:
                     found[key] = (next_due, -int(entry.priority), entry, last_fire)
-        # Priority first, then due: the window's admission order.
+        # Priority first, then due: the window's admission order; rows due already
+        # ahead of rows not due yet, so free room is not filled with later rows
+        # while earlier ones wait (a queued row is evicted only by a better one in
+        # the admission order, never for an earlier one of a lower priority).
         if window.priority_first:
-            best = sorted(found.values(), key=lambda c: (c[1], c[0]))[: window.room]
+            best = sorted(found.values(), key=lambda c: (c[0] > now, c[1], c[0]))[: window.room]
         else:
             best = sorted(found.values(), key=lambda c: (c[0], c[1]))[: window.room]
         # Rows (and their schedules) are built as the merge takes them, best first:
@@ -411,7 +430,8 @@ class Loader:
         if not window.priority_first:
             left = sorted((0, due) for _, due in left)
         truncated = raced or any(len(b) >= full for b in batches)
-        window.left_outside(len(left), left[0] if left else None, more=truncated)
+        overdue = any(due <= now for _, due in left)
+        window.left_outside(len(left), left[0] if left else None, more=truncated, overdue=overdue)
         self._more_available = loaded < len(found) or truncated
         window.refilled(self._more_available)
         self.refills += 1
@@ -586,7 +606,14 @@ class Loader:
             except ReminderError:
                 continue
             grace = self._options.grace if entry.grace is None else entry.grace
-            plan = plan_tick(schedule, entry.action, entry.next_due, now, grace)
+            plan = plan_tick(
+                schedule,
+                entry.action,
+                entry.next_due,
+                now,
+                grace,
+                catchup_window=entry.catchup_window,
+            )
             if plan.deliver:
                 # A catch-up (FIRE_IMMEDIATELY) or an on-time tick needs a delivery:
                 # the window loads it once there is room.
@@ -594,6 +621,12 @@ class Loader:
                 self._window.signal_low = True
                 continue
             self.repaired += 1
+            counts = self._persister.counts
+            resumed = entry.resumed_at
+            paused = resumed is not None and entry.next_due <= resumed
+            reason = SkipReason.PAUSED if paused else SkipReason.LATE
+            counts.add(key, entry, SKIPPED[reason], plan.skipped)
+            counts.add(key, entry, SKIPPED[SkipReason.CATCHUP_WINDOW], plan.outside)
             if plan.resume is None:  # its last slot passed: the row ends here
                 update = ScheduleUpdate(
                     entry.grain_id, entry.name, entry.etag, ENDED, entry.last_fire, remove=True

@@ -15,10 +15,23 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from orleanspy._frozen import maker
-from orleanspy.reminders.model import MissedReminder, MissedReminderAction, ReminderEntry
+from orleanspy.reminders.model import (
+    MAX_BUFFERED_SLOTS,
+    MissedReminder,
+    MissedReminderAction,
+    OverlapPolicy,
+    ReminderEntry,
+)
 from orleanspy.reminders.schedule import IntervalSchedule, Schedule
 
-__all__ = ["MISSED_COUNT_CAP", "MissedNotifier", "PublishMissed", "TickPlan", "plan_tick"]
+__all__ = [
+    "MISSED_COUNT_CAP",
+    "MissedNotifier",
+    "PublishMissed",
+    "TickPlan",
+    "plan_overlap",
+    "plan_tick",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +53,10 @@ class TickPlan:
     folded into it; for SKIP/NOTIFY, every passed slot (none was delivered).
     ``resume`` is the next slot after ``now`` for a missed row, and ``None`` for
     an on-time tick (its next slot follows ``slot`` on the grid).
+    ``skipped``: passed slots not delivered as ticks of their own (skipped, or
+    coalesced into a catch-up tick); ``outside``: passed slots older than the
+    row's catch-up window (skipped, none of them delivered). They are what the
+    row's skip counters get.
     """
 
     deliver: bool
@@ -47,6 +64,8 @@ class TickPlan:
     missed: bool = False
     missed_ticks: int = 0
     resume: datetime | None = None
+    skipped: int = 0
+    outside: int = 0
 
     @property
     def ended(self) -> bool:
@@ -57,6 +76,7 @@ class TickPlan:
 
 # One plan per tick: built without TickPlan's frozen __init__ (orleanspy._frozen).
 _plan = maker(TickPlan)
+_MS = timedelta(milliseconds=1)
 
 
 def plan_tick(
@@ -65,6 +85,8 @@ def plan_tick(
     slot: datetime,
     now: datetime,
     grace: timedelta,
+    *,
+    catchup_window: timedelta | None = None,
 ) -> TickPlan:
     """Apply the missed-tick rule to a row due at ``slot`` (docs/architecture.md,
     section 2, step 6).
@@ -81,6 +103,11 @@ def plan_tick(
     delivery for the slots it missed, and a row whose stored schedule lags
     ticks already delivered (a write lost with its silo) replays none of them
     as a burst either.
+
+    ``catchup_window`` (FIRE_IMMEDIATELY rows that have one): passed slots older
+    than ``now - catchup_window`` are skipped (``outside``) and never delivered;
+    the catch-up tick is delivered only if the latest passed slot lies inside
+    the window, and its ``missed_ticks`` counts the earlier slots inside it.
     """
     if not _due_by(schedule.next_after(slot), now):
         if now <= slot + grace:
@@ -90,8 +117,49 @@ def plan_tick(
         latest, earlier = _latest_passed(schedule, slot, now)
     resume = schedule.next_after(now)
     if action is MissedReminderAction.FIRE_IMMEDIATELY:
-        return _plan(True, latest, True, earlier, resume)
-    return _plan(False, slot, True, earlier + 1, resume)
+        if catchup_window is None:
+            return _plan(True, latest, True, earlier, resume, earlier)
+        cutoff = now - catchup_window
+        if latest < cutoff:
+            return _plan(False, slot, True, earlier + 1, resume, 0, earlier + 1)
+        # Passed slots before the cutoff (the latest is not one of them).
+        outside = schedule.slots_between(slot - _MS, cutoff - _MS, cap=earlier)
+        within = earlier - outside
+        return _plan(True, latest, True, within, resume, within, outside)
+    return _plan(False, slot, True, earlier + 1, resume, earlier + 1)
+
+
+def plan_overlap(
+    schedule: Schedule, policy: OverlapPolicy, slot: datetime, now: datetime
+) -> TickPlan:
+    """The plan of a row whose slot ``slot`` fell due while its previous tick
+    still ran (an overlapping slot), under ``policy`` (not ``BUFFER_ONE``, whose
+    overlapping slots go through ``plan_tick`` as every release before 0.2 did,
+    nor ``ALLOW_ALL``, whose slots never wait). The slots counted are those
+    passed by ``now``, from ``slot`` on; ``skipped`` counts those not
+    delivered (overlap skips).
+
+    ``SKIP``: none is delivered; the grid resumes at the first slot after now.
+    ``BUFFER_ALL``: ``slot`` is delivered as an on-time tick of its own (its
+    next slot follows it on the grid), unless more than ``MAX_BUFFERED_SLOTS``
+    passed: the oldest beyond that are skipped, and the first kept is delivered.
+    ``CANCEL_OTHER``: the latest passed slot is delivered (the newest wins),
+    the earlier ones are skipped; the grid resumes after now.
+    """
+    latest, earlier = _latest_passed(schedule, slot, now)
+    resume = schedule.next_after(now)
+    if policy is OverlapPolicy.SKIP:
+        return _plan(False, slot, True, earlier + 1, resume, earlier + 1)
+    if policy is OverlapPolicy.BUFFER_ALL:
+        drop = earlier + 1 - MAX_BUFFERED_SLOTS
+        first: datetime | None = slot
+        for _ in range(max(0, drop)):
+            assert first is not None
+            first = schedule.next_after(first)
+        if first is None or first > now:
+            first = latest  # cannot happen on a grid; the latest passed slot, then
+        return _plan(True, first, False, 0, None, max(0, drop))
+    return _plan(True, latest, True, 0, resume, earlier)
 
 
 def _latest_passed(schedule: Schedule, slot: datetime, now: datetime) -> tuple[datetime, int]:

@@ -7,7 +7,13 @@ from datetime import datetime
 
 from orleanspy.identity import GrainId
 from orleanspy.reminders.table import FeedScope
-from orleanspy.ring import RingRange, intersect_ranges, merge_ranges, subtract_ranges
+from orleanspy.ring import (
+    HASH_SPACE,
+    RingRange,
+    intersect_ranges,
+    merge_ranges,
+    subtract_ranges,
+)
 
 __all__ = ["Ownership"]
 
@@ -37,6 +43,11 @@ class Ownership:
 
     def owns(self, grain_id: GrainId) -> bool:
         return self.owns_hash(grain_id.uniform_hash())
+
+    def owns_everything(self) -> bool:
+        """Whether this silo owns the whole ring (it is the only Active silo:
+        every Active silo of a ring owns some of it)."""
+        return sum(r.size for r in merge_ranges(self._ranges)) == HASH_SPACE
 
     def assign(
         self,

@@ -24,6 +24,11 @@ Removals. A row whose schedule ended (``ScheduleUpdate.remove``) is removed
 against its etag in the same pipeline, so it supersedes and is rebased like any
 update of the row, and is written only after the tick it follows.
 
+Counters and dead letters. The per-row counters waiting in ``counts`` are
+written beside every batch (concurrently, each in its own round trip: never
+one per tick), and the dead letters waiting in ``letters`` before it, so a
+slot's letter is stored before the progress that moves past it.
+
 Under a stream of ticks a partial batch is not written before ``LINGER_S``
 (real time) has passed since the previous write ended: ticks finish a few at a
 time, and a round trip per handful of rows costs more than the rows themselves.
@@ -46,6 +51,9 @@ from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import Clock, to_ms
 from orleanspy.metrics import ReminderMetrics
 from orleanspy.options import ReminderOptions
+from orleanspy.reminders._service.counting import Counts
+from orleanspy.reminders._service.dead_letters import DeadLetters
+from orleanspy.reminders._service.features import ServiceFeatures
 from orleanspy.reminders.model import ScheduleUpdate, row_key
 from orleanspy.reminders.table import BatchingReminderTable, EndingReminderTable, ReminderTable
 
@@ -78,6 +86,8 @@ class Persister:
     not called for updates that are still pending when the persister stops.
     ``before_removals`` (the fire history's flush) is awaited before a batch
     that removes ended rows, so their final records are in before they go.
+    ``counts`` and ``letters`` (module docstring) are written with the batches;
+    by default the table's, used while the cluster's level allows.
     """
 
     def __init__(
@@ -89,8 +99,16 @@ class Persister:
         *,
         metrics: ReminderMetrics | None = None,
         before_removals: Callable[[], Awaitable[None]] | None = None,
+        counts: Counts | None = None,
+        letters: DeadLetters | None = None,
     ) -> None:
         self._table = table
+        features = ServiceFeatures()
+        self.counts = counts if counts is not None else Counts(table, features)
+        self.letters = (
+            letters if letters is not None else DeadLetters(table, clock, options, features)
+        )
+        self.counts.waiting = self._waits
         self._before_removals = before_removals
         self.metrics = metrics or ReminderMetrics()
         self._batching = isinstance(table, BatchingReminderTable)
@@ -113,6 +131,9 @@ class Persister:
         self.failures = 0
         self.recognised = 0
         self._last_write_end = float("-inf")  # loop time
+
+    def _waits(self, key: str) -> bool:
+        return key in self._pending
 
     def __len__(self) -> int:
         """Rows with an update not yet written."""
@@ -211,6 +232,11 @@ class Persister:
             attempts -= min(attempts, self._options.persist_batch)
             if not await self._write_batch():
                 break
+        # What waited for a batch that never came (a tick's failed attempt).
+        if self.letters.pending:
+            await self.letters.write()
+        if self.counts.pending:
+            await self.counts.write()
         return len(self._pending)
 
     async def _write_batch(self) -> bool:
@@ -220,7 +246,23 @@ class Persister:
         results: Sequence[str | BaseException | None]
         self.metrics.persisted(len(batch))
         try:
-            results = await self._write(batch)
+            letters_ok = not self.letters.pending or await self.letters.write()
+        except asyncio.CancelledError:
+            self._requeue(batch)
+            self._writing_done(keys)
+            raise
+        if not letters_ok:
+            # A slot's letter before the progress past it (module docstring):
+            # the batch waits for the store with it.
+            self.failures += 1
+            self._requeue(batch)
+            self._writing_done(keys)
+            return False
+        try:
+            if self.counts.pending:
+                results, _ = await asyncio.gather(self._write(batch), self.counts.write(keys))
+            else:
+                results = await self._write(batch)
         except asyncio.CancelledError:
             self._requeue(batch)
             self._writing_done(keys)

@@ -12,9 +12,11 @@ Every change of a row's state goes through the window: admission and eviction
 (``drop``, also out of its lane), a persisted schedule (``persisted``), and a
 registration or management write applied in place (``replace_entry``,
 ``reschedule``). The window signals, and never calls, the parts that wait on
-it: ``head_changed`` (the ticker's sleep) and ``low`` (the heap ran low or
-half turned over, for the loader). Rows that ``pop_due`` moved into the lanes
-are the ticker's to hand on (``LaneDrainer.kick``).
+it: ``head_changed`` (the ticker's sleep) and ``low`` (a quarter of the bucket
+free, an eighth while an overdue row waits outside, or half of it turned over,
+for the loader). Rows that
+``pop_due`` moved into the lanes are the ticker's to hand on
+(``LaneDrainer.kick``).
 
 After its tick the row goes back to ``QUEUED`` (if its next slot is inside the
 window) or leaves. Rotation: while rows wait outside (``left_outside``: the
@@ -90,7 +92,10 @@ class Row:
     acknowledged tick. ``retry_at``: set while a tick whose call failed on the
     call path waits for its retry, back in the heap (it holds no permit
     meanwhile); ``attempts`` counts those failures. Both are cleared when the
-    row moves to its next slot.
+    row moves to its next slot. ``overlap_until``: set after a tick that
+    outlasted its next slot, to when it returned: slots due by then overlapped
+    it (``OverlapPolicy``). ``running``: the slots of an ``ALLOW_ALL`` row
+    whose ticks are running beside its next ones (``None``: none yet).
     """
 
     __slots__ = (
@@ -102,8 +107,10 @@ class Row:
         "key",
         "last_fire",
         "next_due",
+        "overlap_until",
         "retry",
         "retry_at",
+        "running",
         "schedule",
         "seq",
         "state",
@@ -138,6 +145,8 @@ class Row:
         # The tick call's deadline in seconds, worked out at the first tick (a
         # cron row's next slot costs tens of µs), again after a new schedule.
         self.deadline: float | None = None
+        self.overlap_until: datetime | None = None
+        self.running: list[datetime] | None = None
 
     @property
     def priority(self) -> int:
@@ -161,8 +170,8 @@ class DueWindow:
         self.lanes: Lanes[Row] = Lanes(enable_priority)
         #: Set when the heap may have a new head (the ticker clears it).
         self.head_changed = asyncio.Event()
-        #: Set when the heap fell below half, or half of it turned over (ticks
-        #: finished since ``refilled``): the loader may want to refill.
+        #: Set when a quarter of the bucket is free, or half of it turned over
+        #: (ticks finished since ``refilled``): the loader may want to refill.
         self.low = asyncio.Event()
         #: Whether ``low`` is wanted at all (the loader sets it while the table
         #: holds more near-due rows than the window took).
@@ -173,6 +182,8 @@ class DueWindow:
         # of the best of them (set by the loader; see the module docstring).
         self._waiting = 0
         self._outside: tuple[int, datetime] | None = None
+        # Whether a row left outside by the last refill was due already.
+        self._overdue_outside = False
         self._released = 0
         self._batch = 1
         self.rotated = 0
@@ -349,13 +360,20 @@ class DueWindow:
         self._check_low()
 
     def left_outside(
-        self, waiting: int, best: tuple[int, datetime] | None, *, more: bool = False
+        self,
+        waiting: int,
+        best: tuple[int, datetime] | None,
+        *,
+        more: bool = False,
+        overdue: bool = False,
     ) -> None:
         """The loader saw ``waiting`` near-due rows it could not admit, the best
         of them with admission key ``best`` (``admission_key``); replaces what
         a previous refill said. ``more``: its read stopped at a limit, so more
         rows may wait than it saw: the window then counts on a batch's worth
-        (the loader reads only a few rows past what it admits)."""
+        (the loader reads only a few rows past what it admits). ``overdue``: one
+        of them was due already (``low`` then asks for less room)."""
+        self._overdue_outside = overdue and waiting > 0
         self._waiting = waiting if best is not None else 0
         if more and self._waiting:
             self._waiting = max(self._waiting, self.bucket_size // _ROTATION_SHARE)
@@ -441,6 +459,8 @@ class DueWindow:
         row.next_due, row.last_fire = entry.next_due, entry.last_fire
         row.retry_at, row.attempts = None, 0
         row.deadline = None
+        # Ticks of the old schedule still running are not the new one's.
+        row.overlap_until, row.running = None, None
         if keep:
             self.push(row)
         else:
@@ -507,14 +527,25 @@ class DueWindow:
         return None
 
     def _check_low(self) -> None:
-        # Under a backlog the heap refills with the next slots of delivered rows,
-        # so "below half" alone would leave older rows in the table until the
-        # poll; a half-turned-over window also asks (a refill then evicts the
+        # Room counts every resident row, due ones too: under a backlog the heap
+        # drains into the lanes while the window stays full, and a refill then
+        # has no room to fill and no queued row to evict, yet reads every owned
+        # range (a restart over 100,000 overdue rows spent most of its CPU
+        # refilling after each tick). A quarter of the bucket free is worth a
+        # read, an eighth while a row left outside is overdue already: the heap
+        # may stay three quarters full of a higher priority's next slots, and
+        # lower-priority overdue rows outside then waited for the poll (an idle
+        # silo caught up with 10,000 background rows a poll's 200 at a time).
+        # Under a backlog the heap also refills with the next slots of delivered
+        # rows; a half-turned-over window also asks (a refill then evicts the
         # later rows in favour of the older ones).
         if not self.signal_low:
             return
-        half = self.bucket_size // 2
-        if len(self._queued_rows) < half or self.turnover >= half:
+        share = 8 if self._overdue_outside else 4
+        if (
+            self.space >= max(1, self.bucket_size // share)
+            or self.turnover >= self.bucket_size // 2
+        ):
             self.signal_low = False
             self.low.set()
 

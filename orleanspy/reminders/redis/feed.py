@@ -11,7 +11,7 @@ ranges map to (the table says which: ``channels_of``), re-subscribes when the
 scope changes, raises ``StorageUnavailableError`` when it loses Redis (changes
 may have been missed: the reader opens a new feed, ``open``s it, then re-reads),
 and ends on ``aclose``. On a Redis Cluster it holds one pub/sub connection per
-master (``topology`` given). The PostgreSQL feed lives beside it in ``_pg_feed``.
+master (``topology`` given). The PostgreSQL feed is ``reminders.postgres.feed``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,13 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
-from orleanspy._redis import Client, node_client, translate_errors
+from orleanspy._redis import (
+    Client,
+    current_slot_map,
+    node_client,
+    refresh_slot_map,
+    translate_errors,
+)
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.clock import from_ms
 from orleanspy.errors import SerializationError, StorageError, StorageUnavailableError
@@ -295,9 +301,9 @@ class RedisChanges:
         assert self._topology is not None
         if self._topology.stale:
             self._topology.stale = False
-            await client.nodes_manager.initialize()
-        elif client._initialize:
-            await client.initialize()
+            await refresh_slot_map(client)
+        else:
+            await current_slot_map(client)
         wanted = self._wanted()
         gone: dict[str, list[str]] = {}
         for channel in sorted(self._channels - wanted):
