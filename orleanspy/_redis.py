@@ -39,9 +39,9 @@ import redis.asyncio as aioredis
 from redis import exceptions as rexc
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
+from orleanspy._redis_sentinel import sentinel_client
 from orleanspy._retry import Backoff, seconds_left
 from orleanspy._tasks import raise_if_cancelled
 from orleanspy.errors import ConfigurationError, StorageError, StorageUnavailableError
@@ -332,27 +332,7 @@ def _sentinel(url: str, scheme: str, max_connections: int) -> aioredis.Redis:
     }
     if scheme.startswith("rediss"):
         kwargs["ssl"] = True
-    # redis-py 8.2 types Sentinel's constructor, 8.1 does not.
-    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
-        sentinels,
-        sentinel_kwargs={"socket_connect_timeout": 2, "socket_timeout": 2},
-        **{k: v for k, v in kwargs.items() if k not in ("max_connections", "retry", "db")},
-    )
-    client: _SentinelRedis = sentinel.master_for(name, redis_class=_SentinelRedis, **kwargs)
-    client.sentinels = sentinel
-    return client
-
-
-class _SentinelRedis(aioredis.Redis):
-    """The primary's client; closing it closes the connections to the sentinels too."""
-
-    sentinels: Sentinel | None = None
-
-    async def aclose(self, close_connection_pool: bool | None = None) -> None:
-        await super().aclose(close_connection_pool)
-        if self.sentinels is not None:
-            for s in self.sentinels.sentinels:
-                await s.aclose()
+    return sentinel_client(sentinels, name, kwargs)
 
 
 def connect(url: str, *, max_connections: int = 64) -> Redis:

@@ -364,6 +364,26 @@ async def test_sentinel_url_finds_the_primary(redis_sentinel_url: str) -> None:
         await client.aclose()
 
 
+async def test_sentinel_callers_beyond_the_pool_wait_for_a_connection(
+    redis_sentinel_url: str,
+) -> None:
+    """More commands at once than the pool has connections: each waits for a free
+    one, as on a plain URL, and none fails with "Too many connections" (which the
+    providers would report as Redis being unavailable)."""
+    client = await resolve(connect(redis_sentinel_url, max_connections=2))
+    try:
+        # BLPOP on an empty list holds its connection for its whole timeout.
+        replies = await asyncio.gather(
+            *(client.blpop([f"empty:{i}"], timeout=0.2) for i in range(8))
+        )
+        assert replies == [None] * 8
+        pool = client.connection_pool
+        assert len(pool._in_use_connections) == 0  # every connection came back
+        assert await client.ping()
+    finally:
+        await client.aclose()
+
+
 async def test_noscript_on_one_node_resends_only_the_calls_that_did_not_run(
     redis_cluster: RedisClusterServer,
 ) -> None:

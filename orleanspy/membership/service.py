@@ -16,10 +16,12 @@ Death is final and prompt. A silo learns of its own Dead verdict from the
 gossip of the silo that wrote it, or at its next table read (every
 ``table_refresh_interval``); it then revokes its ownership lease (no more
 ticks), stops its loops and calls ``on_declared_dead``. A store that lost its
-data (this silo's row gone, or the table version below one already read) is
-treated the same way, with a WARNING that says what happened: the silo stops,
-and a restart joins as a new incarnation (docs/decisions.md, "A store that
-lost its data").
+data (this silo's row gone, or the table version below one already read
+without this silo's row as it knows it) is treated the same way, with a
+WARNING that says what happened: the silo stops, and a restart joins as a new
+incarnation (docs/decisions.md, "A store that lost its data"). A table that
+went back in version with this silo's row intact lost its last writes in a
+failover (asynchronous replication): the silo adopts it and carries on.
 
 Credentials, versions and ring mode. Each row carries a verifier of the joining
 silo's credentials (``membership.credentials``), its release and protocol window
@@ -129,6 +131,9 @@ class MembershipService:
         self._reads_started = 0
         self._read_applied = 0
         self._published_version = -1
+        #: Reads that found the table gone back in version with this silo's row
+        #: intact, and were adopted (``_rewind``).
+        self.rewinds = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._leaving = False
@@ -212,10 +217,11 @@ class MembershipService:
         self.lease.table_written()
         if self._started and not self._leaving and not self._dead:
             if snap.version.version < known_version:
-                self._store_lost(
-                    f"the table version went back from {known_version} to {snap.version.version}"
-                )
-                return self._snapshot
+                what = f"the table version went back from {known_version} to {snap.version.version}"
+                if not self._own_row_intact(snap):
+                    self._store_lost(what)
+                    return self._snapshot
+                self._rewind(snap, seq, what)
             if had_row and self.address not in snap.entries:
                 self._store_lost("this silo's row is gone")
                 return self._snapshot
@@ -596,6 +602,35 @@ class MembershipService:
             listener(snap)
         except Exception:
             log.exception("membership listener failed silo=%s", self.address)
+
+    def _own_row_intact(self, snap: MembershipSnapshot) -> bool:
+        """Whether ``snap`` holds this silo's row in the status this silo knows
+        it has: the table went back to an earlier state of this incarnation's
+        cluster, not to an empty or foreign one."""
+        stored = snap.entries.get(self.address)
+        known = self._snapshot.entries.get(self.address)
+        return stored is not None and known is not None and stored[0].status == known[0].status
+
+    def _rewind(self, snap: MembershipSnapshot, seq: int, what: str) -> None:
+        """Adopt a table that went back in version with this silo's row intact:
+        writes the store had acknowledged were lost (an asynchronously replicated
+        primary failed over before its replica had them; ``RedisOptions``'
+        ``wait_replicas`` prevents it). What they said (a vote, a status) is
+        written again by whoever still means it; stopping every silo that had
+        read them would turn a lost write into an outage."""
+        log.warning(
+            "membership table went back silo=%s: %s; writes the store acknowledged "
+            "were lost (a failover before replication?); this silo's row is intact, "
+            "so it carries on with the table as stored",
+            self.address,
+            what,
+        )
+        self.rewinds += 1
+        self._read_applied = seq
+        self._snapshot = snap
+        self._published_version = snap.version.version
+        for listener in list(self._listeners):
+            self._call(listener, snap)
 
     def _store_lost(self, what: str) -> None:
         log.warning(

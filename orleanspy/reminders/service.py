@@ -142,6 +142,9 @@ class ReminderServiceStats:
     backfilled: int = 0
     backfill_failed: int = 0
     backfills_running: int = 0
+    #: Rows read back behind a schedule this silo had written (a write the store
+    #: acknowledged and lost in a failover): the schedule was kept, not replayed.
+    rolled_back: int = 0
 
 
 class ReminderService:
@@ -432,6 +435,7 @@ class ReminderService:
             backfilled=0 if self._backfills is None else self._backfills.delivered,
             backfill_failed=0 if self._backfills is None else self._backfills.failed,
             backfills_running=0 if self._backfills is None else self._backfills.running,
+            rolled_back=ld.rolled_back,
         )
 
     # -- wiring -----------------------------------------------------------------------

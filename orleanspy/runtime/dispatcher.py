@@ -98,6 +98,10 @@ _FORGED_TICK = (
     "grain's trigger)"
 )
 _VERDICT_POLL = 0.1
+# An activation's end that the directory store refused to record is tried again
+# this often, this many times (a failover takes seconds; a dead store longer).
+_UNREGISTER_RETRY_S = 1.0
+_UNREGISTER_ATTEMPTS = 30
 # Requests from silos not (yet) in the table that may wait for a table read;
 # beyond it they are dropped, so made-up senders cannot pile up work.
 _MAX_STRANGERS = 1000
@@ -926,9 +930,24 @@ class Dispatcher:
             return None
         from orleanspy.directory.table import ActivationAddress
 
-        return await self._locator.register(
-            activation.grain_id, ActivationAddress(self.address, activation.activation_id)
-        )
+        gid = activation.grain_id
+        mine = ActivationAddress(self.address, activation.activation_id)
+        winner = await self._locator.register(gid, mine)
+        if (
+            winner is not None
+            and _is_here(winner.silo, self.address)
+            and self.catalog.get(gid) is activation
+        ):
+            # The directory names an activation of this silo that it no longer
+            # has: one whose end could not be unregistered (the store was away
+            # when it ended; ``activation_ended`` retries, but a call may come
+            # first). Only this silo can know that, so it clears the entry and
+            # claims once more; left alone, every call to the grain would be
+            # forwarded here, to itself, until it gave up.
+            log.info("stale directory entry of this silo cleared grain=%s entry=%s", gid, winner)
+            await self._locator.unregister(gid, winner)
+            winner = await self._locator.register(gid, mine)
+        return winner
 
     async def activation_ended(self, activation: Activation) -> None:
         self.catalog.remove(activation)
@@ -936,12 +955,30 @@ class Dispatcher:
             return
         from orleanspy.directory.table import ActivationAddress
 
+        address = ActivationAddress(self.address, activation.activation_id)
         try:
-            await self._locator.unregister(
-                activation.grain_id, ActivationAddress(self.address, activation.activation_id)
-            )
+            await self._locator.unregister(activation.grain_id, address)
         except Exception as exc:
-            log.warning("directory unregister failed grain=%s error=%r", activation.grain_id, exc)
+            log.warning(
+                "directory unregister failed; trying again in the background grain=%s error=%r",
+                activation.grain_id,
+                exc,
+            )
+            self._spawn(self._unregister_later(activation.grain_id, address))
+
+    async def _unregister_later(self, gid: GrainId, address: ActivationAddress) -> None:
+        """Remove the entry of an activation that has ended, once the store
+        answers (a compare-and-delete: a newer activation's entry stays). Until
+        then, calls the entry sends here find no activation and a new one
+        clears it (``register_activation``)."""
+        for _ in range(_UNREGISTER_ATTEMPTS):
+            await asyncio.sleep(_UNREGISTER_RETRY_S)
+            try:
+                await self._locator.unregister(gid, address)
+                return
+            except Exception as exc:
+                error = exc
+        log.warning("directory unregister gave up grain=%s error=%r", gid, error)
 
     # -- housekeeping -------------------------------------------------------------------
 

@@ -21,6 +21,8 @@ import grpc.aio
 import pytest
 
 from orleanspy import ClusterClient, Grain, Silo
+from orleanspy.directory.redis import RedisGrainDirectory
+from orleanspy.directory.table import ActivationAddress
 from orleanspy.errors import (
     AuthenticationError,
     GrainMethodNotFoundError,
@@ -118,6 +120,33 @@ async def test_one_activation_cluster_wide_whatever_the_gateway(redis_url: str) 
         assert [calls for _, _, calls in seen] == list(range(1, 10))
         hosting = [s for s in cluster.silos if s.activation_count]
         assert len(hosting) == 1
+
+
+async def test_an_entry_naming_an_activation_its_silo_no_longer_has_is_replaced(
+    redis_url: str,
+) -> None:
+    """An activation that ended while the directory store was away leaves its
+    entry behind (its unregister failed). Calls then reach its silo, which has no
+    such activation: the silo clears its own stale entry and activates the grain
+    there, instead of forwarding the calls to itself until they are rejected."""
+    async with InProcessCluster(redis_url, size=2, membership=FAST_MEMBERSHIP) as cluster:
+        home = cluster.silos[1]
+        stale = ActivationAddress(home.address, "ended-long-ago")
+        directory = RedisGrainDirectory(
+            redis_url, service_id=cluster.options.service_id, cluster_id=cluster.options.cluster_id
+        )
+        async with AsyncExitStack() as stack:
+            await directory.start(stack)
+            gid = GrainId(ClusterWhereGrain.__name__, "left-behind")
+            assert await directory.register(gid, stale) == stale
+            client = await cluster.client()
+            answers = [
+                await client.get_grain(ClusterWhereGrain, "left-behind").hit() for _ in range(4)
+            ]
+            entry = await directory.lookup(gid)
+        assert {where for where, _, _ in answers} == {str(home.address)}
+        assert [calls for _, _, calls in answers] == [1, 2, 3, 4]
+        assert entry is not None and entry != stale and entry.silo == home.address
 
 
 async def test_graceful_stop_hands_grains_on_and_writes_dead(redis_url: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -242,14 +243,35 @@ async def test_a_vanished_row_stops_the_silo_with_a_warning(
     assert any("store lost its data" in r.getMessage() for r in caplog.records)
 
 
-async def test_a_table_version_that_went_back_stops_the_silo(cluster: Cluster) -> None:
+async def test_a_table_that_went_back_with_the_row_intact_is_adopted(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
     _a, b = await cluster.join_all(1, 2)
     table = cluster.table
     assert isinstance(table, InMemoryMembershipTable)
-    stored = dict(table._rows)
     # A replica that missed the last writes took over: the rows are there, older.
     table._version = type(table._version)(1, "1")
-    table._rows = stored
+    seen: list[int] = []
+    b.service.add_listener(lambda snap: seen.append(snap.version.version))
+    with caplog.at_level(logging.WARNING, logger="orleanspy.membership"):
+        snap = await b.service.refresh()
+    assert b.dead_calls == [] and b.service.stop_reason is None
+    assert b.service.lease.held()
+    assert snap.version.version == 1 and b.service.rewinds == 1
+    assert seen[-1] == 1  # the listeners (the ring among them) were told
+    assert any("table went back" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_table_that_went_back_past_this_silos_status_stops_the_silo(
+    cluster: Cluster,
+) -> None:
+    _a, b = await cluster.join_all(1, 2)
+    table = cluster.table
+    assert isinstance(table, InMemoryMembershipTable)
+    # Older than this silo's own Active row: it reads itself Joining.
+    entry, etag = table._rows[b.address]
+    table._rows[b.address] = (replace(entry, status=SiloStatus.JOINING), etag)
+    table._version = type(table._version)(1, "1")
     await b.service.refresh()
     assert b.dead_calls == [b.address]
     assert b.service.stop_reason is not None

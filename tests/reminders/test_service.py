@@ -694,6 +694,59 @@ async def test_a_lost_cas_reads_the_row_again_before_the_poll(clock, table) -> N
         assert svc.stats.refills == 1  # the start's only: no poll was needed
 
 
+async def test_a_row_rolled_back_by_the_store_keeps_the_schedule_delivered(clock, table) -> None:
+    # A Redis primary acknowledges schedule writes and fails over before its
+    # replica has them: the row (etag included) goes back to an earlier state of
+    # the same registration. The next CAS loses; the re-read row is behind what
+    # this silo delivered, and no slot it delivered is delivered again.
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    key = (e.grain_id.canonical, e.name)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await advance(clock, 10)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
+        await svc.wait_persisted()
+        before = table._rows[key]  # the row after the first slot, etag and all
+        for k in (2, 3):
+            await advance(clock, 10)
+            await wait_for(lambda k=k: len(rec.calls) == k, 5.0, interval=0)
+            await svc.wait_persisted()
+        assert table._rows[key][0].next_due == START + 40 * S
+        table._rows[key] = before  # the failover: two acknowledged writes lost
+        await advance(clock, 10)
+        await wait_for(lambda: len(rec.calls) == 4, 5.0, interval=0)
+        await wait_for(lambda: svc.stats.cas_conflicts == 1, 5.0, interval=0)
+        await wait_for(lambda: svc.stats.resident == 1, 5.0, interval=0)  # read again
+        await advance(clock, 10)
+        await wait_for(lambda: len(rec.calls) >= 5, 5.0, interval=0)
+        await svc.wait_persisted()
+        assert rec.slots() == [START + 10 * k * S for k in range(1, 6)]
+        assert svc.stats.cas_conflicts == 1 and svc.stats.rolled_back == 1
+        row = await table.read(e.grain_id, e.name)
+        assert (row.next_due, row.last_fire) == (START + 60 * S, START + 50 * S)
+
+
+async def test_a_row_moved_back_by_another_writer_is_taken_as_stored(clock, table) -> None:
+    # Not a rollback: a re-registration (a new start) moves the schedule back.
+    # The stored row is the truth and its slots are delivered.
+    e = entry(clock, due=10, period=10)
+    await table.upsert(e)
+    rec = Recorder()
+    async with running(table, clock, rec) as svc:
+        await advance(clock, 10)
+        await wait_for(lambda: len(rec.calls) == 1, 5.0, interval=0)
+        await svc.wait_persisted()
+        row = await table.read(e.grain_id, e.name)
+        again = replace(row, start_at=START + 15 * S, next_due=START + 15 * S, last_fire=None)
+        assert await table.upsert_if(again, row.etag)
+        await advance(clock, 10)
+        await wait_for(lambda: len(rec.calls) >= 2, 5.0, interval=0)
+        await svc.wait_persisted()
+        assert START + 15 * S in rec.slots()
+        assert svc.stats.rolled_back == 0
+
+
 async def test_polls_read_the_whole_look_ahead_and_find_rows_entering_it(clock) -> None:
     # Every poll reads the whole look-ahead (held rows left out by the table), so
     # a row far beyond the look-ahead at start (and, on a quiet feed, never

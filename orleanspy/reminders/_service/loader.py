@@ -49,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from orleanspy._retry import Backoff
@@ -147,6 +148,8 @@ class Loader:
         self.refills = 0
         self.load_errors = 0
         self.evicted = 0
+        #: Rows found behind a schedule this silo had written, kept ahead (``_effective``).
+        self.rolled_back = 0
         self.repaired = 0
 
     # -- what the owner reports -------------------------------------------------------
@@ -484,6 +487,29 @@ class Loader:
         pending = self._persister.latest(entry.key)
         if pending is not None and pending.etag == entry.etag:
             return pending.next_due, pending.last_fire
+        lost = self._window.lost.pop(entry.key, None)
+        if lost is not None and _rolled_back(entry, *lost):
+            # The row went back to an earlier schedule of the same registration:
+            # a write of ours that the store acknowledged and then lost (a primary
+            # that failed over before replicating it). The slots up to ours were
+            # delivered; delivering them again is what at-least-once allows but
+            # nothing needs. Keep our schedule and write it over the stored row.
+            next_due, last_fire = lost[1].next_due, lost[1].last_fire
+            self.rolled_back += 1
+            log.warning(
+                "reminder schedule found behind the one this silo wrote; keeping it "
+                "name=%s key=%s stored_next_due=%s kept_next_due=%s",
+                self._name,
+                entry.key,
+                entry.next_due.isoformat(),
+                next_due.isoformat(),
+            )
+            assert entry.etag is not None
+            self._persister.submit(
+                ScheduleUpdate(entry.grain_id, entry.name, entry.etag, next_due, last_fire),
+                entry.key,
+            )
+            return next_due, last_fire
         return entry.next_due, entry.last_fire
 
     def _make_row(
@@ -641,3 +667,25 @@ class Loader:
             self.history.fired(
                 entry, plan.slot, now, skip_outcome(entry), final=plan.resume is None
             )
+
+
+def _rolled_back(
+    stored: ReminderEntry,
+    held: ReminderEntry,
+    lost: ScheduleUpdate,
+    confirmed: tuple[tuple[str | None, datetime], ...],
+) -> bool:
+    """Whether ``stored`` is the row ``held`` (as this silo held it) gone back to
+    a state the table had confirmed to this silo before (``confirmed``: the
+    etag and ``next_due`` of a write it acknowledged, or of the load), behind
+    ``lost``, the schedule write of ours that then lost its CAS. A CAS refused
+    on the unchanged row (a fence) is no rollback, and neither is any state the
+    silo never saw (another writer's: a re-registration, a management write, a
+    previous owner's progress): then the stored row is the truth."""
+    if lost.remove or stored.etag == lost.etag or stored.next_due >= lost.next_due:
+        return False
+    if (stored.etag, stored.next_due) not in confirmed:
+        return False
+    return replace(stored, next_due=lost.next_due, last_fire=None, etag=None) == replace(
+        held, next_due=lost.next_due, last_fire=None, etag=None
+    )

@@ -414,6 +414,9 @@ class Persister:
         if newer is not None and newer.etag == update.etag:
             if etag is None:
                 del self._pending[key]
+                # Lost with it: the outcome is the newest schedule's (what the
+                # row had reached here), so that is the one reported.
+                update = newer
             else:
                 self._pending[key] = replace(newer, etag=etag)
         self.written += etag is not None

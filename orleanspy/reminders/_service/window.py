@@ -61,7 +61,7 @@ from orleanspy.reminders._service.lanes import Lanes
 from orleanspy.reminders.model import ReminderEntry, ScheduleUpdate
 from orleanspy.reminders.schedule import Schedule
 
-__all__ = ["DueWindow", "Row", "RowState", "admission_key"]
+__all__ = ["DueWindow", "LostWrite", "Row", "RowState", "admission_key"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,16 @@ log = logging.getLogger(__name__)
 #: docstring). An eighth took a refill per 128 ticks at the default bucket, which
 #: cost the default window about a third more CPU per tick than a quarter.
 _ROTATION_SHARE = 4
+#: Rows dropped for a lost CAS whose lost schedule is remembered (``DueWindow.lost``):
+#: a few seconds of CAS losses of a large window; the oldest go first.
+_LOST_KEPT = 4096
+#: Confirmed schedule states kept per row (``Row.confirmed``): a failover loses
+#: the writes of the last moments, a few per row at most.
+_CONFIRMED_KEPT = 4
+
+#: A row dropped for a lost CAS: the row as held, the write that lost, and the
+#: states the table had confirmed for it (``Row.confirmed``).
+LostWrite = tuple[ReminderEntry, ScheduleUpdate, tuple[tuple[str | None, datetime], ...]]
 
 
 class RowState(enum.Enum):
@@ -100,6 +110,7 @@ class Row:
 
     __slots__ = (
         "attempts",
+        "confirmed",
         "deadline",
         "dropped",
         "entry",
@@ -129,6 +140,10 @@ class Row:
         self.key = entry.key
         self.etag = entry.etag
         self.stored_due = entry.next_due
+        # The newest (etag, next_due) pairs the table confirmed for the row, the
+        # loaded one first: a row read back in one of these states went back in
+        # time (``DueWindow.lost``).
+        self.confirmed: tuple[tuple[str | None, datetime], ...] = ((entry.etag, entry.next_due),)
         self.schedule = schedule
         self.next_due = next_due
         self.last_fire = last_fire
@@ -178,6 +193,9 @@ class DueWindow:
         self.signal_low = False
         self.turnover = 0
         self.cas_conflicts = 0
+        #: Rows dropped for a lost CAS, by key: the row as held and the schedule
+        #: the lost write carried (``lost_progress``; the loader consults it).
+        self.lost: dict[str, LostWrite] = {}
         # Rotation: how many near-due rows wait outside, and the admission key
         # of the best of them (set by the loader; see the module docstring).
         self._waiting = 0
@@ -433,8 +451,12 @@ class DueWindow:
             log.info("reminder moved by another writer name=%s key=%s", self._name, key)
             if row is not None and mine:
                 self.drop(row)
+                self.lost[key] = (row.entry, update, row.confirmed)
+                if len(self.lost) > _LOST_KEPT:
+                    del self.lost[next(iter(self.lost))]
         elif row is not None and mine:
             row.etag, row.stored_due = etag, update.next_due
+            row.confirmed = (*row.confirmed[1 - _CONFIRMED_KEPT :], (etag, update.next_due))
 
     def replace_entry(self, row: Row, entry: ReminderEntry) -> None:
         """A write kept ``row``'s schedule but changed its stored copy (a new
