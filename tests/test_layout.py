@@ -3,8 +3,8 @@
 Layers, lowest first; a module may import its own layer and those below, never above:
 
     bottom     errors versions schema identity clock schemes options serialization
-    helpers    _tasks _retry _frozen _redis _redis_schema _postgres _otel ring placement metrics
-               trace_context tracing
+    helpers    _tasks _retry _frozen _redis _redis_sentinel _redis_schema _postgres _otel ring
+               placement metrics trace_context tracing
     providers  directory/* membership/* storage/* streams/* messaging/* tables
                reminders/* (the storage side: model, spec, schedule, table, backends)
     grain      state outbox grain reference
@@ -44,7 +44,8 @@ LAYERS: list[tuple[str, str]] = [
     ("bottom", r"orleanspy\.(errors|versions|schema|identity|clock|schemes|options|serialization)"),
     (
         "helpers",
-        r"orleanspy\.(_tasks|_retry|_frozen|_redis|_redis_schema|_postgres|_otel|ring|placement"
+        r"orleanspy\.(_tasks|_retry|_frozen|_redis|_redis_sentinel|_redis_schema|_postgres|_otel"
+        r"|ring|placement"
         r"|metrics|trace_context|tracing)",
     ),
     (
@@ -295,11 +296,12 @@ def test_the_reminder_storage_side_imports_nothing_of_the_service() -> None:
     )
 
 
-# Each wire or store library is imported by one module (its seam), which
-# translates its errors; everything else goes through that module.
+# Each wire or store library is imported by its seam alone, which translates its
+# errors; everything else goes through it. The Redis seam is ``_redis`` and the
+# Sentinel client it builds (``_redis_sentinel``, no errors of its own to translate).
 SEAMS: dict[str, set[str]] = {
     "asyncpg": {"orleanspy._postgres"},
-    "redis": {"orleanspy._redis"},
+    "redis": {"orleanspy._redis", "orleanspy._redis_sentinel"},
     "msgpack": {"orleanspy.serialization"},
     "grpc": {"orleanspy.messaging.grpc"},
     "prometheus_client": {"orleanspy._prometheus"},
