@@ -5,17 +5,19 @@ makes a caller beyond ``max_connections`` wait for a free connection, as the
 pool of a plain ``redis://`` URL does (``BlockingConnectionPool``): redis-py's
 Sentinel pool fails it at once with ``MaxConnectionsError``, which the
 providers would report as Redis being unavailable. A burst of grain calls on a
-loaded silo is not an outage.
+loaded silo is not an outage. The primary is the one a majority of the
+sentinels name (``_MajoritySentinel``), not the first sentinel's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis import exceptions as rexc
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 __all__ = ["sentinel_client"]
 
@@ -64,6 +66,51 @@ class _WaitingSentinelPool(SentinelConnectionPool):
                 self._free.release()
 
 
+class _MajoritySentinel(Sentinel):
+    """Sentinels whose primary is the one most of them name.
+
+    redis-py asks the sentinels one by one and takes the first that names a
+    primary it sees up. Right after a failover a sentinel that has not heard of
+    it yet still names the old primary, and if that node is back (restarted
+    empty, or as a replica still syncing) its empty data is read as the truth:
+    grain states and directory entries that are not there, writes that are
+    lost when the node is turned into a replica. Here every sentinel is asked
+    at once and the primary is the one a majority of the configured sentinels
+    name, as Sentinel itself needs a majority to fail over; without one there
+    is no primary yet (``MasterNotFoundError``, which callers retry as an
+    outage).
+    """
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        answers = await asyncio.gather(
+            *(s.sentinel_masters() for s in self.sentinels), return_exceptions=True
+        )
+        votes: Counter[tuple[str, int]] = Counter()
+        errors: list[str] = []
+        for sentinel, answer in zip(self.sentinels, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(
+                    answer, (rexc.ConnectionError, rexc.ResponseError, rexc.TimeoutError)
+                ):
+                    raise answer
+                errors.append(f"{sentinel} - {answer!r}")
+                continue
+            state = answer.get(service_name) if isinstance(answer, dict) else None
+            if state and self.check_master_state(state, service_name):
+                votes[(str(state["ip"]), int(state["port"]))] += 1
+        needed = len(self.sentinels) // 2 + 1
+        if votes:
+            (address, count), *_ = votes.most_common(1)
+            if count >= needed:
+                return address
+        named = ", ".join(f"{h}:{p} by {n}" for (h, p), n in votes.items()) or "none"
+        raise MasterNotFoundError(
+            f"No master found for {service_name!r}: {needed} of {len(self.sentinels)} "
+            f"sentinels must name one (named: {named})"
+            + (f" : {', '.join(errors)}" if errors else "")
+        )
+
+
 class _SentinelRedis(aioredis.Redis):
     """The primary's client; closing it closes the connections to the sentinels too."""
 
@@ -84,7 +131,7 @@ def sentinel_client(
     ``retry`` and ``db`` among them); the sentinels get the credentials and TLS
     of the primary, with 2 s timeouts."""
     # redis-py 8.2 types Sentinel's constructor, 8.1 does not.
-    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
+    sentinel = _MajoritySentinel(  # type: ignore[no-untyped-call,unused-ignore]
         sentinels,
         sentinel_kwargs={"socket_connect_timeout": 2, "socket_timeout": 2},
         **{k: v for k, v in kwargs.items() if k not in ("max_connections", "retry", "db")},

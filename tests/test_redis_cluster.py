@@ -451,3 +451,52 @@ async def test_a_cluster_client_that_lost_a_node_closes_every_connection(
         await asyncio.sleep(0.05)
     assert cluster.clients() == []
     gc.collect()  # an unclosed connection's ResourceWarning fails the test
+
+
+class _FakeSentinel:
+    """What one sentinel answers to ``SENTINEL MASTERS`` (or the error it raises)."""
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    async def sentinel_masters(self) -> object:
+        if isinstance(answer := self.answer, Exception):
+            raise answer
+        return answer
+
+
+def _naming(port: int, *, sdown: bool = False) -> dict[str, dict[str, object]]:
+    state = {"ip": "127.0.0.1", "port": port, "is_master": True, "is_sdown": sdown,
+             "is_odown": False, "num-other-sentinels": 2}  # fmt: skip
+    return {"m": state}
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        # One sentinel has not heard of the failover yet: the other two win.
+        ([_naming(7001), _naming(7002), _naming(7002)], 7002),
+        ([_naming(7002), _naming(7002), rexc.ConnectionError("down")], 7002),
+        # No majority: one each, or one naming it and one seeing it down.
+        ([_naming(7001), _naming(7002), rexc.ConnectionError("down")], None),
+        ([_naming(7002), _naming(7002, sdown=True), {}], None),
+    ],
+    ids=["a-lagging-sentinel", "one-sentinel-down", "split", "seen-down"],
+)
+async def test_the_sentinel_client_follows_the_primary_most_sentinels_name(
+    answers: list[object], expected: int | None
+) -> None:
+    from orleanspy._redis_sentinel import _MajoritySentinel
+
+    sentinel = _MajoritySentinel([("127.0.0.1", 1)] * 3)
+    real = sentinel.sentinels
+    sentinel.sentinels = [_FakeSentinel(a) for a in answers]  # type: ignore[misc]
+    try:
+        if expected is None:
+            with pytest.raises(rexc.ConnectionError, match="sentinels must name one"):
+                await sentinel.discover_master("m")
+        else:
+            assert await sentinel.discover_master("m") == ("127.0.0.1", expected)
+    finally:
+        for s in real:
+            await s.aclose()

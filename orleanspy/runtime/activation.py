@@ -31,7 +31,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orleanspy._retry import no_deadline, within
 from orleanspy.clock import Clock
-from orleanspy.errors import ActivationError, ConfigurationError, InconsistentStateError
+from orleanspy.errors import (
+    ActivationError,
+    ConfigurationError,
+    GrainCallTimeoutError,
+    InconsistentStateError,
+)
 from orleanspy.grain import Grain, GrainDefinition, GrainReminders
 from orleanspy.identity import GrainId, SiloAddress
 from orleanspy.messaging.message import (
@@ -516,8 +521,10 @@ class Activation:
         # What the turn asks of the stores may wait out a failover until the
         # caller gives up, no longer (``_retry.within``); a message that never
         # expires (no caller waits) retries nothing. Set for every message too.
+        left = 1.0
         if message.expires_at_ms:
-            within((message.expires_at_ms - host.clock.now_ms()) / 1000)
+            left = (message.expires_at_ms - host.clock.now_ms()) / 1000
+            within(left)
         else:
             no_deadline()
         if PRINCIPAL_HEADER in headers:
@@ -525,6 +532,16 @@ class Activation:
             acting_principal.set(headers[PRINCIPAL_HEADER])
         started, failed = time.perf_counter(), True
         try:
+            if left <= 0:
+                # The caller gave up while the call waited for its turn (behind
+                # other turns, or an activation waiting out a store failover),
+                # and may have sent it again: running it now would run it twice
+                # (a reminder tick retried by its service). Orleans drops an
+                # expired message before its turn as well.
+                raise GrainCallTimeoutError(
+                    f"{self.grain_id}.{message.method}: the caller's deadline passed "
+                    "before the call's turn; not run"
+                )
             local = message.local_args
             args, kwargs = local if local is not None else codec.decode(message.body)
             if message.method == TICK_METHOD and not kwargs:

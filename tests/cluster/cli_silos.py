@@ -20,6 +20,8 @@ from orleanspy.identity import SiloAddress
 from tests.ready import read_ready, stop_processes
 
 HERE = Path(__file__).resolve().parent
+#: The silos' log level; ``ORLEANSPY_TEST_SILO_LOG=INFO`` keeps more for a diagnosis.
+SILO_LOG_LEVEL = os.environ.get("ORLEANSPY_TEST_SILO_LOG", "WARNING")
 
 
 class Silos:
@@ -43,7 +45,7 @@ class Silos:
         extra = [arg for setting in settings for arg in ("--set", setting)]
         proc = subprocess.Popen(
             [str(python), "-P", "-m", "orleanspy", "--storage-url", self.store_url,
-             "--log-level", "WARNING", "silo", "--import", self.grains,
+             "--log-level", SILO_LOG_LEVEL, "silo", "--import", self.grains,
              "--name", name, "--silo-port", "0", "--gateway-port", "0", *extra],
             stdout=subprocess.PIPE, stderr=self._log(name), text=True, cwd=HERE, env=self.env,
         )  # fmt: skip

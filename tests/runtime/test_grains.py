@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 import pytest
@@ -127,6 +128,21 @@ class ErrorGrain(Grain):
 
     async def _private(self) -> int:
         return 1
+
+
+class QueueGrain(Grain):
+    """Holds its turn until ``release`` is set; records what ran after it."""
+
+    holding: asyncio.Event
+    release: asyncio.Event
+    ran: list[str]
+
+    async def hold(self) -> None:
+        QueueGrain.holding.set()
+        await QueueGrain.release.wait()
+
+    async def mark(self, what: str) -> None:
+        QueueGrain.ran.append(what)
 
 
 @pytest.fixture
@@ -317,6 +333,26 @@ async def test_call_times_out_with_grain_call_timeout_error() -> None:
     async with Silo.local(opts) as silo:
         with pytest.raises(GrainCallTimeoutError, match="slow"):
             await silo.client.get_grain(ErrorGrain, "t").slow()
+
+
+async def test_a_call_whose_caller_gave_up_while_it_queued_is_not_run() -> None:
+    """A call that waited for its turn past its caller's deadline is dropped, not
+    run late: the caller may have sent it again (a reminder tick retried), and
+    running both would run it twice."""
+    QueueGrain.holding, QueueGrain.release = asyncio.Event(), asyncio.Event()
+    QueueGrain.ran = []
+    opts = SiloOptions(messaging=MessagingOptions(response_timeout=timedelta(milliseconds=100)))
+    async with Silo.local(opts) as silo:
+        g = silo.client.get_grain(QueueGrain, "q")
+        hold = asyncio.ensure_future(g.hold())
+        await QueueGrain.holding.wait()
+        with pytest.raises(GrainCallTimeoutError):
+            await g.mark("late")  # queued behind hold() until its caller gives up
+        QueueGrain.release.set()
+        with contextlib.suppress(GrainCallTimeoutError):
+            await hold  # its own deadline may have passed too
+        await g.mark("on time")  # the activation serves as before
+        assert QueueGrain.ran == ["on time"]
 
 
 async def test_stopped_silo_refuses_calls_and_restart() -> None:
