@@ -23,7 +23,10 @@ feed was lost. A newly owned range is read at once. A change for an owned row
 that is not held (or that another writer moved) is read with ``table.read`` and
 admitted if it is inside the window and would make the cut; a removal drops
 the row. So is a row whose schedule CAS was lost (``reread``): schedule CASes
-are not published, so that is how a row another writer moved comes back.
+are not published, so that is how a row another writer moved comes back. A
+row read back in a state the table had confirmed to this silo before, behind
+the write that lost, went back in time (a failover lost writes the store had
+acknowledged): it keeps the schedule this silo delivered, written over it.
 
 Polls. Every poll reads the whole look-ahead of every owned range, with the
 rows the window holds left out by the table (``read_due_skipping``): whatever
@@ -483,7 +486,9 @@ class Loader:
 
     def _effective(self, entry: ReminderEntry) -> tuple[datetime, datetime | None]:
         """``(next_due, last_fire)`` of a row as read, with our unwritten update
-        applied (the table lags behind while persistence is pending)."""
+        applied (the table lags behind while persistence is pending), or with the
+        schedule of our lost write when the row went back to a state the table
+        had confirmed to us (``_rolled_back``: a failover lost our writes)."""
         pending = self._persister.latest(entry.key)
         if pending is not None and pending.etag == entry.etag:
             return pending.next_due, pending.last_fire
